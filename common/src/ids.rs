@@ -1,0 +1,64 @@
+//! Identifier newtypes. Bare integers are never passed where one of these is meant, so a
+//! step cannot be handed to a function that wants a rank:
+//!
+//! ```compile_fail
+//! use stoker_common::ids::{Rank, Step};
+//! fn wants_rank(_rank: Rank) {}
+//! wants_rank(Step(3));
+//! ```
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! id_newtype {
+    ($(#[$doc:meta])* $name:ident($inner:ty), $prefix:literal) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub $inner);
+
+        impl fmt::Display for $name {
+            fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(formatter, concat!($prefix, "{}"), self.0)
+            }
+        }
+    };
+}
+
+id_newtype!(
+    /// Index of a shard in its manifest (manifest order, before any shuffle).
+    ShardId(u32), "shard-"
+);
+id_newtype!(
+    /// Training epoch number, as the trainer passes it to `set_epoch`.
+    Epoch(u64), "epoch-"
+);
+id_newtype!(
+    /// Step of one epoch (a step is one batch on every rank). Counted from 0.
+    Step(u64), "step-"
+);
+id_newtype!(
+    /// Data-parallel rank of a trainer process, `0..world_size`.
+    Rank(u32), "rank-"
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_display_with_their_kind() {
+        assert_eq!(ShardId(7).to_string(), "shard-7");
+        assert_eq!(Epoch(2).to_string(), "epoch-2");
+        assert_eq!(Step(10).to_string(), "step-10");
+        assert_eq!(Rank(3).to_string(), "rank-3");
+    }
+
+    #[test]
+    fn ids_serialize_as_bare_numbers() {
+        assert_eq!(serde_json::to_string(&Rank(3)).ok().as_deref(), Some("3"));
+        let step: Step = serde_json::from_str("42").unwrap_or_default();
+        assert_eq!(step, Step(42));
+    }
+}

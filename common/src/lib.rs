@@ -1,0 +1,8 @@
+#![doc = include_str!("../README.md")]
+
+/// Errors of the shared code.
+pub mod error;
+/// Identifier newtypes (`ShardId`, `Epoch`, `Step`, `Rank`).
+pub mod ids;
+/// The epoch planner: pure, deterministic, golden-tested.
+pub mod plan;

@@ -1,0 +1,177 @@
+//! The epoch planner (DESIGN §4): pure, deterministic functions from (shard counts, seed,
+//! epoch, world size, batch size, shuffle, tail) to "which sample, with which augmentation seed,
+//! goes into slot i of rank r's batch at step s".
+//!
+//! * [`prng`] and [`permutation`] are pinned algorithms and part of the contract (golden tests).
+//! * [`order`] gives the epoch's sample order (shuffled by shard, by window, or fully).
+//! * [`layout`] cuts the order into steps and ranks with a tail policy.
+//! * [`EpochPlan`] combines both, resumes from a [`Checkpoint`], and derives per-sample
+//!   augmentation seeds from (seed, epoch, position).
+//!
+//! Memory: a plan holds one integer per window (`shards / k + 1`) beside the shard table (one
+//! integer per shard, i.e. the manifest); locating a sample allocates nothing. No structure
+//! proportional to the number of samples exists anywhere.
+
+pub mod checkpoint;
+pub mod layout;
+pub mod order;
+pub mod permutation;
+pub mod prng;
+pub mod shard_table;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use self::checkpoint::{CHECKPOINT_VERSION, Checkpoint};
+pub use self::layout::{Layout, Slot, Tail};
+pub use self::order::Shuffle;
+use self::order::EpochOrder;
+use self::prng::{SeedDomain, derive_seed, mix64};
+pub use self::shard_table::{SampleRef, ShardTable};
+use crate::error::PlanError;
+use crate::ids::{Epoch, Rank, Step};
+
+/// Everything that decides an epoch's plan besides the dataset and the epoch number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanSpec {
+    /// Base seed of the job.
+    pub seed: u64,
+    /// Number of data-parallel ranks W.
+    pub world_size: NonZeroU32,
+    /// Per-rank batch size B.
+    pub batch_size: NonZeroU32,
+    /// Shuffle mode.
+    #[serde(default)]
+    pub shuffle: Shuffle,
+    /// Tail policy.
+    #[serde(default)]
+    pub tail: Tail,
+}
+
+/// One planned sample: where it is in the epoch, which sample it is, and the seed of its
+/// random augmentation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PlannedSample {
+    /// Global position in the epoch.
+    pub position: u64,
+    /// The dataset sample.
+    pub sample: SampleRef,
+    /// Seed for this sample's augmentation: derived from (seed, epoch, position).
+    pub augment_seed: u64,
+}
+
+/// The plan of one epoch from a start position (0, or a checkpoint's) to its end.
+#[derive(Clone, Debug)]
+pub struct EpochPlan {
+    table: Arc<ShardTable>,
+    spec: PlanSpec,
+    epoch: Epoch,
+    layout: Layout,
+    order: EpochOrder,
+}
+
+impl EpochPlan {
+    /// The plan of `epoch` from its beginning.
+    pub fn new(table: Arc<ShardTable>, spec: PlanSpec, epoch: Epoch) -> Self {
+        Self::starting_at(table, spec, epoch, 0)
+    }
+
+    /// The plan of the rest of a checkpoint's epoch, cut for `spec`'s world size, batch size
+    /// and tail (which may differ from those in force when the checkpoint was taken).
+    pub fn resume(table: Arc<ShardTable>, spec: PlanSpec, checkpoint: &Checkpoint) -> Result<Self, PlanError> {
+        if checkpoint.version != CHECKPOINT_VERSION {
+            return Err(PlanError::UnsupportedCheckpointVersion { found: checkpoint.version, supported: CHECKPOINT_VERSION });
+        }
+        let expected = order_fingerprint(&table, &spec);
+        if checkpoint.order_fingerprint != expected {
+            return Err(PlanError::CheckpointMismatch { checkpoint: checkpoint.order_fingerprint, plan: expected });
+        }
+        Ok(Self::starting_at(table, spec, checkpoint.epoch, checkpoint.position))
+    }
+
+    fn starting_at(table: Arc<ShardTable>, spec: PlanSpec, epoch: Epoch, start: u64) -> Self {
+        let layout = Layout::new(table.samples(), start, spec.world_size, spec.batch_size, spec.tail);
+        let order = EpochOrder::new(&table, spec.shuffle, spec.seed, epoch);
+        Self { table, spec, epoch, layout, order }
+    }
+
+    /// The epoch planned.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// The spec planned with.
+    pub fn spec(&self) -> &PlanSpec {
+        &self.spec
+    }
+
+    /// Steps of this plan (from its start), equal for every rank.
+    pub fn steps(&self) -> u64 {
+        self.layout.steps()
+    }
+
+    /// The position/slot arithmetic of this plan.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// The shard table planned over.
+    pub fn table(&self) -> &ShardTable {
+        &self.table
+    }
+
+    /// What sits at `position`. `position` must be one the layout uses.
+    pub fn sample_at(&self, position: u64) -> PlannedSample {
+        let order_index = self.layout.order_index(position);
+        PlannedSample {
+            position,
+            sample: self.order.sample_at(&self.table, order_index),
+            augment_seed: augment_seed(self.spec.seed, self.epoch, position),
+        }
+    }
+
+    /// The samples of `rank`'s batch at `step`, in slot order (empty when out of range).
+    pub fn batch(&self, rank: Rank, step: Step) -> impl ExactSizeIterator<Item = PlannedSample> + '_ {
+        let len = self.layout.batch_len(rank, step);
+        let first = self.layout.position(rank, step, 0).unwrap_or(0);
+        // A batch's positions are contiguous (DESIGN §4.4 and the Partial split).
+        (0..len).map(move |index| self.sample_at(first + u64::from(index)))
+    }
+
+    /// The checkpoint that records every step up to and including `step` as consumed.
+    pub fn checkpoint_after(&self, step: Step) -> Checkpoint {
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            epoch: self.epoch,
+            position: self.layout.position_after(step),
+            order_fingerprint: order_fingerprint(&self.table, &self.spec),
+        }
+    }
+
+    /// Heap bytes this plan holds besides the shared shard table.
+    pub fn heap_bytes(&self) -> usize {
+        self.order.heap_bytes()
+    }
+}
+
+/// Seed of the random augmentation of the sample at `position` of `epoch` (DESIGN §4.5).
+pub fn augment_seed(seed: u64, epoch: Epoch, position: u64) -> u64 {
+    derive_seed(SeedDomain::Augment, &[seed, epoch.0, position])
+}
+
+/// Identifies the sample order: shard counts, seed and shuffle mode, not W, B or tail.
+fn order_fingerprint(table: &ShardTable, spec: &PlanSpec) -> u64 {
+    let shuffle_code = match spec.shuffle {
+        Shuffle::None => 0,
+        Shuffle::Full => 1,
+        Shuffle::Window { shards } => 2 + u64::from(shards.get()),
+    };
+    mix64(table.fingerprint() ^ mix64(spec.seed ^ mix64(shuffle_code)))
+}
+
+#[cfg(test)]
+#[path = "plan_tests.rs"]
+mod tests;

@@ -1,0 +1,120 @@
+//! The sample order of one epoch (DESIGN §4.1–4.2): which sample the `i`-th place of the
+//! epoch holds. Evaluated one index at a time; nothing proportional to the sample count is
+//! ever built.
+
+use std::num::NonZeroU32;
+
+use serde::{Deserialize, Serialize};
+
+use super::permutation::Permutation;
+use super::prng::{SeedDomain, derive_seed};
+use super::shard_table::{SampleRef, ShardTable};
+use crate::ids::{Epoch, ShardId};
+
+/// How an epoch is shuffled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Shuffle {
+    /// Manifest order: shards in order, samples in tar order.
+    None,
+    /// Shards permuted per epoch, then cut into windows of `shards` shards whose samples are
+    /// permuted. The working set of the whole cluster is about one window.
+    Window {
+        /// Shards per window (k).
+        shards: NonZeroU32,
+    },
+    /// One permutation of every sample. Each sample may come from any shard: best mixing,
+    /// no locality.
+    Full,
+}
+
+impl Default for Shuffle {
+    fn default() -> Self {
+        Self::Window { shards: NonZeroU32::new(8).unwrap_or(NonZeroU32::MIN) }
+    }
+}
+
+/// The order of one epoch.
+#[derive(Clone, Debug)]
+pub(crate) enum EpochOrder {
+    Sequential,
+    Windowed(WindowedOrder),
+    Full(Permutation),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct WindowedOrder {
+    shard_order: Permutation,
+    window_shards: u32,
+    /// `window_starts[w]` = samples in windows `0..w`; one entry per window plus one.
+    window_starts: Vec<u64>,
+    seed: u64,
+    epoch: Epoch,
+}
+
+impl EpochOrder {
+    pub(crate) fn new(table: &ShardTable, shuffle: Shuffle, seed: u64, epoch: Epoch) -> Self {
+        match shuffle {
+            Shuffle::None => Self::Sequential,
+            Shuffle::Full => {
+                Self::Full(Permutation::new(table.samples(), derive_seed(SeedDomain::FullSamples, &[seed, epoch.0])))
+            }
+            Shuffle::Window { shards } => Self::Windowed(WindowedOrder::new(table, shards.get(), seed, epoch)),
+        }
+    }
+
+    /// The sample at place `order_index` of the epoch (`< table.samples()`).
+    pub(crate) fn sample_at(&self, table: &ShardTable, order_index: u64) -> SampleRef {
+        match self {
+            Self::Sequential => table.locate(order_index),
+            Self::Full(permutation) => table.locate(permutation.apply(order_index)),
+            Self::Windowed(windowed) => windowed.sample_at(table, order_index),
+        }
+    }
+
+    pub(crate) fn heap_bytes(&self) -> usize {
+        match self {
+            Self::Sequential | Self::Full(_) => 0,
+            Self::Windowed(windowed) => windowed.window_starts.capacity() * size_of::<u64>(),
+        }
+    }
+}
+
+impl WindowedOrder {
+    fn new(table: &ShardTable, window_shards: u32, seed: u64, epoch: Epoch) -> Self {
+        let shards = table.shards();
+        let shard_order = Permutation::new(u64::from(shards), derive_seed(SeedDomain::ShardOrder, &[seed, epoch.0]));
+        let windows = shards.div_ceil(window_shards);
+        let mut window_starts = Vec::with_capacity(windows as usize + 1);
+        let mut total = 0u64;
+        window_starts.push(0);
+        for window in 0..windows {
+            let first = window * window_shards;
+            let last = (first + window_shards).min(shards);
+            for slot in first..last {
+                total += table.count(ShardId(shard_order.apply(u64::from(slot)) as u32));
+            }
+            window_starts.push(total);
+        }
+        Self { shard_order, window_shards, window_starts, seed, epoch }
+    }
+
+    fn sample_at(&self, table: &ShardTable, order_index: u64) -> SampleRef {
+        let window = self.window_starts.partition_point(|&start| start <= order_index) - 1;
+        let window_start = self.window_starts[window];
+        let window_len = self.window_starts[window + 1] - window_start;
+        let key = derive_seed(SeedDomain::WindowSamples, &[self.seed, self.epoch.0, window as u64]);
+        let mut remaining = Permutation::new(window_len, key).apply(order_index - window_start);
+        let first_slot = window as u32 * self.window_shards;
+        let last_slot = (first_slot + self.window_shards).min(table.shards());
+        for slot in first_slot..last_slot {
+            let shard = ShardId(self.shard_order.apply(u64::from(slot)) as u32);
+            let count = table.count(shard);
+            if remaining < count {
+                return SampleRef { shard, index: remaining };
+            }
+            remaining -= count;
+        }
+        unreachable!("window {window} holds {window_len} samples but its shards hold fewer")
+    }
+}
