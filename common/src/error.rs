@@ -116,6 +116,14 @@ pub enum ShardError {
         /// Version this build reads.
         supported: u32,
     },
+    /// A tar-level error, with the shard it happened in.
+    #[error("shard {path}: {source}")]
+    InShard {
+        /// The shard file.
+        path: PathBuf,
+        /// What is wrong in it.
+        source: Box<ShardError>,
+    },
     /// A manifest cannot be used.
     #[error("manifest {path}: {reason}")]
     BadManifest {

@@ -6,3 +6,5 @@ pub mod error;
 pub mod ids;
 /// The epoch planner: pure, deterministic, golden-tested.
 pub mod plan;
+/// WebDataset tar shards, the `.tar.idx` index, manifests and `pack`.
+pub mod shard;

@@ -151,6 +151,12 @@ impl EpochPlan {
         }
     }
 
+    /// With window shuffle, where each window starts in the epoch's sample order (one entry
+    /// per window plus the total); `None` for the other shuffle modes.
+    pub fn window_starts(&self) -> Option<&[u64]> {
+        self.order.window_starts()
+    }
+
     /// Heap bytes this plan holds besides the shared shard table.
     pub fn heap_bytes(&self) -> usize {
         self.order.heap_bytes()

@@ -72,6 +72,13 @@ impl EpochOrder {
         }
     }
 
+    pub(crate) fn window_starts(&self) -> Option<&[u64]> {
+        match self {
+            Self::Windowed(windowed) => Some(&windowed.window_starts),
+            Self::Sequential | Self::Full(_) => None,
+        }
+    }
+
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
             Self::Sequential | Self::Full(_) => 0,

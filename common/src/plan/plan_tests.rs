@@ -136,30 +136,19 @@ proptest! {
         prop_assert!(remaining.len() - resumed_drop.len() < (new_world * new_batch) as usize);
     }
 
-    /// With window shuffle, consecutive positions of one window come from at most k shards.
+    /// With window shuffle, the positions of window w come from exactly the shards of that
+    /// window — at most k of them — and use up every sample of those shards.
     #[test]
-    fn a_window_draws_from_at_most_k_shards(counts in prop::collection::vec(1u64..30, 1..20), seed in any::<u64>(), k in 1u32..5) {
+    fn a_window_draws_from_at_most_k_shards(counts in prop::collection::vec(0u64..30, 1..20), seed in any::<u64>(), k in 1u32..5) {
         let plan = EpochPlan::new(table(&counts), spec(seed, 1, 1, Shuffle::Window { shards: nz(k) }, Tail::Partial), Epoch(0));
-        let mut shards_seen = HashSet::new();
-        let mut window_fill = 0u64;
-        let mut window = 0usize;
-        let mut windows_shards: Vec<HashSet<ShardId>> = Vec::new();
-        // Walk positions; a window ends once it has used up the samples of its shards.
-        let mut window_capacity = 0u64;
-        for position in 0..plan.layout().samples() {
-            let sample = plan.sample_at(position).sample;
-            if window_fill == window_capacity {
-                if window > 0 { windows_shards.push(std::mem::take(&mut shards_seen)); }
-                window += 1;
-                window_fill = 0;
-                window_capacity = u64::MAX;
-            }
-            shards_seen.insert(sample.shard);
-            window_fill += 1;
-            if shards_seen.len() as u32 == k || window_fill == window_capacity {
-                window_capacity = shards_seen.iter().map(|&shard| plan.table().count(shard)).sum::<u64>().max(window_fill);
-            }
-            prop_assert!(shards_seen.len() as u32 <= k);
+        let window_starts = plan.window_starts().unwrap_or_default().to_vec();
+        prop_assert_eq!(window_starts.len() as u32, (counts.len() as u32).div_ceil(k) + 1);
+        for bounds in window_starts.windows(2) {
+            let samples: Vec<SampleRef> = (bounds[0]..bounds[1]).map(|position| plan.sample_at(position).sample).collect();
+            let shards: HashSet<ShardId> = samples.iter().map(|sample| sample.shard).collect();
+            prop_assert!(shards.len() as u32 <= k);
+            let held: u64 = shards.iter().map(|&shard| plan.table().count(shard)).sum();
+            prop_assert_eq!(held, bounds[1] - bounds[0]);
         }
     }
 }

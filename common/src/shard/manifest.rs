@@ -1,0 +1,156 @@
+//! `manifest.json` (DESIGN §3): the shards of a dataset with their sample counts, and the class
+//! names when the dataset was packed from an ImageFolder (label `i` is `classes[i]`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ShardError;
+use crate::plan::ShardTable;
+
+/// Version written by this build; readers refuse newer ones.
+pub const MANIFEST_VERSION: u32 = 1;
+/// Conventional file name of a manifest beside its shards.
+pub const MANIFEST_FILE: &str = "manifest.json";
+
+/// A dataset: its shards in order, with sample counts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Format version.
+    pub version: u32,
+    /// Shards, in manifest order (the order shard ids refer to).
+    pub shards: Vec<ManifestShard>,
+    /// Class names by label, when known.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<String>,
+}
+
+/// One shard of a manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManifestShard {
+    /// Where the shard is: a path relative to the manifest's folder, an absolute path, a
+    /// `file://` URI, or `s3://bucket/key`.
+    pub uri: String,
+    /// Samples in the shard.
+    pub samples: u64,
+    /// Size of the shard file in bytes.
+    pub bytes: u64,
+}
+
+/// Where a shard URI points.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ShardLocation {
+    /// A local file.
+    File(PathBuf),
+    /// An object in an S3-compatible store.
+    S3 {
+        /// Bucket name.
+        bucket: String,
+        /// Object key.
+        key: String,
+    },
+}
+
+impl Manifest {
+    /// Read and check `path`.
+    pub fn load(path: &Path) -> Result<Self, ShardError> {
+        let bad = |reason: String| ShardError::BadManifest { path: path.to_path_buf(), reason };
+        let text = std::fs::read_to_string(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+        let manifest: Self = serde_json::from_str(&text).map_err(|error| bad(format!("not a valid manifest: {error}")))?;
+        if manifest.version > MANIFEST_VERSION {
+            return Err(bad(format!("version {} is newer than this build reads ({MANIFEST_VERSION}): upgrade stoker", manifest.version)));
+        }
+        for shard in &manifest.shards {
+            parse_uri(&shard.uri).map_err(|error| bad(error.to_string()))?;
+        }
+        Ok(manifest)
+    }
+
+    /// Write to `path` atomically (temporary file + rename), pretty-printed.
+    pub fn save(&self, path: &Path) -> Result<(), ShardError> {
+        let mut text = serde_json::to_string_pretty(self).map_err(|error| ShardError::BadManifest { path: path.into(), reason: error.to_string() })?;
+        text.push('\n');
+        let temporary = path.with_extension("json.tmp");
+        std::fs::write(&temporary, text).map_err(|source| ShardError::io("failed to write manifest", &temporary, source))?;
+        std::fs::rename(&temporary, path).map_err(|source| ShardError::io("failed to write manifest", path, source))
+    }
+
+    /// Total samples.
+    pub fn samples(&self) -> u64 {
+        self.shards.iter().map(|shard| shard.samples).sum()
+    }
+
+    /// Total bytes of all shards.
+    pub fn bytes(&self) -> u64 {
+        self.shards.iter().map(|shard| shard.bytes).sum()
+    }
+
+    /// The planner's view of this dataset.
+    pub fn shard_table(&self) -> Result<ShardTable, crate::error::PlanError> {
+        ShardTable::new(self.shards.iter().map(|shard| shard.samples))
+    }
+}
+
+/// Where `uri` points, relative paths resolved against `manifest_dir`.
+pub fn resolve_uri(uri: &str, manifest_dir: &Path) -> Result<ShardLocation, ShardError> {
+    Ok(match parse_uri(uri)? {
+        ShardLocation::File(path) if path.is_relative() => ShardLocation::File(manifest_dir.join(path)),
+        location => location,
+    })
+}
+
+fn parse_uri(uri: &str) -> Result<ShardLocation, ShardError> {
+    let unsupported = |reason: &str| ShardError::UnsupportedUri { uri: uri.to_string(), reason: reason.to_string() };
+    if uri.is_empty() {
+        return Err(unsupported("empty"));
+    }
+    if let Some(path) = uri.strip_prefix("file://") {
+        if !path.starts_with('/') {
+            return Err(unsupported("file:// URIs must be absolute (file:///data/x.tar)"));
+        }
+        return Ok(ShardLocation::File(PathBuf::from(path)));
+    }
+    if let Some(rest) = uri.strip_prefix("s3://") {
+        let (bucket, key) = rest.split_once('/').ok_or_else(|| unsupported("s3 URIs are s3://bucket/key"))?;
+        if bucket.is_empty() || key.is_empty() {
+            return Err(unsupported("s3 URIs are s3://bucket/key"));
+        }
+        return Ok(ShardLocation::S3 { bucket: bucket.to_string(), key: key.to_string() });
+    }
+    if let Some((scheme, _)) = uri.split_once("://") {
+        return Err(unsupported(&format!("scheme {scheme}:// is not supported (use a path, file:// or s3://)")));
+    }
+    Ok(ShardLocation::File(PathBuf::from(uri)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uris_resolve_against_the_manifest_folder() {
+        let dir = Path::new("/data/set");
+        assert_eq!(resolve_uri("a-000.tar", dir).ok(), Some(ShardLocation::File("/data/set/a-000.tar".into())));
+        assert_eq!(resolve_uri("/abs/a.tar", dir).ok(), Some(ShardLocation::File("/abs/a.tar".into())));
+        assert_eq!(resolve_uri("file:///abs/a.tar", dir).ok(), Some(ShardLocation::File("/abs/a.tar".into())));
+        assert_eq!(resolve_uri("s3://b/k/a.tar", dir).ok(), Some(ShardLocation::S3 { bucket: "b".into(), key: "k/a.tar".into() }));
+        for bad in ["", "file://rel", "s3://bucket", "http://x/a.tar"] {
+            assert!(resolve_uri(bad, dir).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn manifest_round_trips_and_refuses_unknown_fields() {
+        let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
+        let path = dir.path().join(MANIFEST_FILE);
+        let manifest = Manifest { version: 1, shards: vec![ManifestShard { uri: "a.tar".into(), samples: 3, bytes: 10 }], classes: vec!["cat".into()] };
+        manifest.save(&path).unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(Manifest::load(&path).ok(), Some(manifest));
+        std::fs::write(&path, r#"{"version":1,"shards":[],"extra":1}"#).unwrap_or_else(|error| panic!("{error}"));
+        assert!(matches!(Manifest::load(&path), Err(ShardError::BadManifest { .. })));
+        std::fs::write(&path, r#"{"version":7,"shards":[]}"#).unwrap_or_else(|error| panic!("{error}"));
+        assert!(Manifest::load(&path).err().is_some_and(|error| error.to_string().contains("upgrade")));
+    }
+}
