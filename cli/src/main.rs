@@ -1,1 +1,34 @@
-fn main() {}
+//! The `stoker` binary: parses arguments and hands each subcommand to the libraries.
+#![allow(clippy::print_stdout)] // The binary's output is its interface.
+
+mod args;
+mod cmd;
+mod progress;
+
+use clap::Parser;
+
+use crate::args::{Cli, Command};
+
+fn main() -> std::process::ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Pack(args) => cmd::pack::run(args),
+        Command::Index(args) => cmd::index::run(args),
+        Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Demo(args) => cmd::demo::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

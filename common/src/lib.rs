@@ -8,3 +8,6 @@ pub mod ids;
 pub mod plan;
 /// WebDataset tar shards, the `.tar.idx` index, manifests and `pack`.
 pub mod shard;
+/// A deterministic sample ImageFolder for the demo and tests (feature `sample-data`).
+#[cfg(feature = "sample-data")]
+pub mod sample_data;

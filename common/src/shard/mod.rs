@@ -4,6 +4,7 @@
 pub mod brace;
 pub mod index;
 pub mod manifest;
+pub mod pack;
 pub mod sample_key;
 pub mod shard_file;
 pub mod tar_reader;

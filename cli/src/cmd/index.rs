@@ -1,0 +1,63 @@
+//! `stoker index`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use stoker_common::shard::brace;
+use stoker_common::shard::manifest::MANIFEST_VERSION;
+use stoker_common::shard::{IndexPolicy, IndexStatus, Manifest, ManifestShard, Shard};
+
+use crate::args::IndexArgs;
+use crate::progress;
+
+pub(crate) fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
+    let mut paths = Vec::new();
+    for pattern in &args.shards {
+        paths.extend(brace::expand(pattern)?.into_iter().map(PathBuf::from));
+    }
+    let policy = if args.force { IndexPolicy::Rebuild } else { IndexPolicy::LoadOrBuildAndWrite };
+    let bar = progress::bar(paths.len() as u64, "indexing");
+    let (mut entries, mut failures, mut built) = (Vec::new(), 0usize, 0usize);
+    for path in &paths {
+        match Shard::open(path, policy) {
+            Ok(shard) => {
+                if let IndexStatus::Built { written, .. } = shard.index_status() {
+                    built += 1;
+                    if !written {
+                        bar.suspend(|| eprintln!("warning: could not write the index of {} (read-only folder?)", path.display()));
+                    }
+                }
+                entries.push((path.clone(), shard.len() as u64, shard.bytes().len() as u64));
+            }
+            Err(error) => {
+                failures += 1;
+                bar.suspend(|| eprintln!("error: {error}"));
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let samples: u64 = entries.iter().map(|(_, samples, _)| samples).sum();
+    println!("indexed {} shards, {samples} samples: {built} indexes built, {} already up to date", entries.len(), entries.len() - built);
+    if failures > 0 {
+        anyhow::bail!("{failures} of {} shards could not be indexed (see above); no manifest written", paths.len());
+    }
+    if let Some(manifest_path) = &args.manifest {
+        write_manifest(manifest_path, &entries)?;
+        println!("manifest: {}", manifest_path.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn write_manifest(manifest_path: &Path, entries: &[(PathBuf, u64, u64)]) -> anyhow::Result<()> {
+    let manifest_dir = std::path::absolute(manifest_path)?.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut shards = Vec::with_capacity(entries.len());
+    for (path, samples, bytes) in entries {
+        let absolute = std::path::absolute(path)?;
+        let uri = absolute.strip_prefix(&manifest_dir).unwrap_or(&absolute).to_string_lossy().into_owned();
+        shards.push(ManifestShard { uri, samples: *samples, bytes: *bytes });
+    }
+    let manifest = Manifest { version: MANIFEST_VERSION, shards, classes: Vec::new() };
+    manifest.save(manifest_path).with_context(|| format!("failed to write {}", manifest_path.display()))
+}

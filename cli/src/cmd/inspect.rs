@@ -1,0 +1,146 @@
+//! `stoker inspect`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use serde::Serialize;
+use serde_json::json;
+use stoker_common::shard::{IndexPolicy, IndexStatus, MANIFEST_FILE, Manifest, Shard, ShardLocation, resolve_uri};
+
+use crate::args::InspectArgs;
+
+pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let is_manifest = args.path.is_dir() || args.path.extension().is_some_and(|extension| extension == "json");
+    if is_manifest {
+        let path = if args.path.is_dir() { args.path.join(MANIFEST_FILE) } else { args.path.clone() };
+        inspect_manifest(&path, args.json)
+    } else {
+        inspect_shard(&args.path, args.json, args.show)
+    }
+}
+
+#[derive(Default, Serialize)]
+struct ExtensionStats {
+    count: u64,
+    bytes: u64,
+    min: u64,
+    max: u64,
+}
+
+fn index_description(status: &IndexStatus) -> String {
+    match status {
+        IndexStatus::Loaded => "loaded".into(),
+        IndexStatus::Built { reason, .. } => format!("built in memory ({reason})"),
+    }
+}
+
+fn extension_stats(shard: &Shard) -> BTreeMap<String, ExtensionStats> {
+    let mut stats: BTreeMap<String, ExtensionStats> = BTreeMap::new();
+    for sample in 0..shard.len() {
+        for member in shard.index().sample_members(sample) {
+            let entry = stats.entry(member.extension.to_string()).or_insert(ExtensionStats { min: u64::MAX, ..ExtensionStats::default() });
+            entry.count += 1;
+            entry.bytes += member.size;
+            entry.min = entry.min.min(member.size);
+            entry.max = entry.max.max(member.size);
+        }
+    }
+    stats
+}
+
+fn inspect_shard(path: &Path, as_json: bool, show: usize) -> anyhow::Result<ExitCode> {
+    let shard = Shard::open(path, IndexPolicy::LoadOrBuildInMemory)?;
+    let stats = extension_stats(&shard);
+    if as_json {
+        let samples: Vec<_> = (0..shard.len())
+            .map(|sample| {
+                let members: Vec<_> = shard
+                    .index()
+                    .sample_members(sample)
+                    .map(|member| json!({"extension": member.extension, "offset": member.offset, "size": member.size}))
+                    .collect();
+                json!({"key": shard.index().key(sample), "members": members})
+            })
+            .collect();
+        let report = json!({
+            "kind": "shard",
+            "path": path,
+            "bytes": shard.bytes().len(),
+            "samples": shard.len(),
+            "members": shard.index().members(),
+            "index": index_description(shard.index_status()),
+            "extensions": stats,
+            "entries": samples,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("shard    {}", path.display());
+    println!("bytes    {} ({:.1} MiB)", shard.bytes().len(), shard.bytes().len() as f64 / 1048576.0);
+    println!("samples  {}", shard.len());
+    println!("members  {}", shard.index().members());
+    println!("index    {}", index_description(shard.index_status()));
+    println!("\n{:<12} {:>8} {:>14} {:>10} {:>10} {:>10}", "extension", "count", "bytes", "min", "mean", "max");
+    for (extension, stat) in &stats {
+        println!("{extension:<12} {:>8} {:>14} {:>10} {:>10} {:>10}", stat.count, stat.bytes, stat.min, stat.bytes / stat.count.max(1), stat.max);
+    }
+    if shard.len() > 0 && show > 0 {
+        println!("\nfirst samples:");
+        for sample in (0..shard.len()).take(show).filter_map(|index| shard.sample(index)) {
+            let members: Vec<String> = sample.members().map(|(extension, bytes)| format!("{extension} ({} B)", bytes.len())).collect();
+            println!("  {}  {}", sample.key(), members.join(", "));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect_manifest(path: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
+    let manifest = Manifest::load(path)?;
+    let manifest_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
+    let mut problems = Vec::new();
+    let mut shard_reports = Vec::new();
+    for entry in &manifest.shards {
+        let (status, found) = match resolve_uri(&entry.uri, &manifest_dir)? {
+            ShardLocation::File(shard_path) => match Shard::open(&shard_path, IndexPolicy::LoadOrBuildInMemory) {
+                Ok(shard) if shard.len() as u64 == entry.samples => (index_description(shard.index_status()), Some(shard.len())),
+                Ok(shard) => {
+                    problems.push(format!("{}: manifest says {} samples, the shard has {}", entry.uri, entry.samples, shard.len()));
+                    ("sample count differs".to_string(), Some(shard.len()))
+                }
+                Err(error) => {
+                    problems.push(error.to_string());
+                    ("unreadable".to_string(), None)
+                }
+            },
+            ShardLocation::S3 { .. } => ("not checked: object stores are not supported by this build".to_string(), None),
+        };
+        shard_reports.push(json!({"uri": entry.uri, "samples": entry.samples, "bytes": entry.bytes, "found_samples": found, "status": status}));
+    }
+    if as_json {
+        let report = json!({
+            "kind": "manifest",
+            "path": path,
+            "shards": manifest.shards.len(),
+            "samples": manifest.samples(),
+            "bytes": manifest.bytes(),
+            "classes": manifest.classes,
+            "shard_details": shard_reports,
+            "problems": problems,
+        });
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("manifest {}", path.display());
+        println!("shards   {}", manifest.shards.len());
+        println!("samples  {}", manifest.samples());
+        println!("bytes    {} ({:.1} MiB)", manifest.bytes(), manifest.bytes() as f64 / 1048576.0);
+        println!("classes  {}", manifest.classes.len());
+        for problem in &problems {
+            println!("problem: {problem}");
+        }
+        if problems.is_empty() {
+            println!("every local shard is present and matches its sample count");
+        }
+    }
+    Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}

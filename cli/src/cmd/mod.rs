@@ -1,0 +1,6 @@
+//! One module per subcommand; each is a thin call into the libraries.
+
+pub(crate) mod demo;
+pub(crate) mod index;
+pub(crate) mod inspect;
+pub(crate) mod pack;
