@@ -122,7 +122,7 @@ pub enum ShardError {
         /// The shard file.
         path: PathBuf,
         /// What is wrong in it.
-        source: Box<ShardError>,
+        source: Box<Self>,
     },
     /// A manifest cannot be used.
     #[error("manifest {path}: {reason}")]

@@ -6,8 +6,8 @@ pub mod error;
 pub mod ids;
 /// The epoch planner: pure, deterministic, golden-tested.
 pub mod plan;
-/// WebDataset tar shards, the `.tar.idx` index, manifests and `pack`.
-pub mod shard;
 /// A deterministic sample ImageFolder for the demo and tests (feature `sample-data`).
 #[cfg(feature = "sample-data")]
 pub mod sample_data;
+/// WebDataset tar shards, the `.tar.idx` index, manifests and `pack`.
+pub mod shard;

@@ -1,1 +1,1 @@
-//! placeholder
+#![doc = include_str!("../README.md")]

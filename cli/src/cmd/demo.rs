@@ -118,7 +118,10 @@ fn plan_and_verify(manifest: &Manifest, shards: &[Shard]) -> anyhow::Result<bool
         for step in 0..plan.steps() {
             for rank in 0..WORLD_SIZE {
                 for sample in plan.batch(Rank(rank), Step(step)) {
-                    let key = shards.get(sample.sample.shard.0 as usize).and_then(|shard| shard.sample(sample.sample.index as usize)).map(|sample| sample.key());
+                    let key = shards
+                        .get(sample.sample.shard.0 as usize)
+                        .and_then(|shard| shard.sample(sample.sample.index as usize))
+                        .map(|sample| sample.key());
                     keys.insert(key.context("planned a sample the shards do not have")?);
                     planned += 1;
                 }
@@ -128,7 +131,9 @@ fn plan_and_verify(manifest: &Manifest, shards: &[Shard]) -> anyhow::Result<bool
         let first: Vec<&str> = plan
             .batch(Rank(0), Step(0))
             .take(3)
-            .filter_map(|sample| shards.get(sample.sample.shard.0 as usize)?.sample(sample.sample.index as usize).map(|sample| sample.key()))
+            .filter_map(|sample| {
+                shards.get(sample.sample.shard.0 as usize)?.sample(sample.sample.index as usize).map(|sample| sample.key())
+            })
             .collect();
         let ok = planned == manifest.samples() && keys.len() as u64 == planned;
         all_ok &= ok;

@@ -83,9 +83,16 @@ fn inspect_shard(path: &Path, as_json: bool, show: usize) -> anyhow::Result<Exit
     println!("index    {}", index_description(shard.index_status()));
     println!("\n{:<12} {:>8} {:>14} {:>10} {:>10} {:>10}", "extension", "count", "bytes", "min", "mean", "max");
     for (extension, stat) in &stats {
-        println!("{extension:<12} {:>8} {:>14} {:>10} {:>10} {:>10}", stat.count, stat.bytes, stat.min, stat.bytes / stat.count.max(1), stat.max);
+        println!(
+            "{extension:<12} {:>8} {:>14} {:>10} {:>10} {:>10}",
+            stat.count,
+            stat.bytes,
+            stat.min,
+            stat.bytes / stat.count.max(1),
+            stat.max
+        );
     }
-    if shard.len() > 0 && show > 0 {
+    if !shard.is_empty() && show > 0 {
         println!("\nfirst samples:");
         for sample in (0..shard.len()).take(show).filter_map(|index| shard.sample(index)) {
             let members: Vec<String> = sample.members().map(|(extension, bytes)| format!("{extension} ({} B)", bytes.len())).collect();
@@ -115,7 +122,8 @@ fn inspect_manifest(path: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
             },
             ShardLocation::S3 { .. } => ("not checked: object stores are not supported by this build".to_string(), None),
         };
-        shard_reports.push(json!({"uri": entry.uri, "samples": entry.samples, "bytes": entry.bytes, "found_samples": found, "status": status}));
+        shard_reports
+            .push(json!({"uri": entry.uri, "samples": entry.samples, "bytes": entry.bytes, "found_samples": found, "status": status}));
     }
     if as_json {
         let report = json!({

@@ -10,8 +10,16 @@ use crate::args::PackArgs;
 use crate::progress;
 
 pub(crate) fn run(args: PackArgs) -> anyhow::Result<ExitCode> {
-    let threads = args.threads.and_then(NonZeroUsize::new).unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN));
-    let options = PackOptions { input: args.input, output: args.output, shard_size: args.shard_size, threads, prefix: args.prefix, overwrite: args.force };
+    let threads =
+        args.threads.and_then(NonZeroUsize::new).unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN));
+    let options = PackOptions {
+        input: args.input,
+        output: args.output,
+        shard_size: args.shard_size,
+        threads,
+        prefix: args.prefix,
+        overwrite: args.force,
+    };
     let summary = pack_with_progress(&options)?;
     print_summary(&summary);
     Ok(ExitCode::SUCCESS)

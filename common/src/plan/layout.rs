@@ -175,11 +175,7 @@ impl Layout {
     /// Index into the epoch's sample order for `position`: the position itself, except that
     /// [`Tail::Pad`] wraps positions past the end to the start of the epoch.
     pub fn order_index(&self, position: u64) -> u64 {
-        if position >= self.samples && self.samples > 0 {
-            position % self.samples
-        } else {
-            position
-        }
+        if position >= self.samples && self.samples > 0 { position % self.samples } else { position }
     }
 
     /// The position just after `step` is consumed (what a checkpoint taken then records).

@@ -26,8 +26,8 @@ use serde::{Deserialize, Serialize};
 
 pub use self::checkpoint::{CHECKPOINT_VERSION, Checkpoint};
 pub use self::layout::{Layout, Slot, Tail};
-pub use self::order::Shuffle;
 use self::order::EpochOrder;
+pub use self::order::Shuffle;
 use self::prng::{SeedDomain, derive_seed, mix64};
 pub use self::shard_table::{SampleRef, ShardTable};
 use crate::error::PlanError;

@@ -56,9 +56,7 @@ impl EpochOrder {
     pub(crate) fn new(table: &ShardTable, shuffle: Shuffle, seed: u64, epoch: Epoch) -> Self {
         match shuffle {
             Shuffle::None => Self::Sequential,
-            Shuffle::Full => {
-                Self::Full(Permutation::new(table.samples(), derive_seed(SeedDomain::FullSamples, &[seed, epoch.0])))
-            }
+            Shuffle::Full => Self::Full(Permutation::new(table.samples(), derive_seed(SeedDomain::FullSamples, &[seed, epoch.0]))),
             Shuffle::Window { shards } => Self::Windowed(WindowedOrder::new(table, shards.get(), seed, epoch)),
         }
     }

@@ -169,10 +169,7 @@ fn resume_refuses_a_checkpoint_of_another_dataset_or_version() {
     let plan = EpochPlan::new(table(&[10, 10]), spec(1, 1, 2, Shuffle::default(), Tail::Drop), Epoch(0));
     let checkpoint = plan.checkpoint_after(Step(2));
     let other = table(&[10, 11]);
-    assert!(matches!(
-        EpochPlan::resume(other, *plan.spec(), &checkpoint),
-        Err(PlanError::CheckpointMismatch { .. })
-    ));
+    assert!(matches!(EpochPlan::resume(other, *plan.spec(), &checkpoint), Err(PlanError::CheckpointMismatch { .. })));
     let other_seed = spec(2, 1, 2, Shuffle::default(), Tail::Drop);
     assert!(EpochPlan::resume(table(&[10, 10]), other_seed, &checkpoint).is_err());
     let future = Checkpoint { version: 99, ..checkpoint };
@@ -184,8 +181,8 @@ fn resume_refuses_a_checkpoint_of_another_dataset_or_version() {
 
 #[test]
 fn plan_spec_reads_from_json_with_defaults() {
-    let parsed: PlanSpec = serde_json::from_str(r#"{"seed": 3, "world_size": 2, "batch_size": 4}"#)
-        .unwrap_or_else(|error| panic!("{error}"));
+    let parsed: PlanSpec =
+        serde_json::from_str(r#"{"seed": 3, "world_size": 2, "batch_size": 4}"#).unwrap_or_else(|error| panic!("{error}"));
     assert_eq!(parsed.shuffle, Shuffle::Window { shards: nz(8) });
     assert_eq!(parsed.tail, Tail::Drop);
     assert!(serde_json::from_str::<PlanSpec>(r#"{"seed": 3, "world_size": 0, "batch_size": 4}"#).is_err());

@@ -40,9 +40,7 @@ pub enum SeedDomain {
 /// Derive a seed from a domain and a list of integers: `h = mix64(domain)`, then for each part
 /// `h = mix64(h.rotate_left(23) ^ mix64(part + GAMMA))`. Order-sensitive by construction.
 pub fn derive_seed(domain: SeedDomain, parts: &[u64]) -> u64 {
-    parts.iter().fold(mix64(domain as u64), |state, &part| {
-        mix64(state.rotate_left(23) ^ mix64(part.wrapping_add(GAMMA)))
-    })
+    parts.iter().fold(mix64(domain as u64), |state, &part| mix64(state.rotate_left(23) ^ mix64(part.wrapping_add(GAMMA))))
 }
 
 /// SplitMix64 stream. Used for augmentation parameters; `Copy` so a caller can fork a stream.

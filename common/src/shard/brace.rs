@@ -26,10 +26,8 @@ pub fn expand(pattern: &str) -> Result<Vec<String>, ShardError> {
             return Err(bad(&format!("expands to more than {MAX_EXPANSION} names")));
         }
         let prefix = &rest[..open];
-        results = results
-            .iter()
-            .flat_map(|head| alternatives.iter().map(move |alternative| format!("{head}{prefix}{alternative}")))
-            .collect();
+        results =
+            results.iter().flat_map(|head| alternatives.iter().map(move |alternative| format!("{head}{prefix}{alternative}"))).collect();
         rest = &rest[close + 1..];
     }
     if rest.contains('}') {

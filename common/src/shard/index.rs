@@ -77,13 +77,9 @@ pub fn build_index(shard: &[u8]) -> Result<Vec<u8>, ShardError> {
         }
         let Some(sample) = samples.last_mut() else { continue };
         let sample_members = &members[sample[2] as usize..];
-        if let Some(duplicate) = sample_members.iter().find(|existing| string_at(&strings, existing.2, existing.3) == extension.as_bytes()) {
-            return Err(ShardError::DuplicateMember {
-                key: key.to_string(),
-                extension,
-                first: duplicate.0,
-                second: member.data_offset,
-            });
+        if let Some(duplicate) = sample_members.iter().find(|existing| string_at(&strings, existing.2, existing.3) == extension.as_bytes())
+        {
+            return Err(ShardError::DuplicateMember { key: key.to_string(), extension, first: duplicate.0, second: member.data_offset });
         }
         let extension_range = match extensions.get(&extension) {
             Some(&range) => range,
@@ -98,7 +94,8 @@ pub fn build_index(shard: &[u8]) -> Result<Vec<u8>, ShardError> {
         sample[3] += 1;
         checked_u32(members.len(), "members")?;
     }
-    let mut out = Vec::with_capacity(HEADER_LEN + samples.len() * SAMPLE_RECORD + members.len() * MEMBER_RECORD + strings.len() + TRAILER_LEN);
+    let mut out =
+        Vec::with_capacity(HEADER_LEN + samples.len() * SAMPLE_RECORD + members.len() * MEMBER_RECORD + strings.len() + TRAILER_LEN);
     out.extend_from_slice(&INDEX_MAGIC);
     out.extend_from_slice(&INDEX_VERSION.to_le_bytes());
     out.extend_from_slice(&0u32.to_le_bytes());
@@ -216,7 +213,10 @@ impl ShardIndex {
             .and_then(|total| total.checked_add(strings_len))
             .and_then(|total| total.checked_add((HEADER_LEN + TRAILER_LEN) as u64));
         if expected != Some(bytes.len() as u64) {
-            return Err(corrupt(format!("{samples} samples, {members} members and {strings_len} string bytes do not fit {} bytes", bytes.len())));
+            return Err(corrupt(format!(
+                "{samples} samples, {members} members and {strings_len} string bytes do not fit {} bytes",
+                bytes.len()
+            )));
         }
         let (samples, members) = (samples as usize, members as usize);
         let strings_start = HEADER_LEN + samples * SAMPLE_RECORD + members * MEMBER_RECORD;
@@ -260,7 +260,10 @@ impl ShardIndex {
         for member in 0..self.members {
             let (offset, size, _, _) = self.member_record(member);
             if offset.checked_add(size).is_none_or(|end| end > recorded_len) {
-                return Err(ShardError::CorruptIndex { path: path.into(), reason: format!("member {member} lies past the end of the shard") });
+                return Err(ShardError::CorruptIndex {
+                    path: path.into(),
+                    reason: format!("member {member} lies past the end of the shard"),
+                });
             }
         }
         Ok(())

@@ -12,7 +12,14 @@ fn shard(members: &[(&str, &[u8])]) -> Vec<u8> {
 }
 
 fn sample_shard() -> Vec<u8> {
-    shard(&[("a/k1.jpg", b"J1"), ("a/k1.cls", b"3"), ("a/k2.JPG", b"J2J2"), ("a/k2.cls", b"4"), ("README", b"skip me"), ("k3.seg.png", b"P")])
+    shard(&[
+        ("a/k1.jpg", b"J1"),
+        ("a/k1.cls", b"3"),
+        ("a/k2.JPG", b"J2J2"),
+        ("a/k2.cls", b"4"),
+        ("README", b"skip me"),
+        ("k3.seg.png", b"P"),
+    ])
 }
 
 fn path() -> PathBuf {

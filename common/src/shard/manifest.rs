@@ -70,7 +70,8 @@ impl Manifest {
 
     /// Write to `path` atomically (temporary file + rename), pretty-printed.
     pub fn save(&self, path: &Path) -> Result<(), ShardError> {
-        let mut text = serde_json::to_string_pretty(self).map_err(|error| ShardError::BadManifest { path: path.into(), reason: error.to_string() })?;
+        let mut text =
+            serde_json::to_string_pretty(self).map_err(|error| ShardError::BadManifest { path: path.into(), reason: error.to_string() })?;
         text.push('\n');
         let temporary = path.with_extension("json.tmp");
         std::fs::write(&temporary, text).map_err(|source| ShardError::io("failed to write manifest", &temporary, source))?;
@@ -145,7 +146,11 @@ mod tests {
     fn manifest_round_trips_and_refuses_unknown_fields() {
         let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
         let path = dir.path().join(MANIFEST_FILE);
-        let manifest = Manifest { version: 1, shards: vec![ManifestShard { uri: "a.tar".into(), samples: 3, bytes: 10 }], classes: vec!["cat".into()] };
+        let manifest = Manifest {
+            version: 1,
+            shards: vec![ManifestShard { uri: "a.tar".into(), samples: 3, bytes: 10 }],
+            classes: vec!["cat".into()],
+        };
         manifest.save(&path).unwrap_or_else(|error| panic!("{error}"));
         assert_eq!(Manifest::load(&path).ok(), Some(manifest));
         std::fs::write(&path, r#"{"version":1,"shards":[],"extra":1}"#).unwrap_or_else(|error| panic!("{error}"));

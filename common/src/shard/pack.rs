@@ -97,7 +97,8 @@ pub fn pack(options: &PackOptions, progress: &mut dyn FnMut(PackProgress)) -> Re
             let label_name = format!("{}.cls", file.key);
             let sample_bytes = TarWriter::<File>::member_bytes(&image_name, data.len() as u64)
                 + TarWriter::<File>::member_bytes(&label_name, label.len() as u64);
-            let is_full = writer.as_ref().is_some_and(|(_, tar)| tar.written() > 0 && tar.written() + sample_bytes + 1024 > options.shard_size);
+            let is_full =
+                writer.as_ref().is_some_and(|(_, tar)| tar.written() > 0 && tar.written() + sample_bytes + 1024 > options.shard_size);
             if is_full && let Some(finished) = writer.take() {
                 shards.push(finish_shard(finished, &options.output)?);
                 state.shards_done += 1;
@@ -174,10 +175,9 @@ fn read_dir_sorted(dir: &Path) -> Result<Vec<PathBuf>, ShardError> {
 }
 
 fn file_name_utf8(path: &Path) -> Result<&str, ShardError> {
-    path.file_name().and_then(|name| name.to_str()).ok_or_else(|| ShardError::BadImageFolder {
-        path: path.to_path_buf(),
-        reason: "the name is not valid UTF-8; rename it".into(),
-    })
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .ok_or_else(|| ShardError::BadImageFolder { path: path.to_path_buf(), reason: "the name is not valid UTF-8; rename it".into() })
 }
 
 /// `(stem, normalised extension)` of an image file, `None` for anything else.
@@ -218,7 +218,8 @@ fn read_parallel(files: &[ImageFile], threads: NonZeroUsize) -> Result<Vec<Vec<u
                     chunk
                         .iter()
                         .map(|file| {
-                            let data = std::fs::read(&file.path).map_err(|source| ShardError::io("failed to read image", &file.path, source))?;
+                            let data =
+                                std::fs::read(&file.path).map_err(|source| ShardError::io("failed to read image", &file.path, source))?;
                             if data.len() as u64 != file.size {
                                 tracing::warn!(path = %file.path.display(), "image changed size while packing");
                             }

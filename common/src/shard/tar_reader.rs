@@ -157,8 +157,7 @@ fn nul_terminated(field: &[u8]) -> &[u8] {
 }
 
 fn utf8<'a>(bytes: &'a [u8], offset: u64, what: &str) -> Result<&'a str, ShardError> {
-    std::str::from_utf8(bytes)
-        .map_err(|_| ShardError::BadHeader { offset, reason: format!("{what} is not valid UTF-8") })
+    std::str::from_utf8(bytes).map_err(|_| ShardError::BadHeader { offset, reason: format!("{what} is not valid UTF-8") })
 }
 
 fn verify_checksum(header: &[u8], offset: u64) -> Result<(), ShardError> {

@@ -10,9 +10,7 @@ fn archive(members: &[(&str, &[u8])]) -> Vec<u8> {
 }
 
 fn read_all(bytes: &[u8]) -> Result<Vec<(String, u64, u64)>, ShardError> {
-    TarMembers::new(bytes)
-        .map(|member| member.map(|member| (member.name.into_owned(), member.data_offset, member.size)))
-        .collect()
+    TarMembers::new(bytes).map(|member| member.map(|member| (member.name.into_owned(), member.data_offset, member.size))).collect()
 }
 
 fn header_with(name: &str, size_field: &[u8], typeflag: u8) -> Vec<u8> {

@@ -62,7 +62,11 @@ fn index_of_another_shard_is_detected_and_rebuilt() {
     open(&first).unwrap_or_else(|error| panic!("{error}"));
     std::fs::copy(index_path(&first), index_path(&second)).unwrap_or_else(|error| panic!("{error}"));
     let shard = open(&second).unwrap_or_else(|error| panic!("{error}"));
-    assert!(matches!(shard.index_status(), IndexStatus::Built { reason, written: true } if reason.contains("stale")), "{:?}", shard.index_status());
+    assert!(
+        matches!(shard.index_status(), IndexStatus::Built { reason, written: true } if reason.contains("stale")),
+        "{:?}",
+        shard.index_status()
+    );
     assert_eq!(shard.len(), 1);
     assert_eq!(shard.sample(0).map(|sample| sample.key()), Some("c"));
     assert_eq!(open(&second).map(|shard| shard.index_status().clone()).ok(), Some(IndexStatus::Loaded));
@@ -88,7 +92,11 @@ fn garbage_index_file_is_rebuilt_not_trusted() {
     for garbage in [&b""[..], b"STOKRIDX", &[0xFFu8; 200]] {
         std::fs::write(index_path(&path), garbage).unwrap_or_else(|error| panic!("{error}"));
         let shard = open(&path).unwrap_or_else(|error| panic!("{error}"));
-        assert!(matches!(shard.index_status(), IndexStatus::Built { reason, .. } if reason.contains("corrupt")), "{:?}", shard.index_status());
+        assert!(
+            matches!(shard.index_status(), IndexStatus::Built { reason, .. } if reason.contains("corrupt")),
+            "{:?}",
+            shard.index_status()
+        );
         assert_eq!(shard.sample(0).and_then(|sample| sample.member("jpg")), Some(&b"1111"[..]));
     }
 }

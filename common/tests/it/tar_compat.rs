@@ -41,7 +41,8 @@ fn ours(shard: &Shard) -> Value {
 #[ignore = "needs python with webdataset: run `make test`"]
 fn index_agrees_with_python_tarfile_for_every_writer() {
     let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
-    let output = Command::new(python()).arg(compat_script("make_shards.py")).arg(dir.path()).output().unwrap_or_else(|error| panic!("{error}"));
+    let output =
+        Command::new(python()).arg(compat_script("make_shards.py")).arg(dir.path()).output().unwrap_or_else(|error| panic!("{error}"));
     assert!(output.status.success(), "make_shards.py failed: {}", String::from_utf8_lossy(&output.stderr));
     let shards: Vec<PathBuf> = String::from_utf8_lossy(&output.stdout).lines().map(PathBuf::from).collect();
     assert_eq!(shards.len(), 6, "expected six shards, got {shards:?}");
@@ -54,7 +55,12 @@ fn index_agrees_with_python_tarfile_for_every_writer() {
         if ours != expected {
             let (ours, theirs) = (ours.as_array().cloned().unwrap_or_default(), expected.as_array().cloned().unwrap_or_default());
             let difference = ours.iter().zip(&theirs).find(|(a, b)| a != b);
-            panic!("{}: index differs from tarfile ({} vs {} samples); first difference: {difference:?}", path.display(), ours.len(), theirs.len());
+            panic!(
+                "{}: index differs from tarfile ({} vs {} samples); first difference: {difference:?}",
+                path.display(),
+                ours.len(),
+                theirs.len()
+            );
         }
         // The written index loads and says the same.
         let reopened = Shard::open(&path, IndexPolicy::LoadOrBuildInMemory).unwrap_or_else(|error| panic!("{error}"));

@@ -1,0 +1,39 @@
+# Stoker: the two commands of the README, and a few more for developers.
+#   make demo   build and run `stoker demo` (installs what is missing)
+#   make test   build and run every test tier that exists (installs what is missing)
+#   make bench  criterion benchmarks (see BENCHMARKS.md)
+#   make lint   rustfmt + clippy
+
+SHELL := /bin/bash
+CARGO ?= cargo
+JOBS ?= 2
+VENV := .venv
+PYTHON := $(abspath $(VENV))/bin/python
+
+.PHONY: demo test bench lint deps venv
+
+deps:
+	@scripts/ensure-deps.sh
+
+# The venv is rebuilt when the requirements change.
+$(VENV)/.installed: tests/compat/requirements.txt | deps
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/compat/requirements.txt
+	touch $@
+
+venv: $(VENV)/.installed
+
+demo: deps
+	$(CARGO) build --release -j$(JOBS) -p stoker-cli
+	./target/release/stoker demo
+
+# Tests that need the venv are #[ignore]d in a plain `cargo test`; here they run too.
+test: deps venv
+	STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored
+
+bench: deps
+	$(CARGO) bench -j$(JOBS) -p stoker-benches
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy -j$(JOBS) --workspace --all-targets -- -D warnings

@@ -1,0 +1,3 @@
+//! Integration tests of the `stoker` binary, in one test binary (STYLE G13).
+
+mod pack_inspect;

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install what building and testing Stoker needs on a Debian machine, only what is missing.
+# Called by `make demo` and `make test`; safe to run again.
+set -euo pipefail
+
+need=()
+command -v cc >/dev/null 2>&1 || need+=(build-essential)
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+tar --version 2>/dev/null | grep -q "GNU tar" || need+=(tar)
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+  need+=(python3-venv)
+fi
+
+if ((${#need[@]})); then
+  echo "==> installing missing system packages: ${need[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}"
+fi
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "error: cargo not found. Install Rust 1.95 or newer with rustup (https://rustup.rs), then run make again." >&2
+  exit 1
+fi
