@@ -29,7 +29,8 @@ demo: deps
 
 # Tests that need the venv are #[ignore]d in a plain `cargo test`; here they run too.
 test: deps venv
-	STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored
+	mkdir -p target; set -o pipefail; STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored 2>&1 | tee target/test.log
+	@scripts/test-summary.sh target/test.log
 
 bench: deps
 	$(CARGO) bench -j$(JOBS) -p stoker-benches
