@@ -20,7 +20,7 @@ use stoker_common::shard::pack::PackOptions;
 use stoker_common::shard::{IndexPolicy, Manifest, Shard, ShardLocation, resolve_uri};
 
 use crate::args::DemoArgs;
-use crate::cmd::pack::pack_with_progress;
+use crate::cmd::pack::{pack_with_progress, print_summary};
 
 const WORLD_SIZE: u32 = 2;
 const BATCH_SIZE: u32 = 16;
@@ -42,15 +42,9 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     };
     let started = Instant::now();
     let summary = pack_with_progress(&options)?;
+    print_summary(&summary);
+    println!("packing took {:.2} s", started.elapsed().as_secs_f64());
     let manifest = &summary.manifest;
-    println!(
-        "packed {} images of {} classes into {} shards ({:.1} MiB) in {:.2} s",
-        manifest.samples(),
-        manifest.classes.len(),
-        manifest.shards.len(),
-        manifest.bytes() as f64 / 1048576.0,
-        started.elapsed().as_secs_f64()
-    );
     let shards = open_shards(manifest, &summary.manifest_path)?;
     for (entry, shard) in manifest.shards.iter().zip(&shards) {
         let jpegs = (0..shard.len()).filter_map(|index| shard.sample(index)).filter(|sample| sample.member("jpg").is_some()).count();

@@ -38,7 +38,8 @@ pub(crate) fn pack_with_progress(options: &PackOptions) -> anyhow::Result<PackSu
     Ok(summary)
 }
 
-fn print_summary(summary: &PackSummary) {
+/// The one-line result of packing, and skipped files if any.
+pub(crate) fn print_summary(summary: &PackSummary) {
     let manifest = &summary.manifest;
     println!(
         "packed {} images of {} classes into {} shards ({:.1} MiB); manifest: {}",
