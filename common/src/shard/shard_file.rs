@@ -43,6 +43,24 @@ enum ShardBytes {
     Empty,
 }
 
+/// Why an existing index was not used. Only `Invalid` is worth a warning.
+#[derive(Debug)]
+enum Unusable {
+    Missing,
+    RebuildRequested,
+    Invalid(ShardError),
+}
+
+impl std::fmt::Display for Unusable {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Missing => formatter.write_str("missing"),
+            Self::RebuildRequested => formatter.write_str("rebuild requested"),
+            Self::Invalid(error) => write!(formatter, "{error}"),
+        }
+    }
+}
+
 /// An opened shard.
 #[derive(Debug)]
 pub struct Shard {
@@ -86,23 +104,23 @@ impl Shard {
         };
         let index_file = index_path(path);
         let loaded = match policy {
-            IndexPolicy::Rebuild => Err("rebuild requested".to_string()),
+            IndexPolicy::Rebuild => Err(Unusable::RebuildRequested),
             IndexPolicy::LoadOrBuildAndWrite | IndexPolicy::LoadOrBuildInMemory => match ShardIndex::load(&index_file, data) {
                 Ok(index) => Ok(index),
-                Err(ShardError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Err("missing".to_string()),
-                Err(error) => Err(error.to_string()),
+                Err(ShardError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => Err(Unusable::Missing),
+                Err(error) => Err(Unusable::Invalid(error)),
             },
         };
         let (index, index_status) = match loaded {
             Ok(index) => (index, IndexStatus::Loaded),
-            Err(reason) => {
+            Err(unusable) => {
                 let encoded = build_index(data).map_err(|error| with_shard_path(error, path))?;
                 let written = policy != IndexPolicy::LoadOrBuildInMemory && write_index(&index_file, &encoded);
-                if reason != "missing" && reason != "rebuild requested" {
-                    tracing::warn!(index = %index_file.display(), %reason, "index not usable; rebuilt it");
+                if let Unusable::Invalid(error) = &unusable {
+                    tracing::warn!(index = %index_file.display(), %error, "index not usable; rebuilt it");
                 }
                 let index = ShardIndex::from_bytes(IndexBytes::Owned(encoded), data, &index_file)?;
-                (index, IndexStatus::Built { reason, written })
+                (index, IndexStatus::Built { reason: unusable.to_string(), written })
             }
         };
         Ok(Self { path: path.to_path_buf(), bytes, index, index_status })
