@@ -6,6 +6,9 @@ set -euo pipefail
 need=()
 command -v cc >/dev/null 2>&1 || need+=(build-essential)
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+# libjpeg-turbo 3.x is built from source by the turbojpeg crate: cmake, and nasm for its SIMD code.
+command -v cmake >/dev/null 2>&1 || need+=(cmake)
+command -v nasm >/dev/null 2>&1 || need+=(nasm)
 tar --version 2>/dev/null | grep -q "GNU tar" || need+=(tar)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then

@@ -7,8 +7,9 @@ use clap::{Args, Parser, Subcommand};
 /// Stoker: a distributed data loader for deep-learning training.
 ///
 /// Available now: turning an ImageFolder into indexed WebDataset shards (`pack`), indexing
-/// existing shards (`index`), looking inside them (`inspect`) and a local `demo`. The
-/// coordinator, workers, trainer client and Python package are not built yet.
+/// existing shards (`index`), looking inside them (`inspect`), measuring the worker's decode
+/// pipeline (`bench pipeline`) and a local `demo`. The coordinator, the worker service, the
+/// trainer client and the Python package are not built yet.
 #[derive(Debug, Parser)]
 #[command(name = "stoker", version, propagate_version = true)]
 pub(crate) struct Cli {
@@ -28,6 +29,52 @@ pub(crate) enum Command {
     Inspect(InspectArgs),
     /// Generate a sample dataset, pack it, inspect it and plan an epoch over it.
     Demo(DemoArgs),
+    /// Measure throughput on real data.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// Run the worker pipeline (decode + RandomResizedCrop + flip by default) over a dataset
+    /// for a while, then, in the same run, plain full JPEG decode of the same images with the
+    /// same threads (the floor), and report both and their ratio.
+    Pipeline(BenchPipelineArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchPipelineArgs {
+    /// The dataset: a manifest.json, or the folder holding one.
+    #[arg(long, value_name = "MANIFEST")]
+    pub(crate) data: PathBuf,
+    /// Decode threads [default: number of CPUs].
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) batch_size: u32,
+    /// Output side of RandomResizedCrop (ignored with --transforms).
+    #[arg(long, default_value_t = 224)]
+    pub(crate) size: u32,
+    /// Seconds to run the pipeline; the floor runs as long.
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) seconds: f64,
+    /// A TransformSpec as JSON instead of RandomResizedCrop(size) + RandomHorizontalFlip, e.g.
+    /// '{"transforms": [{"type": "Resize", "shorter_side": 256}, {"type": "CenterCrop", "size": 224}]}'.
+    #[arg(long, value_name = "JSON")]
+    pub(crate) transforms: Option<String>,
+    /// Decode at full scale even when the crop would allow M/8 DCT scaling.
+    #[arg(long)]
+    pub(crate) no_dct_scaling: bool,
+    /// Plan seed.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Skip the full-decode floor (the ratio is then not reported).
+    #[arg(long)]
+    pub(crate) no_floor: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@ mod progress;
 
 use clap::Parser;
 
-use crate::args::{Cli, Command};
+use crate::args::{BenchCommand, Cli, Command};
 
 fn main() -> std::process::ExitCode {
     init_tracing();
@@ -17,6 +17,7 @@ fn main() -> std::process::ExitCode {
         Command::Index(args) => cmd::index::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
         Command::Demo(args) => cmd::demo::run(args),
+        Command::Bench(BenchCommand::Pipeline(args)) => cmd::bench_pipeline::run(args),
     };
     match result {
         Ok(code) => code,

@@ -194,3 +194,24 @@ pub enum PlanError {
         supported: u32,
     },
 }
+
+/// A transform list that cannot be turned into a pipeline.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum TransformError {
+    /// A parameter is outside its valid range.
+    #[error("{transform}: {problem}")]
+    BadParameter {
+        /// The transform (`RandomResizedCrop`, ...).
+        transform: &'static str,
+        /// What is wrong and what is allowed.
+        problem: String,
+    },
+    /// The transforms are in an order (or combination) the pipeline does not run.
+    #[error("unsupported transform list {found}: {hint}")]
+    UnsupportedOrder {
+        /// The list as given, e.g. `[CenterCrop, RandomResizedCrop]`.
+        found: String,
+        /// What to write instead.
+        hint: &'static str,
+    },
+}

@@ -11,3 +11,5 @@ pub mod plan;
 pub mod sample_data;
 /// WebDataset tar shards, the `.tar.idx` index, manifests and `pack`.
 pub mod shard;
+/// Transform specs (serde) and the crop geometry they imply.
+pub mod transform;

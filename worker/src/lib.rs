@@ -1,1 +1,17 @@
 #![doc = include_str!("../README.md")]
+
+pub mod batch;
+pub mod dataset;
+mod decode;
+pub mod error;
+pub mod floor;
+pub mod pipeline;
+mod pixel_ops;
+mod resize;
+pub mod sample;
+
+pub use self::batch::Batch;
+pub use self::dataset::Dataset;
+pub use self::error::{DecodeError, PipelineError};
+pub use self::pipeline::{BatchRequest, Pipeline, PipelineConfig, PipelineStats};
+pub use self::sample::{SampleMaker, SampleReport};

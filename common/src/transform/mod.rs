@@ -1,0 +1,243 @@
+//! Declarative transform specs (DESIGN §8), shared by Rust and Python trainers so both state a
+//! pipeline the same way, and the pure geometry behind them.
+//!
+//! * [`Transform`] and [`TransformSpec`] are what a job states (serde; JSON in the CLI and on
+//!   the wire).
+//! * [`Recipe`] is a validated spec: one geometric stage, an optional flip, an optional
+//!   normalisation, and the output layout. The worker runs recipes, never raw lists.
+//! * [`crop`] draws a sample's crop box from its augmentation seed exactly as torchvision's
+//!   `RandomResizedCrop.get_params` does, and computes `Resize` + `CenterCrop` boxes. Those boxes
+//!   are part of the determinism contract: a batch is a pure function of its inputs.
+
+pub mod crop;
+mod recipe;
+
+use serde::{Deserialize, Serialize};
+
+pub use self::crop::{CropBox, Placement};
+pub use self::recipe::{Geometry, OutputDtype, Recipe, SampleGeometry};
+
+/// An output size in pixels. JSON accepts `224` (square) or `[height, width]`, as torchvision
+/// accepts an int or a pair.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(from = "SizeRepr", into = "SizeRepr")]
+pub struct Size {
+    /// Rows.
+    pub height: u32,
+    /// Columns.
+    pub width: u32,
+}
+
+impl Size {
+    /// A `side` × `side` square.
+    pub const fn square(side: u32) -> Self {
+        Self { height: side, width: side }
+    }
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(untagged)]
+enum SizeRepr {
+    Square(u32),
+    HeightWidth([u32; 2]),
+}
+
+impl From<SizeRepr> for Size {
+    fn from(repr: SizeRepr) -> Self {
+        match repr {
+            SizeRepr::Square(side) => Self::square(side),
+            SizeRepr::HeightWidth([height, width]) => Self { height, width },
+        }
+    }
+}
+
+impl From<Size> for SizeRepr {
+    fn from(size: Size) -> Self {
+        if size.height == size.width { Self::Square(size.width) } else { Self::HeightWidth([size.height, size.width]) }
+    }
+}
+
+/// Resampling filter of the resize. The names and kernels are Pillow's (which torchvision uses
+/// for PIL images): bilinear and bicubic are antialiased convolutions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Interpolation {
+    /// Nearest neighbour.
+    Nearest,
+    /// Triangle filter, antialiased (torchvision's default).
+    #[default]
+    Bilinear,
+    /// Catmull-Rom cubic (a = -0.5, as Pillow), antialiased.
+    Bicubic,
+}
+
+/// Floating-point type of a normalised output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FloatDtype {
+    /// IEEE single precision, little-endian.
+    #[default]
+    F32,
+    /// IEEE half precision, little-endian.
+    F16,
+}
+
+/// Memory layout of a batch's images.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum OutputLayout {
+    /// `[batch, height, width, channel]`: what decode produces; `channels_last` in torch.
+    #[default]
+    Nhwc,
+    /// `[batch, channel, height, width]`: torch's default layout.
+    Nchw,
+}
+
+/// What to do with a sample whose image cannot be decoded.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnError {
+    /// Put a black image in its slot, flag it in the batch and count it (the default: one bad
+    /// JPEG in a billion must not stop a training run).
+    #[default]
+    Replace,
+    /// Stop with an error naming the shard and the key.
+    Fail,
+}
+
+/// One transform, named and parameterised as in torchvision.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", deny_unknown_fields)]
+pub enum Transform {
+    /// Crop a random box of random area and aspect ratio, then resize it to `size`.
+    RandomResizedCrop {
+        /// Output size.
+        size: Size,
+        /// Range of the box's area as a fraction of the image's.
+        #[serde(default = "default_scale")]
+        scale: (f64, f64),
+        /// Range of the box's aspect ratio (width / height).
+        #[serde(default = "default_ratio")]
+        ratio: (f64, f64),
+        /// Resampling filter.
+        #[serde(default)]
+        interpolation: Interpolation,
+    },
+    /// Resize so that the shorter side is `shorter_side`, keeping the aspect ratio.
+    Resize {
+        /// Length of the shorter side after resizing.
+        shorter_side: u32,
+        /// Resampling filter.
+        #[serde(default)]
+        interpolation: Interpolation,
+    },
+    /// Crop the centre `size` (padding with black where the image is smaller, as torchvision).
+    CenterCrop {
+        /// Output size.
+        size: Size,
+    },
+    /// Mirror left-right with probability `p`.
+    RandomHorizontalFlip {
+        /// Probability of a flip.
+        #[serde(default = "default_flip_p")]
+        p: f64,
+    },
+    /// Scale to `[0, 1]`, subtract `mean`, divide by `std` (torchvision's `ToTensor` then
+    /// `Normalize`), and output floats.
+    Normalize {
+        /// Per-channel mean (RGB), in `[0, 1]` units.
+        mean: [f32; 3],
+        /// Per-channel standard deviation (RGB).
+        std: [f32; 3],
+        /// Output float type.
+        #[serde(default)]
+        dtype: FloatDtype,
+    },
+}
+
+fn default_scale() -> (f64, f64) {
+    (0.08, 1.0)
+}
+
+fn default_ratio() -> (f64, f64) {
+    (3.0 / 4.0, 4.0 / 3.0)
+}
+
+fn default_flip_p() -> f64 {
+    0.5
+}
+
+impl Transform {
+    /// torchvision's `RandomResizedCrop(size)` with its defaults.
+    pub fn random_resized_crop(size: u32) -> Self {
+        Self::RandomResizedCrop {
+            size: Size::square(size),
+            scale: default_scale(),
+            ratio: default_ratio(),
+            interpolation: Interpolation::default(),
+        }
+    }
+
+    /// The transform's torchvision name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::RandomResizedCrop { .. } => "RandomResizedCrop",
+            Self::Resize { .. } => "Resize",
+            Self::CenterCrop { .. } => "CenterCrop",
+            Self::RandomHorizontalFlip { .. } => "RandomHorizontalFlip",
+            Self::Normalize { .. } => "Normalize",
+        }
+    }
+}
+
+/// The transforms of a job and how the worker runs them.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransformSpec {
+    /// The transforms, in order.
+    pub transforms: Vec<Transform>,
+    /// Batch layout.
+    #[serde(default)]
+    pub layout: OutputLayout,
+    /// Let JPEG decoding scale by M/8 in the DCT when the crop stays at least the output size
+    /// (faster; slightly different pixels from a full decode). On by default.
+    #[serde(default = "default_true")]
+    pub dct_scaling: bool,
+    /// What to do with an undecodable image.
+    #[serde(default)]
+    pub on_error: OnError,
+    /// Refuse images with more pixels than this, before allocating anything for them.
+    /// Default: Pillow's decompression-bomb threshold, 89,478,485 (a quarter GiB as RGB).
+    #[serde(default = "default_max_pixels")]
+    pub max_image_pixels: u64,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Default for [`TransformSpec::max_image_pixels`]: Pillow's `Image.MAX_IMAGE_PIXELS`.
+pub const DEFAULT_MAX_IMAGE_PIXELS: u64 = 89_478_485;
+
+fn default_max_pixels() -> u64 {
+    DEFAULT_MAX_IMAGE_PIXELS
+}
+
+impl TransformSpec {
+    /// A spec with these transforms and every other setting at its default.
+    pub fn new(transforms: Vec<Transform>) -> Self {
+        Self {
+            transforms,
+            layout: OutputLayout::default(),
+            dct_scaling: true,
+            on_error: OnError::default(),
+            max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
+        }
+    }
+
+    /// ImageNet training augmentation: `RandomResizedCrop(size)` + `RandomHorizontalFlip()`,
+    /// uint8 NHWC output (normalise on the GPU).
+    pub fn imagenet_train(size: u32) -> Self {
+        Self::new(vec![Transform::random_resized_crop(size), Transform::RandomHorizontalFlip { p: 0.5 }])
+    }
+}

@@ -1,0 +1,124 @@
+//! Finished batches and the pool of buffers they live in. A [`Batch`] owns a
+//! [`BatchStorage`] from the pipeline's pool and gives it back when dropped, so the number of
+//! storages — fixed when the pipeline starts — bounds the pipeline's memory, and a consumer
+//! that holds on to batches stops the pipeline instead of growing it.
+
+use std::sync::atomic::AtomicBool;
+
+use crossbeam_channel::Sender;
+use stoker_common::ids::{Epoch, Rank, Step};
+use stoker_common::transform::{OutputDtype, OutputLayout};
+
+/// The reusable memory of one batch.
+#[derive(Debug, Default)]
+pub(crate) struct BatchStorage {
+    /// Images, `len * sample_bytes` used.
+    pub(crate) images: Vec<u8>,
+    pub(crate) labels: Vec<i64>,
+    /// Keys, concatenated; `key_ends[i]` is where key i ends.
+    pub(crate) key_text: String,
+    pub(crate) key_ends: Vec<u32>,
+    /// Slots whose image was replaced by black.
+    pub(crate) replaced: Vec<u32>,
+    /// Per-slot "replaced" flags the decode threads set.
+    pub(crate) slot_flags: Vec<AtomicBool>,
+}
+
+impl BatchStorage {
+    /// Storage for batches of up to `batch_size` samples of `sample_bytes` each. The image
+    /// buffer is allocated (and zeroed, so its pages are touched once) here, not per batch.
+    pub(crate) fn new(batch_size: usize, sample_bytes: usize) -> Self {
+        Self {
+            images: vec![0; batch_size * sample_bytes],
+            labels: Vec::with_capacity(batch_size),
+            key_text: String::with_capacity(batch_size * 32),
+            key_ends: Vec::with_capacity(batch_size),
+            replaced: Vec::with_capacity(batch_size),
+            slot_flags: (0..batch_size).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.labels.clear();
+        self.key_text.clear();
+        self.key_ends.clear();
+        self.replaced.clear();
+    }
+}
+
+/// One finished batch: rank `rank`'s step `step` of epoch `epoch`.
+#[derive(Debug)]
+pub struct Batch {
+    /// Epoch.
+    pub epoch: Epoch,
+    /// Rank it is for.
+    pub rank: Rank,
+    /// Step.
+    pub step: Step,
+    /// Image tensor shape in `layout`.
+    pub shape: [u32; 4],
+    /// Element type of the images.
+    pub dtype: OutputDtype,
+    /// Image layout.
+    pub layout: OutputLayout,
+    /// xxh3-64 of [`Batch::images`].
+    pub checksum: u64,
+    pub(crate) len: usize,
+    pub(crate) image_bytes: usize,
+    pub(crate) storage: Option<BatchStorage>,
+    pub(crate) pool: Sender<BatchStorage>,
+}
+
+impl Batch {
+    fn storage(&self) -> &BatchStorage {
+        // Present from construction until drop.
+        self.storage.as_ref().unwrap_or_else(|| unreachable!("batch storage is taken only in drop"))
+    }
+
+    /// Samples in the batch (B, or fewer in a `partial` tail).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the batch has no samples.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The images: `shape` elements of `dtype`, little-endian.
+    pub fn images(&self) -> &[u8] {
+        &self.storage().images[..self.image_bytes]
+    }
+
+    /// One label per sample (`-1` where the sample had no `.cls`).
+    pub fn labels(&self) -> &[i64] {
+        &self.storage().labels
+    }
+
+    /// The key of sample `i`.
+    pub fn key(&self, i: usize) -> Option<&str> {
+        let s = self.storage();
+        let end = *s.key_ends.get(i)? as usize;
+        let start = if i == 0 { 0 } else { s.key_ends[i - 1] as usize };
+        s.key_text.get(start..end)
+    }
+
+    /// Keys in slot order.
+    pub fn keys(&self) -> impl ExactSizeIterator<Item = &str> + '_ {
+        (0..self.len).map(|i| self.key(i).unwrap_or(""))
+    }
+
+    /// Slots whose image could not be decoded and is black.
+    pub fn replaced(&self) -> &[u32] {
+        &self.storage().replaced
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if let Some(storage) = self.storage.take() {
+            // The pool is gone when the pipeline is: then the memory is simply freed.
+            let _ = self.pool.try_send(storage);
+        }
+    }
+}

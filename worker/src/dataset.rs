@@ -1,0 +1,98 @@
+//! A dataset opened for reading: every shard of a manifest mapped, with its index, and the
+//! lookups the pipeline needs (a sample's image member, its label, its shard's path).
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use stoker_common::ids::ShardId;
+use stoker_common::plan::{SampleRef, ShardTable};
+use stoker_common::shard::{IndexPolicy, Manifest, Sample, Shard, ShardLocation, resolve_uri};
+
+use crate::error::PipelineError;
+
+/// Member extensions taken as the image, in order of preference.
+pub const IMAGE_EXTENSIONS: [&str; 5] = ["jpg", "jpeg", "png", "webp", "bmp"];
+
+/// `IMAGE_EXTENSIONS` for messages.
+pub(crate) const IMAGE_EXTENSIONS_TEXT: &str = "jpg, jpeg, png, webp, bmp";
+
+/// The label of a sample without a readable `.cls` member.
+pub const NO_LABEL: i64 = -1;
+
+/// The shards of one manifest, mapped.
+#[derive(Debug)]
+pub struct Dataset {
+    manifest_path: PathBuf,
+    shards: Vec<Shard>,
+    table: Arc<ShardTable>,
+    classes: Vec<String>,
+}
+
+impl Dataset {
+    /// Open every shard listed in the manifest at `path` (building missing indexes and writing
+    /// them beside the shards when the directory is writable).
+    pub fn open(path: &Path) -> Result<Self, PipelineError> {
+        let manifest = Manifest::load(path)?;
+        let dir = path.parent().unwrap_or_else(|| Path::new("."));
+        let mut shards = Vec::with_capacity(manifest.shards.len());
+        for entry in &manifest.shards {
+            let file = match resolve_uri(&entry.uri, dir)? {
+                ShardLocation::File(file) => file,
+                ShardLocation::S3 { .. } => return Err(PipelineError::ObjectStoreNotSupported { uri: entry.uri.clone() }),
+            };
+            let shard = Shard::open(&file, IndexPolicy::LoadOrBuildAndWrite)?;
+            if shard.len() as u64 != entry.samples {
+                return Err(PipelineError::ShardCountMismatch { shard: file, manifest: entry.samples, actual: shard.len() as u64 });
+            }
+            shards.push(shard);
+        }
+        let table = Arc::new(manifest.shard_table().map_err(|e| PipelineError::Start(e.to_string()))?);
+        Ok(Self { manifest_path: path.to_path_buf(), shards, table, classes: manifest.classes })
+    }
+
+    /// The manifest this dataset was opened from.
+    pub fn manifest_path(&self) -> &Path {
+        &self.manifest_path
+    }
+
+    /// Sample counts per shard, for planning.
+    pub fn table(&self) -> Arc<ShardTable> {
+        Arc::clone(&self.table)
+    }
+
+    /// Class names from the manifest (may be empty).
+    pub fn classes(&self) -> &[String] {
+        &self.classes
+    }
+
+    /// Total samples.
+    pub fn samples(&self) -> u64 {
+        self.table.samples()
+    }
+
+    /// A sample by reference; `None` if it is outside the dataset.
+    pub fn sample(&self, sample: SampleRef) -> Option<Sample<'_>> {
+        let index = usize::try_from(sample.index).ok()?;
+        self.shards.get(sample.shard.0 as usize)?.sample(index)
+    }
+
+    /// The path of a shard.
+    pub fn shard_path(&self, shard: ShardId) -> &Path {
+        self.shards.get(shard.0 as usize).map_or(Path::new("?"), Shard::path)
+    }
+
+    /// All opened shards, in manifest order.
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+}
+
+/// The image member of a sample: the first of [`IMAGE_EXTENSIONS`] present.
+pub fn image_member<'a>(sample: &Sample<'a>) -> Option<&'a [u8]> {
+    IMAGE_EXTENSIONS.iter().find_map(|ext| sample.member(ext))
+}
+
+/// The label of a sample: its `.cls` member as a decimal integer, or [`NO_LABEL`].
+pub fn label(sample: &Sample<'_>) -> i64 {
+    sample.member("cls").and_then(|bytes| std::str::from_utf8(bytes).ok()).and_then(|text| text.trim().parse().ok()).unwrap_or(NO_LABEL)
+}

@@ -1,0 +1,141 @@
+//! Bad input never panics and never allocates without bound: corrupt and truncated JPEGs,
+//! absurd header dimensions, empty members, garbage; bad samples are replaced or fail by policy.
+
+use std::sync::Arc;
+
+use stoker_common::ids::{Epoch, Rank, Step};
+use stoker_common::plan::prng::SplitMix64;
+use stoker_common::plan::{EpochPlan, PlanSpec, Shuffle, Tail};
+use stoker_common::transform::{OnError, Recipe, TransformSpec};
+use stoker_worker::{BatchRequest, Dataset, DecodeError, Pipeline, PipelineConfig, PipelineError, SampleMaker};
+use turbojpeg::Subsamp;
+
+use crate::fixtures::{jpeg, packed_dataset};
+
+fn maker(max_pixels: u64) -> SampleMaker {
+    let mut spec = TransformSpec::imagenet_train(32);
+    spec.max_image_pixels = max_pixels;
+    SampleMaker::new(Recipe::new(&spec).expect("valid")).expect("maker")
+}
+
+/// Set the SOF0 frame size of a baseline JPEG.
+fn with_dimensions(mut bytes: Vec<u8>, width: u16, height: u16) -> Vec<u8> {
+    let sof = bytes.windows(2).position(|w| w == [0xff, 0xc0]).expect("SOF0");
+    bytes[sof + 5..sof + 7].copy_from_slice(&height.to_be_bytes());
+    bytes[sof + 7..sof + 9].copy_from_slice(&width.to_be_bytes());
+    bytes
+}
+
+#[test]
+fn absurd_dimensions_are_refused_from_the_header() {
+    let mut m = maker(stoker_common::transform::DEFAULT_MAX_IMAGE_PIXELS);
+    let mut slot = vec![0; 32 * 32 * 3];
+    let huge = with_dimensions(jpeg(64, 48, 1, Subsamp::Sub2x2), 65000, 65000);
+    let error = m.make(&huge, 0, &mut slot).expect_err("65000x65000");
+    assert!(matches!(error, DecodeError::TooLarge { width: 65000, height: 65000, .. }), "{error}");
+    assert!(error.to_string().contains("max_image_pixels"), "{error}");
+    // The limit is configurable.
+    let small = jpeg(100, 100, 2, Subsamp::Sub2x2);
+    assert!(matches!(maker(5000).make(&small, 0, &mut slot), Err(DecodeError::TooLarge { pixels: 10000, .. })));
+    assert!(maker(10000).make(&small, 0, &mut slot).is_ok());
+}
+
+#[test]
+fn empty_garbage_and_every_truncation_are_errors_not_panics() {
+    let mut m = maker(1 << 24);
+    let mut slot = vec![0; 32 * 32 * 3];
+    assert_eq!(m.make(&[], 0, &mut slot), Err(DecodeError::Empty));
+    assert!(matches!(m.make(b"hello, not an image", 0, &mut slot), Err(DecodeError::UnknownFormat { .. })));
+    let good = jpeg(200, 150, 3, Subsamp::Sub2x2);
+    for len in 0..good.len() {
+        let _ = m.make(&good[..len], len as u64, &mut slot);
+    }
+    // Random corruption: most flips still decode (with warnings), some fail; none may panic.
+    let mut rng = SplitMix64::new(17);
+    for round in 0..2000u64 {
+        let mut bad = good.clone();
+        for _ in 0..1 + rng.below(4) {
+            let at = rng.below(bad.len() as u64) as usize;
+            bad[at] = rng.next_u64() as u8;
+        }
+        let _ = m.make(&bad, round, &mut slot);
+    }
+    // Random bytes behind a JPEG magic.
+    for round in 0..500u64 {
+        let mut bytes = vec![0xff, 0xd8, 0xff];
+        bytes.extend((0..rng.below(3000)).map(|_| rng.next_u64() as u8));
+        let _ = m.make(&bytes, round, &mut slot);
+    }
+    // The maker still works afterwards.
+    let after = m.make(&good, 1, &mut slot);
+    assert!(after.is_ok(), "{after:?}");
+}
+
+#[test]
+fn grayscale_cmyk_and_png_become_rgb() {
+    let mut m = maker(1 << 24);
+    let mut slot = vec![0; 32 * 32 * 3];
+    let gray = jpeg(120, 90, 4, Subsamp::Gray);
+    m.make(&gray, 0, &mut slot).expect("gray JPEG");
+    assert!(slot.chunks_exact(3).all(|p| p[0] == p[1] && p[1] == p[2]), "gray becomes equal RGB channels");
+
+    let pixels = crate::fixtures::texture(120, 90, 5);
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png);
+    image::ImageEncoder::write_image(image::codecs::png::PngEncoder::new(&mut png), &pixels, 120, 90, image::ExtendedColorType::Rgb8)
+        .expect("png");
+    let report = m.make(&png, 0, &mut slot).expect("PNG through the fallback");
+    assert_eq!(report.source_size, (120, 90));
+
+    // CMYK: libjpeg-turbo encodes a CMYK buffer; we must come back with RGB.
+    let cmyk: Vec<u8> = pixels.chunks_exact(3).flat_map(|p| [p[0], p[1], p[2], 255]).collect();
+    let image = turbojpeg::Image { pixels: cmyk.as_slice(), width: 120, pitch: 480, height: 90, format: turbojpeg::PixelFormat::CMYK };
+    let mut compressor = turbojpeg::Compressor::new().expect("compressor");
+    compressor.set_subsamp(Subsamp::None).expect("subsamp");
+    let bytes = compressor.compress_to_vec(image).expect("CMYK JPEG");
+    let report = m.make(&bytes, 0, &mut slot).expect("CMYK JPEG decodes");
+    assert_eq!(report.source_size, (120, 90));
+}
+
+fn run_with_policy(policy: OnError, manifest: &std::path::Path) -> Vec<Result<stoker_worker::Batch, PipelineError>> {
+    let dataset = Arc::new(Dataset::open(manifest).expect("open"));
+    let mut spec = TransformSpec::imagenet_train(16);
+    spec.on_error = policy;
+    let plan_spec = PlanSpec {
+        seed: 0,
+        world_size: std::num::NonZeroU32::MIN,
+        batch_size: std::num::NonZeroU32::new(4).expect("4"),
+        shuffle: Shuffle::None,
+        tail: Tail::Partial,
+    };
+    let plan = Arc::new(EpochPlan::new(dataset.table(), plan_spec, Epoch(0)));
+    let requests: Vec<BatchRequest> =
+        (0..plan.steps()).map(|s| BatchRequest { plan: Arc::clone(&plan), rank: Rank(0), step: Step(s) }).collect();
+    Pipeline::start(dataset, &spec, PipelineConfig { threads: 2, in_flight: 2, batch_size: 4 }, requests).expect("start").collect()
+}
+
+#[test]
+fn bad_samples_are_replaced_and_flagged_or_fail_by_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let truncated = jpeg(100, 80, 9, Subsamp::Sub2x2)[..40].to_vec();
+    let manifest = packed_dataset(dir.path(), 1, 6, &[("class0/zz_empty.jpg", b""), ("class0/zz_truncated.jpg", &truncated)]);
+
+    let batches: Vec<_> = run_with_policy(OnError::Replace, &manifest).into_iter().map(|b| b.expect("replace never fails")).collect();
+    let mut replaced_keys = Vec::new();
+    for batch in &batches {
+        for &slot in batch.replaced() {
+            replaced_keys.push(batch.key(slot as usize).expect("key").to_owned());
+            let start = slot as usize * 16 * 16 * 3;
+            assert!(batch.images()[start..start + 16 * 16 * 3].iter().all(|&v| v == 0), "replaced sample is black");
+            assert_eq!(batch.labels()[slot as usize], 0, "the label survives");
+        }
+    }
+    replaced_keys.sort();
+    assert_eq!(replaced_keys, ["class0/zz_empty", "class0/zz_truncated"]);
+    assert_eq!(batches.iter().map(|b| b.len()).sum::<usize>(), 8);
+
+    let results = run_with_policy(OnError::Fail, &manifest);
+    let error = results.into_iter().find_map(Result::err).expect("on_error=fail stops");
+    let text = error.to_string();
+    assert!(text.contains("class0/zz_") && text.contains("shard-000000.tar"), "{text}");
+}
