@@ -1,7 +1,7 @@
 # Stoker: the two commands of the README, and a few more for developers.
 #   make demo   build and run `stoker demo` (installs what is missing)
 #   make test   build and run every test tier that exists (installs what is missing)
-#   make bench  criterion benchmarks (see BENCHMARKS.md)
+#   make bench  criterion benchmarks and the pipeline benchmark (see BENCHMARKS.md)
 #   make lint   rustfmt + clippy
 
 SHELL := /bin/bash
@@ -32,8 +32,12 @@ test: deps venv
 	mkdir -p target; set -o pipefail; STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored 2>&1 | tee target/test.log
 	@scripts/test-summary.sh target/test.log
 
-bench: deps
+# Criterion micro-benchmarks, then the pipeline against its floor and the Pillow peer on
+# ImageNet-like data (scripts/bench_pipeline.py rewrites its table in BENCHMARKS.md).
+bench: deps venv
 	$(CARGO) bench -j$(JOBS) -p stoker-benches
+	$(CARGO) build --release -j$(JOBS) -p stoker-cli
+	$(PYTHON) scripts/bench_pipeline.py
 
 lint:
 	$(CARGO) fmt --all -- --check
