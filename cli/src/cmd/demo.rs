@@ -18,6 +18,7 @@ use stoker_common::plan::{EpochPlan, PlanSpec, Shuffle, Tail};
 use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
 use stoker_common::shard::pack::PackOptions;
 use stoker_common::shard::{IndexPolicy, Manifest, Shard, ShardLocation, resolve_uri};
+use stoker_common::transform::TransformSpec;
 
 use crate::args::DemoArgs;
 use crate::cmd::pack::{pack_with_progress, print_summary};
@@ -51,8 +52,10 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         println!("  {:<18} {:>5} samples ({jpegs} jpg) {:>8.2} MiB", entry.uri, shard.len(), entry.bytes as f64 / 1048576.0);
     }
     println!("== plan: {WORLD_SIZE} ranks x batch {BATCH_SIZE}, window shuffle of 2 shards, tail=partial");
-    let all_exactly_once = plan_and_verify(manifest, &shards)?;
-    println!("   (the coordinator, workers and trainers that execute this plan over QUIC are not built yet)");
+    let mut all_exactly_once = plan_and_verify(manifest, &shards)?;
+    println!("== decode epoch 0 through the worker pipeline: RandomResizedCrop(224) + flip, uint8 NHWC");
+    all_exactly_once &= decode_and_verify(&summary.manifest_path)?;
+    println!("   (the coordinator, workers and trainers that run this over QUIC are not built yet)");
     if all_exactly_once {
         println!("verification: every sample planned exactly once in each epoch: OK");
         Ok(ExitCode::SUCCESS)
@@ -94,15 +97,54 @@ fn open_shards(manifest: &Manifest, manifest_path: &Path) -> anyhow::Result<Vec<
 }
 
 /// Plan two epochs and check, by sample key, that each holds every sample exactly once.
-fn plan_and_verify(manifest: &Manifest, shards: &[Shard]) -> anyhow::Result<bool> {
-    let table = Arc::new(manifest.shard_table()?);
-    let spec = PlanSpec {
+/// Run epoch 0 of both ranks through the real pipeline; check every key arrives exactly once
+/// and every checksum matches its payload.
+fn decode_and_verify(manifest_path: &Path) -> anyhow::Result<bool> {
+    let dataset = Arc::new(stoker_worker::Dataset::open(manifest_path)?);
+    let spec = demo_plan_spec()?;
+    let plan = Arc::new(EpochPlan::new(dataset.table(), spec, Epoch(0)));
+    let requests: Vec<_> = (0..plan.steps())
+        .flat_map(|step| (0..WORLD_SIZE).map(move |rank| (rank, step)))
+        .map(|(rank, step)| stoker_worker::BatchRequest { plan: Arc::clone(&plan), rank: Rank(rank), step: Step(step) })
+        .collect();
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let config = stoker_worker::PipelineConfig { threads, in_flight: threads + 2, batch_size: BATCH_SIZE as usize };
+    let started = Instant::now();
+    let pipeline = stoker_worker::Pipeline::start(Arc::clone(&dataset), &TransformSpec::imagenet_train(224), config, requests)?;
+    let stats = pipeline.stats();
+    let (mut keys, mut images, mut checksums_ok) = (HashSet::new(), 0u64, true);
+    for batch in pipeline {
+        let batch = batch?;
+        checksums_ok &= xxhash_rust::xxh3::xxh3_64(batch.images()) == batch.checksum;
+        images += batch.len() as u64;
+        keys.extend(batch.keys().map(str::to_owned));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let replaced = stats.replaced.load(std::sync::atomic::Ordering::Relaxed);
+    let ok = checksums_ok && images == dataset.samples() && keys.len() as u64 == images;
+    println!(
+        "decoded {images} images in {:.2} s ({:.0} images/s on {threads} threads), {} distinct keys, {replaced} replaced, checksums {}",
+        elapsed,
+        images as f64 / elapsed,
+        keys.len(),
+        if checksums_ok { "OK" } else { "WRONG" }
+    );
+    Ok(ok)
+}
+
+fn demo_plan_spec() -> anyhow::Result<PlanSpec> {
+    Ok(PlanSpec {
         seed: 0,
         world_size: NonZeroU32::new(WORLD_SIZE).context("world size")?,
         batch_size: NonZeroU32::new(BATCH_SIZE).context("batch size")?,
         shuffle: Shuffle::Window { shards: NonZeroU32::new(2).context("window")? },
         tail: Tail::Partial,
-    };
+    })
+}
+
+fn plan_and_verify(manifest: &Manifest, shards: &[Shard]) -> anyhow::Result<bool> {
+    let table = Arc::new(manifest.shard_table()?);
+    let spec = demo_plan_spec()?;
     let mut all_ok = true;
     for epoch in 0..2 {
         let started = Instant::now();
