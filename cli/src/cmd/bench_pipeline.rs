@@ -55,9 +55,13 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
     let mut seen: Vec<SampleRef> = Vec::new();
     let (mut images, mut started) = (0u64, None::<Instant>);
     let mut counted_from = (0u64, 0u64);
+    let mut plan = EpochPlan::new(dataset.table(), plan_spec, Epoch(0));
     for batch in pipeline.by_ref() {
         let batch = batch?;
-        let plan = EpochPlan::new(dataset.table(), plan_spec, batch.epoch);
+        // One plan per epoch, not per batch: this loop is the consumer the pipeline waits on.
+        if plan.epoch() != batch.epoch {
+            plan = EpochPlan::new(dataset.table(), plan_spec, batch.epoch);
+        }
         seen.extend(plan.batch(batch.rank, batch.step).map(|p| p.sample));
         // The clock starts at the first batch, so buffer allocation and thread start-up do not count.
         let Some(start) = started else {

@@ -116,7 +116,7 @@ impl Recipe {
             }
             match *transform {
                 Transform::RandomHorizontalFlip { p } => {
-                    if flip_p > 0.0 || spec.transforms[..i].iter().any(|t| matches!(t, Transform::RandomHorizontalFlip { .. })) {
+                    if spec.transforms[..i].iter().any(|t| matches!(t, Transform::RandomHorizontalFlip { .. })) {
                         return Err(TransformError::UnsupportedOrder { found: list(), hint: "give RandomHorizontalFlip once" });
                     }
                     if !(0.0..=1.0).contains(&p) {
