@@ -1,1 +1,19 @@
 #![doc = include_str!("../README.md")]
+
+/// A received, verified batch.
+pub mod batch;
+/// Loader settings: job spec, rank, timeouts.
+pub mod config;
+/// Errors.
+pub mod error;
+/// The loader: attach, epochs, iteration, checkpoints.
+pub mod loader;
+/// Receiving batches from workers.
+mod receive;
+/// The pure reorder/de-duplicate buffer.
+pub mod reorder;
+
+pub use self::batch::ReceivedBatch;
+pub use self::config::LoaderConfig;
+pub use self::error::ClientError;
+pub use self::loader::{Loader, LoaderState};

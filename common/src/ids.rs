@@ -43,6 +43,19 @@ id_newtype!(
     Rank(u32), "rank-"
 );
 
+id_newtype!(
+    /// A training job, numbered by the coordinator when its first trainer attaches.
+    JobId(u64), "job-"
+);
+id_newtype!(
+    /// A worker, numbered by the coordinator when it registers (again after a restart).
+    WorkerId(u64), "worker-"
+);
+id_newtype!(
+    /// One grant of a chunk to a worker; a chunk granted again gets a new lease.
+    LeaseId(u64), "lease-"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,6 +66,9 @@ mod tests {
         assert_eq!(Epoch(2).to_string(), "epoch-2");
         assert_eq!(Step(10).to_string(), "step-10");
         assert_eq!(Rank(3).to_string(), "rank-3");
+        assert_eq!(JobId(1).to_string(), "job-1");
+        assert_eq!(WorkerId(2).to_string(), "worker-2");
+        assert_eq!(LeaseId(4).to_string(), "lease-4");
     }
 
     #[test]

@@ -5,6 +5,8 @@ pub mod dataset;
 mod decode;
 pub mod error;
 pub mod floor;
+/// The worker service: coordinator link, job pipelines, batch delivery to trainers.
+pub mod node;
 pub mod pipeline;
 mod pixel_ops;
 mod resize;
@@ -13,5 +15,6 @@ pub mod sample;
 pub use self::batch::Batch;
 pub use self::dataset::Dataset;
 pub use self::error::{DecodeError, PipelineError};
+pub use self::node::{WorkerConfig, WorkerHandle, start};
 pub use self::pipeline::{BatchRequest, Pipeline, PipelineConfig, PipelineStats};
 pub use self::sample::{SampleMaker, SampleReport};

@@ -92,7 +92,9 @@ impl EpochPlan {
         Ok(Self::starting_at(table, spec, checkpoint.epoch, checkpoint.position))
     }
 
-    fn starting_at(table: Arc<ShardTable>, spec: PlanSpec, epoch: Epoch, start: u64) -> Self {
+    /// The plan of `epoch` from position `start` (what [`EpochPlan::resume`] builds once the
+    /// checkpoint is checked; coordinators and workers that already agreed on `start` use it).
+    pub fn starting_at(table: Arc<ShardTable>, spec: PlanSpec, epoch: Epoch, start: u64) -> Self {
         let layout = Layout::new(table.samples(), start, spec.world_size, spec.batch_size, spec.tail);
         let order = EpochOrder::new(&table, spec.shuffle, spec.seed, epoch);
         Self { table, spec, epoch, layout, order }
@@ -147,6 +149,16 @@ impl EpochPlan {
             version: CHECKPOINT_VERSION,
             epoch: self.epoch,
             position: self.layout.position_after(step),
+            order_fingerprint: order_fingerprint(&self.table, &self.spec),
+        }
+    }
+
+    /// The checkpoint of this plan's start: nothing of it consumed yet.
+    pub fn checkpoint_at_start(&self) -> Checkpoint {
+        Checkpoint {
+            version: CHECKPOINT_VERSION,
+            epoch: self.epoch,
+            position: self.layout.start(),
             order_fingerprint: order_fingerprint(&self.table, &self.spec),
         }
     }

@@ -30,7 +30,7 @@ pub enum Geometry {
 }
 
 /// Element type of a batch's images.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum OutputDtype {
     /// Bytes 0–255 (no `Normalize`).
     U8,

@@ -1,0 +1,84 @@
+//! A batch as the trainer receives it: the verified header and the image bytes.
+
+use stoker_common::ids::{Epoch, Rank, Step};
+use stoker_common::proto::BatchHeader;
+use stoker_common::transform::{OutputDtype, OutputLayout};
+
+/// One received, verified batch.
+#[derive(Debug)]
+pub struct ReceivedBatch {
+    pub(crate) header: BatchHeader,
+    pub(crate) payload: Vec<u8>,
+}
+
+impl ReceivedBatch {
+    /// The epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.header.epoch
+    }
+
+    /// The step.
+    pub fn step(&self) -> Step {
+        self.header.step
+    }
+
+    /// The rank it was made for.
+    pub fn rank(&self) -> Rank {
+        self.header.rank
+    }
+
+    /// Samples in the batch.
+    pub fn len(&self) -> usize {
+        self.header.keys.len()
+    }
+
+    /// Whether the batch is empty (never, in practice).
+    pub fn is_empty(&self) -> bool {
+        self.header.keys.is_empty()
+    }
+
+    /// Image tensor shape in [`ReceivedBatch::layout`] order.
+    pub fn shape(&self) -> [u32; 4] {
+        self.header.shape
+    }
+
+    /// Element type.
+    pub fn dtype(&self) -> OutputDtype {
+        self.header.dtype
+    }
+
+    /// Layout.
+    pub fn layout(&self) -> OutputLayout {
+        self.header.layout
+    }
+
+    /// The image tensor's bytes.
+    pub fn images(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Take the image bytes (for zero-copy hand-over, e.g. to numpy).
+    pub fn into_parts(self) -> (BatchHeader, Vec<u8>) {
+        (self.header, self.payload)
+    }
+
+    /// Labels (-1 where a sample has none).
+    pub fn labels(&self) -> &[i64] {
+        &self.header.labels
+    }
+
+    /// Sample keys.
+    pub fn keys(&self) -> &[String] {
+        &self.header.keys
+    }
+
+    /// Indices of samples replaced by black images.
+    pub fn replaced(&self) -> &[u32] {
+        &self.header.replaced
+    }
+
+    /// xxh3-64 of the images, as verified on arrival.
+    pub fn checksum(&self) -> u64 {
+        self.header.checksum
+    }
+}

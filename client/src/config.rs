@@ -1,0 +1,110 @@
+//! What a trainer asks for: the job spec, its rank, and how long to wait.
+
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use stoker_common::ids::Rank;
+use stoker_common::plan::{PlanSpec, Shuffle, Tail};
+use stoker_common::proto::JobSpec;
+use stoker_common::transform::{Recipe, TransformSpec};
+
+use crate::error::ClientError;
+
+/// Settings of a [`crate::Loader`].
+#[derive(Clone, Debug)]
+pub struct LoaderConfig {
+    /// The coordinator's address.
+    pub coordinator: SocketAddr,
+    /// Dataset name, as registered with `stoker dataset add`.
+    pub dataset: String,
+    /// Job name [default: derived from the dataset and the spec, so identical trainers share it].
+    pub job_name: Option<String>,
+    /// Samples per batch per rank.
+    pub batch_size: u32,
+    /// This trainer's rank [default: `RANK` from the environment, else 0].
+    pub rank: Option<u32>,
+    /// Number of ranks [default: `WORLD_SIZE` from the environment, else 1].
+    pub world_size: Option<u32>,
+    /// Seed of shuffling and augmentation.
+    pub seed: u64,
+    /// Shuffle mode.
+    pub shuffle: Shuffle,
+    /// Tail policy.
+    pub tail: Tail,
+    /// Transforms the workers apply.
+    pub transforms: TransformSpec,
+    /// Steps the workers may run ahead of the slowest rank.
+    pub prefetch: u32,
+    /// How long to wait for one batch before giving up.
+    pub batch_timeout: Duration,
+}
+
+impl LoaderConfig {
+    /// Defaults: RandomResizedCrop(224) + RandomHorizontalFlip, window shuffle, tail `drop`,
+    /// seed 0, prefetch 8, a 5-minute batch timeout.
+    pub fn new(coordinator: SocketAddr, dataset: impl Into<String>, batch_size: u32) -> Self {
+        Self {
+            coordinator,
+            dataset: dataset.into(),
+            job_name: None,
+            batch_size,
+            rank: None,
+            world_size: None,
+            seed: 0,
+            shuffle: Shuffle::default(),
+            tail: Tail::default(),
+            transforms: TransformSpec::imagenet_train(224),
+            prefetch: 8,
+            batch_timeout: Duration::from_secs(300),
+        }
+    }
+
+    /// Rank and world size, from the fields or from `RANK`/`WORLD_SIZE` (as torchrun sets them).
+    pub fn rank_and_world_size(&self) -> Result<(Rank, NonZeroU32), ClientError> {
+        let from_env = |name: &str| -> Result<Option<u32>, ClientError> {
+            match std::env::var(name) {
+                Ok(text) => {
+                    text.trim().parse().map(Some).map_err(|_| ClientError::Config { message: format!("{name}={text:?} is not a number") })
+                }
+                Err(_) => Ok(None),
+            }
+        };
+        let rank = match self.rank {
+            Some(rank) => rank,
+            None => from_env("RANK")?.unwrap_or(0),
+        };
+        let world_size = match self.world_size {
+            Some(world_size) => world_size,
+            None => from_env("WORLD_SIZE")?.unwrap_or(1),
+        };
+        let world_size =
+            NonZeroU32::new(world_size).ok_or_else(|| ClientError::Config { message: "world size must be at least 1".to_owned() })?;
+        if rank >= world_size.get() {
+            return Err(ClientError::Config { message: format!("rank {rank} is outside world size {world_size} (ranks count from 0)") });
+        }
+        Ok((Rank(rank), world_size))
+    }
+
+    /// The job spec these settings ask for.
+    pub fn job_spec(&self) -> Result<JobSpec, ClientError> {
+        let (_, world_size) = self.rank_and_world_size()?;
+        let batch_size =
+            NonZeroU32::new(self.batch_size).ok_or_else(|| ClientError::Config { message: "batch size must be at least 1".to_owned() })?;
+        if self.prefetch == 0 {
+            return Err(ClientError::Config { message: "prefetch must be at least 1 step".to_owned() });
+        }
+        Recipe::new(&self.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?;
+        let transforms = serde_json::to_string(&self.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?;
+        let plan = PlanSpec { seed: self.seed, world_size, batch_size, shuffle: self.shuffle, tail: self.tail };
+        let mut spec = JobSpec { name: String::new(), dataset: self.dataset.clone(), plan, transforms, prefetch: self.prefetch };
+        spec.name = match &self.job_name {
+            Some(name) => name.clone(),
+            None => {
+                let identity = format!("{}|{:?}|{}|{}", spec.dataset, spec.plan, spec.transforms, spec.prefetch);
+                format!("{}-{:08x}", spec.dataset, xxhash_rust::xxh3::xxh3_64(identity.as_bytes()) as u32)
+            }
+        };
+        Ok(spec)
+    }
+}

@@ -1,0 +1,57 @@
+//! Errors of the trainer client.
+
+use stoker_common::proto::RemoteError;
+
+/// What can go wrong for a trainer.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The loader's settings are invalid.
+    #[error("invalid loader configuration: {message}")]
+    Config {
+        /// What is wrong and what to do.
+        message: String,
+    },
+    /// The coordinator refused a request, or could not be reached.
+    #[error("coordinator: {source}")]
+    Coordinator {
+        /// Its error (`Unavailable` when it could not be reached).
+        #[from]
+        source: RemoteError,
+    },
+    /// No batch arrived in time.
+    #[error("no batch for step {step} of epoch {epoch} within {seconds:.0} s: are workers running? (`stoker status` shows them)")]
+    Timeout {
+        /// The epoch.
+        epoch: u64,
+        /// The step waited for.
+        step: u64,
+        /// How long.
+        seconds: f64,
+    },
+    /// A checkpoint does not fit this job.
+    #[error("cannot resume: {message}")]
+    Resume {
+        /// Why.
+        message: String,
+    },
+    /// The QUIC endpoint could not be set up.
+    #[error(transparent)]
+    Net(#[from] stoker_common::net::NetError),
+    /// The background runtime could not start or has stopped.
+    #[error("the loader's background runtime failed: {message}")]
+    Runtime {
+        /// Why.
+        message: String,
+    },
+}
+
+impl ClientError {
+    /// Whether trying again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Coordinator { source } => source.is_retryable(),
+            Self::Timeout { .. } | Self::Net(_) => true,
+            Self::Config { .. } | Self::Resume { .. } | Self::Runtime { .. } => false,
+        }
+    }
+}

@@ -1,0 +1,407 @@
+//! The trainer's loader: attach to a job, connect to every worker, and yield this rank's
+//! batches of an epoch exactly once and in step order. The public API is blocking (what a
+//! training loop wants); a small background runtime receives batches and reports progress.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use quinn::{Connection, Endpoint};
+use stoker_common::api::CoordinatorApi;
+use stoker_common::expect_response;
+use stoker_common::ids::{Epoch, JobId, Rank, WorkerId};
+use stoker_common::net::{QuicCoordinator, TlsConfigs, client_endpoint};
+use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
+use stoker_common::proto::{ControlRequest, JobSpec, WorkerInfo};
+use stoker_common::transform::Recipe;
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info};
+
+use crate::batch::ReceivedBatch;
+use crate::config::LoaderConfig;
+use crate::error::ClientError;
+use crate::receive::{Expect, ReceiveStats, connect_worker, receive_loop};
+use crate::reorder::{Offer, Reorder};
+
+/// Where a trainer stands, for its checkpoint: the job's name and the position consumed.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LoaderState {
+    /// The job the state was taken in.
+    pub job_name: String,
+    /// Epoch and position.
+    pub checkpoint: Checkpoint,
+}
+
+/// What the progress reporter sends.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Progress {
+    epoch: Epoch,
+    start: u64,
+    steps: u64,
+    consumed: u64,
+    wait_seconds: f64,
+}
+
+/// Dials workers as they appear.
+struct Connector {
+    endpoint: Endpoint,
+    expect: Expect,
+    /// Workers dialled: `None` while the dial is under way.
+    connected: Mutex<HashMap<WorkerId, Option<Connection>>>,
+    batches_tx: mpsc::UnboundedSender<ReceivedBatch>,
+    stats: Arc<ReceiveStats>,
+}
+
+impl Connector {
+    /// Connect to the workers in `workers` that we have no live connection to.
+    fn connect_new(self: &Arc<Self>, workers: &[WorkerInfo]) {
+        let mut connected = self.connected.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        connected.retain(|_, connection_opt| connection_opt.as_ref().is_none_or(|connection| connection.close_reason().is_none()));
+        for worker in workers {
+            if connected.contains_key(&worker.id) {
+                continue;
+            }
+            connected.insert(worker.id, None);
+            let this = Arc::clone(self);
+            let worker = *worker;
+            tokio::spawn(async move {
+                match connect_worker(&this.endpoint, worker, this.expect).await {
+                    Ok(connection) => {
+                        debug!(worker = %worker.id, addr = %worker.addr, "connected to worker");
+                        this.connected
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(worker.id, Some(connection.clone()));
+                        receive_loop(connection, this.expect, this.batches_tx.clone(), Arc::clone(&this.stats)).await;
+                    }
+                    Err(error) => {
+                        debug!(worker = %worker.id, %error, "cannot connect to worker");
+                        this.connected.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&worker.id);
+                    }
+                }
+            });
+        }
+    }
+}
+
+struct Current {
+    plan: Arc<EpochPlan>,
+    reorder: Reorder<ReceivedBatch>,
+    yielded_opt: Option<stoker_common::ids::Step>,
+}
+
+/// A trainer rank's loader.
+pub struct Loader {
+    runtime: Runtime,
+    coordinator: Arc<QuicCoordinator>,
+    job: JobId,
+    rank: Rank,
+    spec: JobSpec,
+    table: Arc<ShardTable>,
+    batches_rx: mpsc::UnboundedReceiver<ReceivedBatch>,
+    /// Batches of runs this rank has not opened yet (the next epoch, made while this rank was
+    /// finishing the current one). Bounded by the job's flow window.
+    early: Vec<ReceivedBatch>,
+    stats: Arc<ReceiveStats>,
+    progress_tx: watch::Sender<Option<Progress>>,
+    epoch: Epoch,
+    resume_opt: Option<Checkpoint>,
+    current_opt: Option<Current>,
+    finished: bool,
+    waited: Duration,
+    batch_timeout: Duration,
+}
+
+impl std::fmt::Debug for Loader {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Loader")
+            .field("job", &self.job)
+            .field("rank", &self.rank)
+            .field("epoch", &self.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Loader {
+    /// Attach to the job `config` describes (creating it if this is its first trainer) and
+    /// connect to the workers.
+    pub fn attach(config: &LoaderConfig) -> Result<Self, ClientError> {
+        let (rank, _) = config.rank_and_world_size()?;
+        let spec = config.job_spec()?;
+        let sample_bytes =
+            Recipe::new(&config.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?.sample_bytes();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("stoker-client")
+            .enable_all()
+            .build()
+            .map_err(|error| ClientError::Runtime { message: error.to_string() })?;
+        let _guard = runtime.enter();
+        let tls = TlsConfigs::insecure()?;
+        let coordinator = Arc::new(QuicCoordinator::new(config.coordinator, &tls)?);
+        let answer = runtime.block_on(coordinator.call(ControlRequest::Attach { spec: spec.clone(), rank }))?;
+        let (job, dataset, workers, _checkpoint) = expect_response!(answer, Attached { job, dataset, workers, checkpoint })?;
+        let table = Arc::new(
+            ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| ClientError::Config { message: error.to_string() })?,
+        );
+        let expect = Expect { job, rank, max_payload: u64::from(spec.plan.batch_size.get()) * sample_bytes as u64 };
+        let (batches_tx, batches_rx) = mpsc::unbounded_channel();
+        let stats = Arc::new(ReceiveStats::default());
+        let connector = Arc::new(Connector {
+            endpoint: client_endpoint(&tls, config.coordinator)?,
+            expect,
+            connected: Mutex::new(HashMap::new()),
+            batches_tx,
+            stats: Arc::clone(&stats),
+        });
+        connector.connect_new(&workers);
+        let (progress_tx, progress_rx) = watch::channel(None);
+        runtime.spawn(report_progress(Arc::clone(&coordinator), job, rank, progress_rx, connector));
+        info!(%job, %rank, name = %spec.name, workers = workers.len(), "attached");
+        Ok(Self {
+            runtime,
+            coordinator,
+            job,
+            rank,
+            spec,
+            table,
+            batches_rx,
+            early: Vec::new(),
+            stats,
+            progress_tx,
+            epoch: Epoch(0),
+            resume_opt: None,
+            current_opt: None,
+            finished: false,
+            waited: Duration::ZERO,
+            batch_timeout: config.batch_timeout,
+        })
+    }
+
+    /// The job's id.
+    pub fn job(&self) -> JobId {
+        self.job
+    }
+
+    /// The job's spec (its name, plan and transforms).
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// This trainer's rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Iterate `epoch` next (from its start, or from the resumed position if `resume` named it).
+    pub fn set_epoch(&mut self, epoch: Epoch) {
+        self.epoch = epoch;
+        self.current_opt = None;
+        self.finished = false;
+    }
+
+    /// Continue from `state` (taken by [`Loader::state`], possibly with another world size or
+    /// batch size): the next iteration of its epoch starts after its position.
+    pub fn resume(&mut self, state: &LoaderState) -> Result<(), ClientError> {
+        let plan = EpochPlan::resume(Arc::clone(&self.table), self.spec.plan, &state.checkpoint).map_err(|error| ClientError::Resume {
+            message: format!("{error} (was the checkpoint taken with another dataset, seed or shuffle?)"),
+        })?;
+        drop(plan);
+        self.resume_opt = Some(state.checkpoint);
+        self.set_epoch(state.checkpoint.epoch);
+        Ok(())
+    }
+
+    /// Where this rank stands: every step before it has been yielded.
+    pub fn state(&self) -> Result<LoaderState, ClientError> {
+        let checkpoint = match &self.current_opt {
+            Some(current) => match current.yielded_opt {
+                Some(step) => current.plan.checkpoint_after(step),
+                None => current.plan.checkpoint_at_start(),
+            },
+            None => self.plan_for(self.epoch)?.checkpoint_at_start(),
+        };
+        Ok(LoaderState { job_name: self.spec.name.clone(), checkpoint })
+    }
+
+    /// Steps in the current epoch (from the resumed position, if resuming).
+    pub fn len(&self) -> Result<u64, ClientError> {
+        match &self.current_opt {
+            Some(current) => Ok(current.plan.steps()),
+            None => Ok(self.plan_for(self.epoch)?.steps()),
+        }
+    }
+
+    /// Whether the current epoch has no steps.
+    pub fn is_empty(&self) -> Result<bool, ClientError> {
+        Ok(self.len()? == 0)
+    }
+
+    /// Seconds this rank waited for data so far (the data stall).
+    pub fn wait_seconds(&self) -> f64 {
+        self.waited.as_secs_f64()
+    }
+
+    /// Batches received (including duplicates later dropped) and rejected (failed checks).
+    pub fn received_and_rejected(&self) -> (u64, u64) {
+        use std::sync::atomic::Ordering;
+        (self.stats.received.load(Ordering::Acquire), self.stats.rejected.load(Ordering::Acquire))
+    }
+
+    /// Duplicates dropped in the current epoch.
+    pub fn duplicates(&self) -> u64 {
+        self.current_opt.as_ref().map_or(0, |current| current.reorder.duplicates())
+    }
+
+    fn plan_for(&self, epoch: Epoch) -> Result<EpochPlan, ClientError> {
+        match self.resume_opt {
+            Some(checkpoint) if checkpoint.epoch == epoch => EpochPlan::resume(Arc::clone(&self.table), self.spec.plan, &checkpoint)
+                .map_err(|error| ClientError::Resume { message: error.to_string() }),
+            _ => Ok(EpochPlan::new(Arc::clone(&self.table), self.spec.plan, epoch)),
+        }
+    }
+
+    fn open_epoch(&mut self) -> Result<(), ClientError> {
+        let plan = Arc::new(self.plan_for(self.epoch)?);
+        let start = plan.checkpoint_at_start().position;
+        let request = ControlRequest::OpenEpoch { job: self.job, rank: self.rank, epoch: self.epoch, start };
+        let answer = self.runtime.block_on(self.coordinator.call(request))?;
+        let steps = expect_response!(answer, EpochOpened { steps })?;
+        if steps != plan.steps() {
+            return Err(ClientError::Config {
+                message: format!("the coordinator plans {steps} steps, this trainer {}: the dataset changed under the job", plan.steps()),
+            });
+        }
+        let mut reorder = Reorder::new((self.epoch, start), steps);
+        let epoch = self.epoch;
+        for batch in std::mem::take(&mut self.early) {
+            let run = (batch.epoch(), batch.header.start);
+            if run == (epoch, start) {
+                let _ = reorder.offer(run, batch.step(), batch);
+            } else if batch.epoch() > epoch {
+                self.early.push(batch);
+            }
+        }
+        self.current_opt = Some(Current { reorder, plan, yielded_opt: None });
+        self.report(0);
+        Ok(())
+    }
+
+    fn report(&self, consumed: u64) {
+        let Some(current) = &self.current_opt else { return };
+        let start = current.plan.checkpoint_at_start().position;
+        let progress =
+            Progress { epoch: self.epoch, start, steps: current.plan.steps(), consumed, wait_seconds: self.waited.as_secs_f64() };
+        let _ = self.progress_tx.send(Some(progress));
+    }
+
+    /// The next batch of the epoch, `None` at its end (the next call starts the epoch again,
+    /// as a PyTorch DataLoader does, unless `set_epoch` picks another).
+    pub fn next_batch(&mut self) -> Option<Result<ReceivedBatch, ClientError>> {
+        if self.finished {
+            self.finished = false;
+            self.current_opt = None;
+            return None;
+        }
+        if self.current_opt.is_none()
+            && let Err(error) = self.open_epoch()
+        {
+            return Some(Err(error));
+        }
+        let deadline = Instant::now() + self.batch_timeout;
+        loop {
+            let current = self.current_opt.as_mut()?;
+            if current.reorder.is_done() {
+                self.finished = false;
+                self.current_opt = None;
+                return None;
+            }
+            if let Some((step, batch)) = current.reorder.pop() {
+                current.yielded_opt = Some(step);
+                let done = current.reorder.is_done();
+                self.report(step.0 + 1);
+                if done {
+                    self.finished = true;
+                }
+                return Some(Ok(batch));
+            }
+            let waiting_since = Instant::now();
+            let remaining = deadline.saturating_duration_since(waiting_since);
+            let received = self.runtime.block_on(async { tokio::time::timeout(remaining, self.batches_rx.recv()).await });
+            self.waited += waiting_since.elapsed();
+            let current = self.current_opt.as_mut()?;
+            match received {
+                Ok(Some(batch)) => {
+                    let run = (batch.epoch(), batch.header.start);
+                    let later = batch.epoch() > self.epoch;
+                    match current.reorder.offer(run, batch.step(), batch) {
+                        Offer::Kept => {}
+                        Offer::Duplicate => debug!(rank = %self.rank, "duplicate batch dropped"),
+                        Offer::Foreign(batch) if later => self.early.push(batch),
+                        Offer::Foreign(_) => debug!(rank = %self.rank, "batch of a past run dropped"),
+                    }
+                }
+                Ok(None) => return Some(Err(ClientError::Runtime { message: "the receive side stopped".to_owned() })),
+                Err(_) => {
+                    return Some(Err(ClientError::Timeout {
+                        epoch: self.epoch.0,
+                        step: current.reorder.next_step().0,
+                        seconds: self.batch_timeout.as_secs_f64(),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<ReceivedBatch, ClientError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_batch()
+    }
+}
+
+/// Send the latest progress whenever it changes (coalesced: one report in flight at a time),
+/// and at least every second; connect to workers the answers list.
+async fn report_progress(
+    coordinator: Arc<QuicCoordinator>,
+    job: JobId,
+    rank: Rank,
+    mut progress_rx: watch::Receiver<Option<Progress>>,
+    connector: Arc<Connector>,
+) {
+    loop {
+        let _ = tokio::time::timeout(Duration::from_secs(1), progress_rx.changed()).await;
+        let progress_opt = *progress_rx.borrow_and_update();
+        let Some(progress) = progress_opt else { continue };
+        let request = ControlRequest::ReportProgress {
+            job,
+            rank,
+            epoch: progress.epoch,
+            start: progress.start,
+            consumed: progress.consumed,
+            wait_seconds: progress.wait_seconds,
+        };
+        match coordinator.call(request).await.and_then(|answer| expect_response!(answer, ProgressRecorded { workers, run_known })) {
+            Ok((workers, run_known)) => {
+                connector.connect_new(&workers);
+                // The coordinator restarted and lost the run while this rank is still inside it
+                // (and has not moved on meanwhile): open it again.
+                let still_current = *progress_rx.borrow() == Some(progress);
+                if !run_known && progress.consumed < progress.steps && still_current {
+                    let reopen = ControlRequest::OpenEpoch { job, rank, epoch: progress.epoch, start: progress.start };
+                    if let Err(error) = coordinator.call(reopen).await {
+                        debug!(%error, "cannot re-open the epoch");
+                    }
+                }
+            }
+            Err(error) => {
+                debug!(%error, "progress report failed");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}

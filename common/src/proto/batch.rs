@@ -1,0 +1,47 @@
+//! The batch stream: a bounded header, then the raw image tensor.
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Epoch, JobId, Rank, Step};
+use crate::transform::{OutputDtype, OutputLayout};
+
+/// First frame of a trainer's connection to a worker: which (job, rank) it wants batches for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TrainerHello {
+    /// The job the trainer attached to.
+    pub job: JobId,
+    /// Its rank.
+    pub rank: Rank,
+}
+
+/// Header of one batch stream. `payload_len` raw bytes follow it: the image tensor of
+/// `shape` in `layout`, elements of `dtype`, little-endian.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchHeader {
+    /// The job.
+    pub job: JobId,
+    /// The epoch.
+    pub epoch: Epoch,
+    /// First position of the epoch's plan (0, or a resumed checkpoint's position).
+    pub start: u64,
+    /// The rank the batch is for.
+    pub rank: Rank,
+    /// The step.
+    pub step: Step,
+    /// Image tensor shape in `layout` order.
+    pub shape: [u32; 4],
+    /// Element type.
+    pub dtype: OutputDtype,
+    /// Layout.
+    pub layout: OutputLayout,
+    /// One label per sample (-1 where the sample has none).
+    pub labels: Vec<i64>,
+    /// One key per sample.
+    pub keys: Vec<String>,
+    /// Indices of samples replaced by black images because they failed to decode.
+    pub replaced: Vec<u32>,
+    /// Bytes of payload after the header.
+    pub payload_len: u64,
+    /// xxh3-64 of the payload.
+    pub checksum: u64,
+}

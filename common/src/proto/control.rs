@@ -1,0 +1,290 @@
+//! Control calls: trainers, workers and operators to the coordinator.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ids::{Epoch, JobId, LeaseId, Rank, Step, WorkerId};
+use crate::plan::{Checkpoint, PlanSpec};
+
+/// A dataset registered with the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DatasetInfo {
+    /// Its name, as trainers ask for it.
+    pub name: String,
+    /// Absolute path of its manifest.json, as workers open it.
+    pub manifest: String,
+    /// Samples per shard, in manifest order (what the epoch plan needs).
+    pub shard_counts: Vec<u64>,
+}
+
+/// What a job is: the trainers of one job attach with the same spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// Job name; trainers with the same name share one job.
+    pub name: String,
+    /// Dataset name.
+    pub dataset: String,
+    /// Seed, world size, per-rank batch size, shuffle and tail.
+    pub plan: PlanSpec,
+    /// The [`crate::transform::TransformSpec`] as JSON (its serde form is self-describing).
+    pub transforms: String,
+    /// Flow window: no batch is made more than this many steps ahead of the slowest rank.
+    pub prefetch: u32,
+}
+
+/// A unit of work: `steps` consecutive steps of one rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Chunk {
+    /// The job.
+    pub job: JobId,
+    /// The epoch.
+    pub epoch: Epoch,
+    /// First position of the epoch's plan (0, or a resumed checkpoint's position).
+    pub start: u64,
+    /// First step.
+    pub first_step: Step,
+    /// The rank.
+    pub rank: Rank,
+    /// Number of steps.
+    pub steps: u32,
+}
+
+/// A chunk granted to a worker under a lease, with what it needs to make it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkGrant {
+    /// The lease; report it done or failed, renew it with heartbeats.
+    pub lease: LeaseId,
+    /// The work.
+    pub chunk: Chunk,
+    /// The job's spec.
+    pub spec: JobSpec,
+    /// The manifest path of the job's dataset.
+    pub manifest: String,
+}
+
+/// A worker as trainers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    /// Its id.
+    pub id: WorkerId,
+    /// Where trainers connect to receive batches.
+    pub addr: SocketAddr,
+}
+
+/// A request to the coordinator.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ControlRequest {
+    /// Register (or replace) a dataset by its manifest path.
+    AddDataset {
+        /// Name trainers will use.
+        name: String,
+        /// Path of a manifest.json, or of the folder holding one.
+        manifest: String,
+    },
+    /// List datasets.
+    ListDatasets,
+    /// A trainer rank joins a job, creating it if it is the first.
+    Attach {
+        /// The job.
+        spec: JobSpec,
+        /// The trainer's rank.
+        rank: Rank,
+    },
+    /// A rank is about to iterate `epoch` from position `start`; queues its work.
+    OpenEpoch {
+        /// The job.
+        job: JobId,
+        /// The rank.
+        rank: Rank,
+        /// The epoch.
+        epoch: Epoch,
+        /// First position (0, or the checkpoint's on resume).
+        start: u64,
+    },
+    /// A rank has consumed steps `0..consumed` of an epoch (coalesced; cheap).
+    ReportProgress {
+        /// The job.
+        job: JobId,
+        /// The rank.
+        rank: Rank,
+        /// The epoch.
+        epoch: Epoch,
+        /// First position of the epoch's plan.
+        start: u64,
+        /// Steps consumed.
+        consumed: u64,
+        /// Total seconds this rank has waited for data (the data stall).
+        wait_seconds: f64,
+    },
+    /// A worker joins; trainers will connect to `addr`.
+    RegisterWorker {
+        /// Address trainers connect to.
+        addr: SocketAddr,
+        /// Decode threads (for status).
+        threads: u32,
+    },
+    /// A worker is alive and still holds `leases`.
+    Heartbeat {
+        /// The worker.
+        worker: WorkerId,
+        /// Leases it is working on.
+        leases: Vec<LeaseId>,
+        /// Images it has made since it started.
+        images: u64,
+    },
+    /// A worker has room for up to `max` more chunks.
+    PullChunks {
+        /// The worker.
+        worker: WorkerId,
+        /// Most chunks it wants.
+        max: u32,
+    },
+    /// Every batch of a lease's chunk was delivered and acknowledged.
+    ChunkDone {
+        /// The worker.
+        worker: WorkerId,
+        /// The lease.
+        lease: LeaseId,
+    },
+    /// A lease's chunk could not be delivered; the coordinator grants it again.
+    ChunkFailed {
+        /// The worker.
+        worker: WorkerId,
+        /// The lease.
+        lease: LeaseId,
+        /// Why, for the log.
+        reason: String,
+    },
+    /// A worker leaves gracefully and hands back its leases.
+    Deregister {
+        /// The worker.
+        worker: WorkerId,
+    },
+    /// Everything `stoker status` shows.
+    Status,
+}
+
+/// The answer to a [`ControlRequest`] of the same name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum ControlResponse {
+    /// The dataset as registered.
+    DatasetAdded {
+        /// It.
+        dataset: DatasetInfo,
+    },
+    /// All datasets.
+    Datasets {
+        /// Them.
+        datasets: Vec<DatasetInfo>,
+    },
+    /// The trainer is attached.
+    Attached {
+        /// The job's id.
+        job: JobId,
+        /// Its dataset.
+        dataset: DatasetInfo,
+        /// Workers to connect to.
+        workers: Vec<WorkerInfo>,
+        /// The job's last recorded checkpoint, if any.
+        checkpoint: Option<Checkpoint>,
+    },
+    /// The epoch is queued.
+    EpochOpened {
+        /// Steps in it from `start`.
+        steps: u64,
+    },
+    /// Progress recorded.
+    ProgressRecorded {
+        /// Workers alive now (trainers connect to new ones).
+        workers: Vec<WorkerInfo>,
+        /// Whether the coordinator knows the run; after a coordinator restart it does not,
+        /// and a rank still inside it opens it again.
+        run_known: bool,
+    },
+    /// The worker is registered.
+    WorkerRegistered {
+        /// Its id.
+        worker: WorkerId,
+        /// How often to heartbeat.
+        heartbeat_millis: u64,
+        /// Leases expire this long after the last heartbeat.
+        lease_ttl_millis: u64,
+    },
+    /// Heartbeat taken.
+    HeartbeatAck {
+        /// Leases of the heartbeat the coordinator no longer holds for this worker (expired and
+        /// granted again): stop working on them.
+        revoked: Vec<LeaseId>,
+    },
+    /// Granted chunks (possibly none).
+    Chunks {
+        /// Them.
+        grants: Vec<ChunkGrant>,
+    },
+    /// Done.
+    Ack,
+    /// The cluster's state.
+    Status {
+        /// It.
+        status: ClusterStatus,
+    },
+}
+
+/// What `stoker status` shows.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// The coordinator's address.
+    pub coordinator: String,
+    /// Datasets registered.
+    pub datasets: u32,
+    /// Workers known.
+    pub workers: Vec<WorkerStatus>,
+    /// Jobs.
+    pub jobs: Vec<JobStatus>,
+}
+
+/// One worker in [`ClusterStatus`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    /// Id and address.
+    pub info: WorkerInfo,
+    /// Whether its heartbeats arrive.
+    pub alive: bool,
+    /// Decode threads.
+    pub threads: u32,
+    /// Chunks it holds leases on.
+    pub chunks_in_flight: u32,
+    /// Images per second over the last heartbeats.
+    pub images_per_sec: f64,
+}
+
+/// One job in [`ClusterStatus`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobStatus {
+    /// Id.
+    pub id: JobId,
+    /// Spec.
+    pub spec: JobSpec,
+    /// Chunks waiting for a worker.
+    pub chunks_queued: u32,
+    /// Chunks leased.
+    pub chunks_leased: u32,
+    /// Ranks that have reported.
+    pub ranks: Vec<RankStatus>,
+}
+
+/// One rank of a job in [`ClusterStatus`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RankStatus {
+    /// The rank.
+    pub rank: Rank,
+    /// Its epoch.
+    pub epoch: Epoch,
+    /// Steps of the epoch consumed.
+    pub consumed: Step,
+    /// Steps in the epoch.
+    pub steps: u64,
+    /// Seconds it waited for data in total.
+    pub wait_seconds: f64,
+}

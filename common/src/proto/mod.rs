@@ -1,0 +1,29 @@
+//! Wire types (DESIGN §7): plain serde data, no logic beside the derives. Only
+//! [`crate::wire`] knows how they are framed.
+//!
+//! Streams on a connection:
+//! * control calls: one bidirectional stream per request, one [`ControlRequest`] frame up and one
+//!   `Result<ControlResponse, RemoteError>` frame down;
+//! * a trainer's connection to a worker opens with one bidirectional stream carrying a
+//!   [`TrainerHello`] and its `Result<(), RemoteError>` answer;
+//! * batches: one unidirectional stream per batch from worker to trainer, a [`BatchHeader`]
+//!   frame then `payload_len` raw bytes.
+
+pub mod batch;
+pub mod control;
+pub mod error_code;
+
+pub use self::batch::{BatchHeader, TrainerHello};
+pub use self::control::{
+    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, JobSpec, JobStatus, RankStatus, WorkerInfo,
+    WorkerStatus,
+};
+pub use self::error_code::{ErrorCode, RemoteError};
+
+/// Version of the wire protocol. Bump it whenever a type in this module changes its encoding
+/// (a field added, removed or reordered, a variant added anywhere but at the end): bincode
+/// has no field names, so peers of different versions must not talk. The ALPN carries it.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
+pub const ALPN: &[u8] = b"stoker/1";

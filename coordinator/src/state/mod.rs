@@ -1,0 +1,155 @@
+//! The coordinator's durable state (DESIGN §6): datasets, jobs and checkpoints, changed only by
+//! applying [`Command`]s. `apply` is pure and deterministic, so the same command log gives
+//! the same state on every replica: this is what Raft will replicate, and what the
+//! single-node store replays after a restart.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use stoker_common::ids::JobId;
+use stoker_common::plan::Checkpoint;
+use stoker_common::proto::{DatasetInfo, JobSpec};
+
+/// Version of [`Command`] and [`ClusterState`] as persisted; bump when a field changes meaning.
+pub const STATE_VERSION: u32 = 1;
+
+/// A change to the durable state (a log entry).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Command {
+    /// Register a dataset, replacing one of the same name.
+    AddDataset {
+        /// The dataset.
+        dataset: DatasetInfo,
+    },
+    /// Create a job with the next job id.
+    CreateJob {
+        /// Its spec.
+        spec: JobSpec,
+    },
+    /// Record how far every rank of a job has consumed.
+    RecordCheckpoint {
+        /// The job.
+        job: JobId,
+        /// Where it stands.
+        checkpoint: Checkpoint,
+    },
+}
+
+/// What a command did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Applied {
+    /// Nothing beyond the state change.
+    Done,
+    /// The job created.
+    JobCreated(JobId),
+}
+
+/// Datasets, jobs and checkpoints.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterState {
+    /// Format version.
+    pub version: u32,
+    /// Datasets by name.
+    pub datasets: BTreeMap<String, DatasetInfo>,
+    /// Jobs by id.
+    pub jobs: BTreeMap<JobId, JobSpec>,
+    /// Last checkpoint of each job.
+    pub checkpoints: BTreeMap<JobId, Checkpoint>,
+    /// The id the next job gets.
+    pub next_job: u64,
+}
+
+impl ClusterState {
+    /// An empty state.
+    pub fn new() -> Self {
+        Self { version: STATE_VERSION, next_job: 1, ..Self::default() }
+    }
+
+    /// Apply one command. Never fails: commands are validated before they are logged.
+    pub fn apply(&mut self, command: Command) -> Applied {
+        match command {
+            Command::AddDataset { dataset } => {
+                self.datasets.insert(dataset.name.clone(), dataset);
+                Applied::Done
+            }
+            Command::CreateJob { spec } => {
+                let id = JobId(self.next_job);
+                self.next_job += 1;
+                self.jobs.insert(id, spec);
+                Applied::JobCreated(id)
+            }
+            Command::RecordCheckpoint { job, checkpoint } => {
+                self.checkpoints.insert(job, checkpoint);
+                Applied::Done
+            }
+        }
+    }
+
+    /// The job named `name`, if any.
+    pub fn job_named(&self, name: &str) -> Option<(JobId, &JobSpec)> {
+        self.jobs.iter().find(|(_, spec)| spec.name == name).map(|(id, spec)| (*id, spec))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use stoker_common::ids::Epoch;
+    use stoker_common::plan::{PlanSpec, Shuffle, Tail};
+
+    use super::*;
+
+    pub(crate) fn spec(name: &str) -> JobSpec {
+        JobSpec {
+            name: name.to_owned(),
+            dataset: "train".to_owned(),
+            plan: PlanSpec {
+                seed: 1,
+                world_size: NonZeroU32::MIN,
+                batch_size: NonZeroU32::MIN,
+                shuffle: Shuffle::Full,
+                tail: Tail::Partial,
+            },
+            transforms: "{}".to_owned(),
+            prefetch: 4,
+        }
+    }
+
+    #[test]
+    fn replaying_the_same_commands_gives_the_same_state() {
+        let commands = vec![
+            Command::AddDataset { dataset: DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3, 4] } },
+            Command::CreateJob { spec: spec("a") },
+            Command::CreateJob { spec: spec("b") },
+            Command::RecordCheckpoint {
+                job: JobId(2),
+                checkpoint: Checkpoint { version: 1, epoch: Epoch(3), position: 9, order_fingerprint: 7 },
+            },
+        ];
+        let mut first = ClusterState::new();
+        let mut second = ClusterState::new();
+        let applied: Vec<_> = commands.iter().cloned().map(|command| first.apply(command)).collect();
+        commands.into_iter().for_each(|command| {
+            second.apply(command);
+        });
+        assert_eq!(first, second);
+        assert_eq!(applied[1], Applied::JobCreated(JobId(1)));
+        assert_eq!(applied[2], Applied::JobCreated(JobId(2)));
+        assert_eq!(first.job_named("b").map(|(id, _)| id), Some(JobId(2)));
+        assert_eq!(first.checkpoints[&JobId(2)].position, 9);
+    }
+
+    #[test]
+    fn the_persisted_form_is_pinned() {
+        let command = Command::CreateJob { spec: spec("a") };
+        let json = serde_json::to_string(&command).expect("serialises");
+        assert_eq!(
+            json,
+            r#"{"command":"create_job","spec":{"name":"a","dataset":"train","plan":{"seed":1,"world_size":1,"batch_size":1,"shuffle":"full","tail":"partial"},"transforms":"{}","prefetch":4}}"#
+        );
+        assert_eq!(serde_json::from_str::<Command>(&json).expect("parses"), command);
+    }
+}

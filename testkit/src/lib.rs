@@ -1,0 +1,279 @@
+#![doc = include_str!("../README.md")]
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once};
+use std::time::{Duration, Instant};
+
+use stoker_client::LoaderConfig;
+use stoker_common::api::CoordinatorApi;
+use stoker_common::expect_response;
+use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::proto::{ControlRequest, DatasetInfo};
+use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
+use stoker_common::shard::pack::{PackOptions, pack};
+use stoker_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle};
+use stoker_worker::{WorkerConfig, WorkerHandle};
+
+/// How the cluster runs.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Workers started with the cluster.
+    pub workers: usize,
+    /// Decode threads per worker.
+    pub threads_per_worker: usize,
+    /// Lease TTL (short in fault tests so expiry is quick).
+    pub lease_ttl: Duration,
+    /// Worker heartbeat period.
+    pub heartbeat: Duration,
+    /// Steps per chunk.
+    pub chunk_steps: u32,
+    /// Coordinator data directory [default: a fresh temporary folder].
+    pub data_dir: Option<PathBuf>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            workers: 2,
+            threads_per_worker: 1,
+            lease_ttl: Duration::from_millis(1500),
+            heartbeat: Duration::from_millis(250),
+            chunk_steps: 2,
+            data_dir: None,
+        }
+    }
+}
+
+/// Errors of the harness, as text (it is for tests and the demo).
+pub type TestkitError = String;
+
+/// A coordinator and workers on loopback, in one runtime.
+pub struct TestCluster {
+    runtime: tokio::runtime::Runtime,
+    tls: TlsConfigs,
+    config: ClusterConfig,
+    data_dir: PathBuf,
+    _temporary: Option<TempDir>,
+    coordinator: Option<CoordinatorHandle>,
+    coordinator_addr: SocketAddr,
+    workers: Vec<Option<WorkerHandle<QuicCoordinator>>>,
+    next_worker_ip: u8,
+}
+
+impl std::fmt::Debug for TestCluster {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("TestCluster").field("coordinator", &self.coordinator_addr).finish_non_exhaustive()
+    }
+}
+
+/// A folder removed on drop.
+#[derive(Debug)]
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn bind(ip: Ipv4Addr, port: u16) -> Result<UdpSocket, TestkitError> {
+    UdpSocket::bind((ip, port)).map_err(|error| format!("cannot bind {ip}:{port}: {error}"))
+}
+
+/// Log to stderr once per process, filtered by `RUST_LOG` (default: warnings).
+pub fn init_tracing() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_test_writer().try_init();
+    });
+}
+
+impl TestCluster {
+    /// Start a coordinator and `config.workers` workers.
+    pub fn start(config: ClusterConfig) -> Result<Self, TestkitError> {
+        init_tracing();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("stoker-cluster")
+            .enable_all()
+            .build()
+            .map_err(|error| error.to_string())?;
+        let tls = TlsConfigs::insecure().map_err(|error| error.to_string())?;
+        let (data_dir, temporary) = match &config.data_dir {
+            Some(dir) => (dir.clone(), None),
+            None => {
+                let dir = unique_temp_dir("stoker-cluster")?;
+                (dir.clone(), Some(TempDir(dir)))
+            }
+        };
+        let mut cluster = Self {
+            runtime,
+            tls,
+            config,
+            data_dir,
+            _temporary: temporary,
+            coordinator: None,
+            coordinator_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            workers: Vec::new(),
+            next_worker_ip: 2,
+        };
+        cluster.start_coordinator(0)?;
+        for _ in 0..cluster.config.workers {
+            cluster.add_worker()?;
+        }
+        Ok(cluster)
+    }
+
+    fn start_coordinator(&mut self, port: u16) -> Result<(), TestkitError> {
+        let mut config = CoordinatorConfig::new(self.data_dir.clone());
+        config.lease_ttl = self.config.lease_ttl;
+        config.heartbeat = self.config.heartbeat;
+        config.chunk_steps = self.config.chunk_steps;
+        let socket = bind(Ipv4Addr::LOCALHOST, port)?;
+        let _guard = self.runtime.enter();
+        let handle = stoker_coordinator::start(config, socket, &self.tls).map_err(|error| error.to_string())?;
+        self.coordinator_addr = handle.local_addr();
+        self.coordinator = Some(handle);
+        Ok(())
+    }
+
+    /// Stop the coordinator and start it again on the same address and data directory.
+    pub fn restart_coordinator(&mut self) -> Result<(), TestkitError> {
+        if let Some(mut handle) = self.coordinator.take() {
+            handle.shutdown();
+            let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), handle.join()).await });
+        }
+        self.start_coordinator(self.coordinator_addr.port())
+    }
+
+    /// Start one more worker on the next loopback address; returns its index.
+    pub fn add_worker(&mut self) -> Result<usize, TestkitError> {
+        let ip = Ipv4Addr::new(127, 0, 0, self.next_worker_ip);
+        self.next_worker_ip = self.next_worker_ip.checked_add(1).ok_or("too many workers")?;
+        let socket = bind(ip, 0)?;
+        let _guard = self.runtime.enter();
+        let api = QuicCoordinator::new(self.coordinator_addr, &self.tls).map_err(|error| error.to_string())?;
+        let handle = stoker_worker::start(WorkerConfig::new(self.config.threads_per_worker), socket, &self.tls, api)
+            .map_err(|error| error.to_string())?;
+        self.workers.push(Some(handle));
+        Ok(self.workers.len() - 1)
+    }
+
+    /// Kill worker `index` as a crash would: no goodbye, leases left to expire.
+    pub fn kill_worker(&mut self, index: usize) {
+        if let Some(handle) = self.workers.get_mut(index).and_then(Option::take) {
+            let _guard = self.runtime.enter();
+            handle.kill();
+        }
+    }
+
+    /// Stop worker `index` gracefully: it hands its leases back.
+    pub fn shutdown_worker(&mut self, index: usize) {
+        if let Some(handle) = self.workers.get_mut(index).and_then(Option::take) {
+            self.runtime.block_on(handle.shutdown());
+        }
+    }
+
+    /// Worker `index`, if running.
+    pub fn worker(&self, index: usize) -> Option<&WorkerHandle<QuicCoordinator>> {
+        self.workers.get(index).and_then(Option::as_ref)
+    }
+
+    /// The coordinator's address.
+    pub fn coordinator_addr(&self) -> SocketAddr {
+        self.coordinator_addr
+    }
+
+    /// The coordinator's service (to inspect its state).
+    pub fn coordinator(&self) -> Option<Arc<Coordinator>> {
+        self.coordinator.as_ref().map(CoordinatorHandle::core)
+    }
+
+    /// Call the coordinator over QUIC, as an operator's CLI would.
+    pub fn call(&self, request: ControlRequest) -> Result<stoker_common::proto::ControlResponse, stoker_common::proto::RemoteError> {
+        let _guard = self.runtime.enter();
+        let api = QuicCoordinator::new(self.coordinator_addr, &self.tls)
+            .map_err(|error| stoker_common::proto::RemoteError::new(stoker_common::proto::ErrorCode::Unavailable, error.to_string()))?;
+        let answer = self.runtime.block_on(api.call(request));
+        api.close();
+        answer
+    }
+
+    /// Register a dataset.
+    pub fn add_dataset(&self, name: &str, manifest: &Path) -> Result<DatasetInfo, TestkitError> {
+        let request = ControlRequest::AddDataset { name: name.to_owned(), manifest: manifest.to_string_lossy().into_owned() };
+        let answer = self.call(request).map_err(|error| error.to_string())?;
+        expect_response!(answer, DatasetAdded { dataset }).map_err(|error| error.to_string())
+    }
+
+    /// A loader configuration for this cluster (rank and world size still to set).
+    pub fn loader_config(&self, dataset: &str, batch_size: u32) -> LoaderConfig {
+        let mut config = LoaderConfig::new(self.coordinator_addr, dataset, batch_size);
+        config.batch_timeout = Duration::from_secs(60);
+        config
+    }
+
+    /// Wait until every running worker is registered and alive at the coordinator.
+    pub fn wait_for_workers(&self) -> Result<(), TestkitError> {
+        let expected = self.workers.iter().filter(|worker| worker.is_some()).count();
+        wait_until(Duration::from_secs(20), "every worker registered", || {
+            let Some(core) = self.coordinator() else { return false };
+            let answer = core.handle(ControlRequest::Status, Instant::now());
+            matches!(answer, Ok(stoker_common::proto::ControlResponse::Status { status }) if status.workers.iter().filter(|w| w.alive).count() >= expected)
+        })
+    }
+
+    /// Run a future on the cluster's runtime.
+    pub fn block_on<F>(&self, future: F) -> F::Output
+    where
+        F: Future,
+    {
+        self.runtime.block_on(future)
+    }
+}
+
+/// Poll `condition` every 20 ms until it holds or `timeout` passes.
+pub fn wait_until(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) -> Result<(), TestkitError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("timed out after {timeout:?} waiting for: {what}"));
+        }
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+}
+
+/// A fresh folder under the system's temporary directory.
+pub fn unique_temp_dir(prefix: &str) -> Result<PathBuf, TestkitError> {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let serial = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{serial}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Generate `classes × per_class` small JPEGs with unique keys and pack them into shards of
+/// about `shard_bytes`; returns the manifest path.
+pub fn sample_dataset(dir: &Path, classes: u32, per_class: u32, shard_bytes: u64) -> Result<PathBuf, TestkitError> {
+    let images = dir.join("images");
+    write_image_folder(&images, SampleDataSpec { classes, images_per_class: per_class, seed: 7 }).map_err(|error| error.to_string())?;
+    let output = dir.join("shards");
+    let options = PackOptions {
+        input: images,
+        output: output.clone(),
+        shard_size: shard_bytes,
+        threads: NonZeroUsize::MIN.saturating_add(1),
+        prefix: "shard".to_owned(),
+        overwrite: true,
+    };
+    pack(&options, &mut |_| {}).map_err(|error| error.to_string())?;
+    Ok(output.join("manifest.json"))
+}

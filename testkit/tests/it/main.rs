@@ -1,0 +1,4 @@
+//! Whole-cluster tests: a coordinator, workers and trainer ranks on loopback.
+
+mod common;
+mod exactly_once;

@@ -1,0 +1,206 @@
+//! The worker service (DESIGN §5): registers with the coordinator, pulls chunks when it has
+//! room, makes their batches with the pipeline, pushes each batch to its trainer as one QUIC
+//! stream, and reports each chunk done once every stream is acknowledged.
+//!
+//! * [`trainers`]: trainer connections by (job, rank).
+//! * [`jobs`]: one pipeline per job.
+//! * [`sender`]: one batch → one stream.
+//! * [`link`]: registration, heartbeats, pulls and lease bookkeeping.
+
+mod jobs;
+mod link;
+mod sender;
+mod trainers;
+
+use std::collections::HashMap;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use stoker_common::api::CoordinatorApi;
+use stoker_common::ids::LeaseId;
+use stoker_common::net::{TlsConfigs, server_endpoint};
+use tokio::sync::{Notify, mpsc};
+use tokio::task::JoinHandle;
+use tracing::{debug, info};
+
+use self::jobs::Made;
+use self::link::LeaseState;
+use self::trainers::Trainers;
+use crate::error::PipelineError;
+
+/// How a worker runs.
+#[derive(Clone, Debug)]
+pub struct WorkerConfig {
+    /// Decode threads per job pipeline.
+    pub threads: usize,
+    /// Batches being made or delivered at once; the worker pulls work only below this.
+    pub in_flight: usize,
+    /// Address trainers use to reach this worker [default: the socket's address].
+    pub advertise: Option<SocketAddr>,
+    /// How long a batch waits for its trainer to connect before its chunk is failed.
+    pub trainer_patience: Duration,
+}
+
+impl WorkerConfig {
+    /// Defaults for `threads` decode threads: twice as many batches in flight (at least 4).
+    pub fn new(threads: usize) -> Self {
+        let threads = threads.max(1);
+        Self { threads, in_flight: (2 * threads).max(4), advertise: None, trainer_patience: Duration::from_secs(10) }
+    }
+}
+
+/// State shared by the worker's tasks.
+pub(crate) struct Shared<A> {
+    api: A,
+    config: WorkerConfig,
+    advertised: SocketAddr,
+    /// Our worker id from the coordinator; 0 while unregistered.
+    worker: AtomicU64,
+    heartbeat_millis: AtomicU64,
+    trainers: Trainers,
+    leases: std::sync::Mutex<HashMap<LeaseId, LeaseState>>,
+    outstanding: AtomicUsize,
+    room: Notify,
+    jobs: tokio::sync::Mutex<HashMap<stoker_common::ids::JobId, Arc<jobs::JobPipeline>>>,
+    datasets: tokio::sync::Mutex<HashMap<String, Arc<crate::Dataset>>>,
+    made_tx: mpsc::Sender<Made>,
+    images: AtomicU64,
+    batches_pushed: AtomicU64,
+    stopping: AtomicBool,
+}
+
+/// A running worker.
+pub struct WorkerHandle<A>
+where
+    A: CoordinatorApi,
+{
+    addr: SocketAddr,
+    endpoint: quinn::Endpoint,
+    shared: Arc<Shared<A>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl<A> std::fmt::Debug for WorkerHandle<A>
+where
+    A: CoordinatorApi,
+{
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("WorkerHandle").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+/// Start a worker that serves trainers on `socket` and takes work from `api`. Must run inside
+/// a tokio runtime.
+pub fn start<A>(config: WorkerConfig, socket: UdpSocket, tls: &TlsConfigs, api: A) -> Result<WorkerHandle<A>, PipelineError>
+where
+    A: CoordinatorApi,
+{
+    let addr = socket.local_addr().map_err(|error| PipelineError::Start(format!("socket has no address: {error}")))?;
+    let endpoint = server_endpoint(socket, tls).map_err(|error| PipelineError::Start(error.to_string()))?;
+    let (made_tx, made_rx) = mpsc::channel(config.in_flight.max(1));
+    let shared = Arc::new(Shared {
+        api,
+        advertised: config.advertise.unwrap_or(addr),
+        config,
+        worker: AtomicU64::new(0),
+        heartbeat_millis: AtomicU64::new(500),
+        trainers: Trainers::default(),
+        leases: std::sync::Mutex::new(HashMap::new()),
+        outstanding: AtomicUsize::new(0),
+        room: Notify::new(),
+        jobs: tokio::sync::Mutex::new(HashMap::new()),
+        datasets: tokio::sync::Mutex::new(HashMap::new()),
+        made_tx,
+        images: AtomicU64::new(0),
+        batches_pushed: AtomicU64::new(0),
+        stopping: AtomicBool::new(false),
+    });
+    let tasks = vec![
+        tokio::spawn(accept_trainers(endpoint.clone(), Arc::clone(&shared))),
+        tokio::spawn(link::pull_loop(Arc::clone(&shared))),
+        tokio::spawn(link::heartbeat_loop(Arc::clone(&shared))),
+        tokio::spawn(link::dispatch_loop(Arc::clone(&shared), made_rx)),
+    ];
+    info!(%addr, advertised = %shared.advertised, threads = shared.config.threads, "worker listening");
+    Ok(WorkerHandle { addr, endpoint, shared, tasks })
+}
+
+async fn accept_trainers<A>(endpoint: quinn::Endpoint, shared: Arc<Shared<A>>)
+where
+    A: CoordinatorApi,
+{
+    while let Some(incoming) = endpoint.accept().await {
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            match incoming.await {
+                Ok(connection) => shared.trainers.accept(connection).await,
+                Err(error) => debug!(%error, "trainer handshake failed"),
+            }
+        });
+    }
+}
+
+impl<A> WorkerHandle<A>
+where
+    A: CoordinatorApi,
+{
+    /// Where trainers connect.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Batches being made or delivered now.
+    pub fn outstanding_batches(&self) -> usize {
+        self.shared.outstanding.load(Ordering::Acquire)
+    }
+
+    /// Batches pushed and acknowledged so far.
+    pub fn batches_pushed(&self) -> u64 {
+        self.shared.batches_pushed.load(Ordering::Acquire)
+    }
+
+    /// Trainer connections open now.
+    pub fn trainers(&self) -> usize {
+        self.shared.trainers.count()
+    }
+
+    /// Leave gracefully: stop pulling, hand the leases back to the coordinator, close.
+    pub async fn shutdown(mut self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        let worker = self.shared.worker.load(Ordering::Acquire);
+        if worker != 0 {
+            let request = stoker_common::proto::ControlRequest::Deregister { worker: stoker_common::ids::WorkerId(worker) };
+            if let Err(error) = self.shared.api.call(request).await {
+                tracing::warn!(%error, "could not hand leases back; they will expire");
+            }
+        }
+        self.stop();
+    }
+
+    /// Stop at once without telling anyone, as a crash would (for fault tests).
+    pub fn kill(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        self.shared.stopping.store(true, Ordering::Release);
+        for task in self.tasks.drain(..) {
+            task.abort();
+        }
+        self.endpoint.close(0u32.into(), b"worker stopping");
+        if let Ok(mut jobs) = self.shared.jobs.try_lock() {
+            jobs.clear();
+        }
+    }
+}
+
+impl<A> Drop for WorkerHandle<A>
+where
+    A: CoordinatorApi,
+{
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

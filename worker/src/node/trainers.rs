@@ -1,0 +1,74 @@
+//! The trainers connected to this worker, by (job, rank). A trainer opens its connection with
+//! a [`TrainerHello`]; batches for its rank then go out on that connection.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use quinn::Connection;
+use stoker_common::ids::{JobId, Rank};
+use stoker_common::proto::{ErrorCode, RemoteError, TrainerHello};
+use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
+use tokio::sync::Notify;
+use tracing::{debug, info};
+
+/// Connections by (job, rank); the newest replaces an older one (a restarted trainer).
+#[derive(Debug, Default)]
+pub(crate) struct Trainers {
+    connections: Mutex<HashMap<(JobId, Rank), Connection>>,
+    changed: Notify,
+}
+
+impl Trainers {
+    fn live(&self, job: JobId, rank: Rank) -> Option<Connection> {
+        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        connections.get(&(job, rank)).filter(|connection| connection.close_reason().is_none()).cloned()
+    }
+
+    /// The connection of (job, rank), waiting up to `patience` for the trainer to connect.
+    pub(crate) async fn wait_for(&self, job: JobId, rank: Rank, patience: Duration) -> Option<Connection> {
+        let deadline = tokio::time::Instant::now() + patience;
+        loop {
+            let changed = self.changed.notified();
+            if let Some(connection) = self.live(job, rank) {
+                return Some(connection);
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    /// Trainers connected now.
+    pub(crate) fn count(&self) -> usize {
+        self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+    }
+
+    /// Serve one incoming trainer connection: read its hello, answer, and register it.
+    pub(crate) async fn accept(&self, connection: Connection) {
+        let addr = connection.remote_address();
+        let (mut send, mut recv) = match connection.accept_bi().await {
+            Ok(streams) => streams,
+            Err(error) => {
+                debug!(%addr, %error, "trainer connection closed before its hello");
+                return;
+            }
+        };
+        let hello = wire::read_frame::<TrainerHello>(&mut recv, CONTROL_FRAME_LIMIT).await;
+        let answer: Result<(), RemoteError> = match &hello {
+            Ok(_) => Ok(()),
+            Err(error) => Err(RemoteError::new(ErrorCode::InvalidArgument, format!("expected a trainer hello: {error}"))),
+        };
+        let _ = wire::write_frame(&mut send, &answer, CONTROL_FRAME_LIMIT).await;
+        let _ = send.finish();
+        let Ok(hello) = hello else {
+            // Let the answer reach the peer, then close.
+            let _ = tokio::time::timeout(Duration::from_secs(1), send.stopped()).await;
+            connection.close(1u32.into(), b"expected a trainer hello");
+            return;
+        };
+        info!(job = %hello.job, rank = %hello.rank, %addr, "trainer connected");
+        self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert((hello.job, hello.rank), connection);
+        self.changed.notify_waiters();
+    }
+}
