@@ -6,10 +6,11 @@ use clap::{Args, Parser, Subcommand};
 
 /// Stoker: a distributed data loader for deep-learning training.
 ///
-/// Available now: turning an ImageFolder into indexed WebDataset shards (`pack`), indexing
-/// existing shards (`index`), looking inside them (`inspect`), measuring the worker's decode
-/// pipeline (`bench pipeline`) and a local `demo`. The coordinator, the worker service, the
-/// trainer client and the Python package are not built yet.
+/// Pack images into shards (`pack`, `index`, `inspect`), run a cluster (`coordinator`,
+/// `worker`, `dataset add`), watch it (`status`), check it from a trainer node (`consume`),
+/// measure it (`bench`), or try everything on one machine (`demo`). Not built yet: Raft
+/// replication of the coordinator, metrics endpoints, mutual TLS, object stores and the
+/// Python package.
 #[derive(Debug, Parser)]
 #[command(name = "stoker", version, propagate_version = true)]
 pub(crate) struct Cli {
@@ -27,7 +28,20 @@ pub(crate) enum Command {
     Index(IndexArgs),
     /// Show what a shard or a dataset manifest holds: samples, members by extension, sizes.
     Inspect(InspectArgs),
-    /// Generate a sample dataset, pack it, inspect it and plan an epoch over it.
+    /// Run a coordinator: datasets, jobs, checkpoints, and the work plan of every job.
+    Coordinator(CoordinatorArgs),
+    /// Run a worker: decode and augment batches and send them to trainers.
+    Worker(WorkerArgs),
+    /// Register or list datasets at the coordinator.
+    #[command(subcommand)]
+    Dataset(DatasetCommand),
+    /// Show the coordinator, workers, jobs and each rank's progress and data stall.
+    Status(StatusArgs),
+    /// Attach as one trainer rank without a model and consume as fast as possible (or at
+    /// --rate): checks a deployment from a trainer node, and drives tests.
+    Consume(ConsumeArgs),
+    /// Generate a sample dataset and run a coordinator, 2 workers and 2 trainer ranks on
+    /// loopback for 2 epochs; verify every sample arrives exactly once per epoch.
     Demo(DemoArgs),
     /// Measure throughput on real data.
     #[command(subcommand)]
@@ -40,6 +54,167 @@ pub(crate) enum BenchCommand {
     /// for a while, then, in the same run, plain full JPEG decode of the same images with the
     /// same threads (the floor), and report both and their ratio.
     Pipeline(BenchPipelineArgs),
+    /// Run a whole cluster in this process (coordinator, N workers, R trainer ranks over QUIC
+    /// on loopback) over a dataset and report images/s, per-rank wait, first-batch latency and
+    /// peak memory.
+    Cluster(BenchClusterArgs),
+}
+
+/// Where the coordinator is, for the commands that call it.
+#[derive(Debug, Args)]
+pub(crate) struct CoordinatorAddr {
+    /// The coordinator's address.
+    #[arg(long, env = "STOKER_COORDINATOR", default_value = "127.0.0.1:7400")]
+    pub(crate) coordinator: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CoordinatorArgs {
+    /// Address to listen on (UDP, QUIC).
+    #[arg(long, default_value = "0.0.0.0:7400")]
+    pub(crate) listen: String,
+    /// Where datasets, jobs and checkpoints are kept; a restarted coordinator reads them back.
+    #[arg(long, default_value = "stoker-data")]
+    pub(crate) data_dir: PathBuf,
+    /// Milliseconds a worker's lease lives without a heartbeat before its chunk is granted again.
+    #[arg(long, default_value_t = 3000)]
+    pub(crate) lease_ttl_ms: u64,
+    /// Steps per chunk of work granted to a worker.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) chunk_steps: u32,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// The coordinator's address.
+    #[arg(long, env = "STOKER_COORDINATOR", default_value = "127.0.0.1:7400")]
+    pub(crate) coordinator: String,
+    /// Address to listen on for trainers (UDP, QUIC).
+    #[arg(long, default_value = "0.0.0.0:7500")]
+    pub(crate) listen: String,
+    /// Address trainers use to reach this worker [default: --listen; required when it is 0.0.0.0].
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// Decode threads [default: number of CPUs].
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Batches made or in delivery at once [default: 2 x threads, at least 4].
+    #[arg(long)]
+    pub(crate) in_flight: Option<usize>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum DatasetCommand {
+    /// Register a dataset: a manifest.json or the folder `stoker pack` wrote. Workers open the
+    /// same path, so it must be on storage they share.
+    Add(DatasetAddArgs),
+    /// List registered datasets.
+    Ls(CoordinatorAddr),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DatasetAddArgs {
+    /// Name trainers use.
+    pub(crate) name: String,
+    /// manifest.json, or the folder holding it.
+    pub(crate) path: PathBuf,
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ConsumeArgs {
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+    /// Dataset name.
+    #[arg(long)]
+    pub(crate) dataset: String,
+    /// This trainer's rank [default: $RANK, else 0].
+    #[arg(long)]
+    pub(crate) rank: Option<u32>,
+    /// Number of ranks [default: $WORLD_SIZE, else 1].
+    #[arg(long)]
+    pub(crate) world_size: Option<u32>,
+    /// Samples per batch per rank.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) batch_size: u32,
+    /// Epochs to consume, starting at --first-epoch.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) epochs: u64,
+    /// First epoch.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) first_epoch: u64,
+    /// RandomResizedCrop output side (ignored with --transforms).
+    #[arg(long, default_value_t = 224)]
+    pub(crate) size: u32,
+    /// A TransformSpec as JSON instead of RandomResizedCrop(size) + RandomHorizontalFlip.
+    #[arg(long, value_name = "JSON")]
+    pub(crate) transforms: Option<String>,
+    /// Seed of shuffling and augmentation.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Shuffle: none, full, or window:K (K shards per window).
+    #[arg(long, default_value = "window:8")]
+    pub(crate) shuffle: String,
+    /// Tail policy: drop, pad or partial.
+    #[arg(long, default_value = "drop")]
+    pub(crate) tail: String,
+    /// Steps workers may run ahead of the slowest rank.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) prefetch: u32,
+    /// Job name [default: derived from the dataset and the spec].
+    #[arg(long)]
+    pub(crate) job: Option<String>,
+    /// Consume at most this many batches per second (simulates a training step).
+    #[arg(long)]
+    pub(crate) rate: Option<f64>,
+    /// Write one line per sample: `epoch step key`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) keys_out: Option<PathBuf>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchClusterArgs {
+    /// The dataset: a manifest.json, or the folder holding one.
+    #[arg(long, value_name = "MANIFEST")]
+    pub(crate) data: PathBuf,
+    /// Workers.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) workers: usize,
+    /// Decode threads per worker.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
+    /// Trainer ranks.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) ranks: u32,
+    /// Epochs.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) epochs: u64,
+    /// Samples per batch per rank.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) batch_size: u32,
+    /// RandomResizedCrop output side.
+    #[arg(long, default_value_t = 224)]
+    pub(crate) size: u32,
+    /// Also run `bench pipeline` with the same threads per worker for this many seconds first,
+    /// and report the cluster's rate against workers x that rate.
+    #[arg(long)]
+    pub(crate) pipeline_seconds: Option<f64>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -126,6 +301,9 @@ pub(crate) struct InspectArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
+    /// Epochs to run.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) epochs: u64,
     /// An ImageFolder to use instead of the generated sample.
     #[arg(long)]
     pub(crate) data: Option<PathBuf>,

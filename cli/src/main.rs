@@ -7,7 +7,7 @@ mod progress;
 
 use clap::Parser;
 
-use crate::args::{BenchCommand, Cli, Command};
+use crate::args::{BenchCommand, Cli, Command, DatasetCommand};
 
 fn main() -> std::process::ExitCode {
     init_tracing();
@@ -16,8 +16,15 @@ fn main() -> std::process::ExitCode {
         Command::Pack(args) => cmd::pack::run(args),
         Command::Index(args) => cmd::index::run(args),
         Command::Inspect(args) => cmd::inspect::run(args),
+        Command::Coordinator(args) => cmd::serve::coordinator(args),
+        Command::Worker(args) => cmd::serve::worker(args),
+        Command::Dataset(DatasetCommand::Add(args)) => cmd::dataset::add(args),
+        Command::Dataset(DatasetCommand::Ls(args)) => cmd::dataset::list(args),
+        Command::Status(args) => cmd::status::run(args),
+        Command::Consume(args) => cmd::consume::run(args),
         Command::Demo(args) => cmd::demo::run(args),
         Command::Bench(BenchCommand::Pipeline(args)) => cmd::bench_pipeline::run(args),
+        Command::Bench(BenchCommand::Cluster(args)) => cmd::bench_cluster::run(args),
     };
     match result {
         Ok(code) => code,

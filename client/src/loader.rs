@@ -250,6 +250,13 @@ impl Loader {
         (self.stats.received.load(Ordering::Acquire), self.stats.rejected.load(Ordering::Acquire))
     }
 
+    /// Batches received and not yet yielded: waiting for earlier steps, queued from the
+    /// network, or early ones of the next epoch. The flow window bounds it.
+    pub fn buffered_batches(&self) -> usize {
+        let waiting = self.current_opt.as_ref().map_or(0, |current| current.reorder.waiting());
+        waiting + self.batches_rx.len() + self.early.len()
+    }
+
     /// Duplicates dropped in the current epoch.
     pub fn duplicates(&self) -> u64 {
         self.current_opt.as_ref().map_or(0, |current| current.reorder.duplicates())

@@ -1,7 +1,14 @@
 //! One module per subcommand; each is a thin call into the libraries.
 
+pub(crate) mod bench_cluster;
 pub(crate) mod bench_pipeline;
+pub(crate) mod consume;
+pub(crate) mod dataset;
 pub(crate) mod demo;
 pub(crate) mod index;
 pub(crate) mod inspect;
 pub(crate) mod pack;
+pub(crate) mod ranks;
+pub(crate) mod remote;
+pub(crate) mod serve;
+pub(crate) mod status;

@@ -1,3 +1,4 @@
 //! Integration tests of the `stoker` binary, in one test binary (STYLE G13).
 
 mod pack_inspect;
+mod process_faults;

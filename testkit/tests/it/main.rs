@@ -2,3 +2,6 @@
 
 mod common;
 mod exactly_once;
+mod faults;
+mod resume;
+mod wire;

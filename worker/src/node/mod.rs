@@ -47,7 +47,7 @@ impl WorkerConfig {
     /// Defaults for `threads` decode threads: twice as many batches in flight (at least 4).
     pub fn new(threads: usize) -> Self {
         let threads = threads.max(1);
-        Self { threads, in_flight: (2 * threads).max(4), advertise: None, trainer_patience: Duration::from_secs(10) }
+        Self { threads, in_flight: (2 * threads).max(4), advertise: None, trainer_patience: Duration::from_secs(3) }
     }
 }
 

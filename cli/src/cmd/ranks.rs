@@ -1,0 +1,105 @@
+//! A trainer rank without a model: attach, consume epochs, account for every key. Used by
+//! `consume`, `demo` and `bench cluster`.
+
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use stoker_client::{Loader, LoaderConfig};
+use stoker_common::ids::Epoch;
+use stoker_common::plan::{Shuffle, Tail};
+
+/// What one rank measured.
+#[derive(Debug, Default)]
+pub(crate) struct RankReport {
+    pub(crate) rank: u32,
+    pub(crate) images: u64,
+    pub(crate) batches: u64,
+    /// Seconds from the first `next` to the last batch.
+    pub(crate) seconds: f64,
+    /// Seconds from the first request for a batch to the last batch.
+    pub(crate) total_seconds: f64,
+    /// Seconds spent waiting for data (first batch included).
+    pub(crate) wait_seconds: f64,
+    /// Seconds from attach to the first batch.
+    pub(crate) first_batch_seconds: f64,
+    /// (epoch, step, keys) of every batch, when asked for.
+    pub(crate) keys: Vec<(u64, u64, Vec<String>)>,
+    pub(crate) duplicates: u64,
+}
+
+impl RankReport {
+    pub(crate) fn wait_fraction(&self) -> f64 {
+        if self.total_seconds > 0.0 { self.wait_seconds / self.total_seconds } else { 0.0 }
+    }
+}
+
+/// `none`, `full` or `window:K`.
+pub(crate) fn parse_shuffle(text: &str) -> anyhow::Result<Shuffle> {
+    match text {
+        "none" => Ok(Shuffle::None),
+        "full" => Ok(Shuffle::Full),
+        other => {
+            let shards = other.strip_prefix("window:").and_then(|k| k.parse().ok()).and_then(NonZeroU32::new);
+            shards.map(|shards| Shuffle::Window { shards }).with_context(|| format!("--shuffle {other:?}: use none, full or window:K"))
+        }
+    }
+}
+
+/// `drop`, `pad` or `partial`.
+pub(crate) fn parse_tail(text: &str) -> anyhow::Result<Tail> {
+    match text {
+        "drop" => Ok(Tail::Drop),
+        "pad" => Ok(Tail::Pad),
+        "partial" => Ok(Tail::Partial),
+        other => bail!("--tail {other:?}: use drop, pad or partial"),
+    }
+}
+
+/// Consume `epochs` epochs from `first_epoch`, at most `rate` batches/s.
+pub(crate) fn consume(
+    config: &LoaderConfig,
+    first_epoch: u64,
+    epochs: u64,
+    rate: Option<f64>,
+    keep_keys: bool,
+) -> anyhow::Result<RankReport> {
+    let attached_at = Instant::now();
+    let mut loader = Loader::attach(config)?;
+    let mut report = RankReport { rank: loader.rank().0, ..RankReport::default() };
+    let pace = rate.filter(|rate| *rate > 0.0).map(|rate| Duration::from_secs_f64(1.0 / rate));
+    let mut started_opt: Option<Instant> = None;
+    let consuming_since = Instant::now();
+    for epoch in first_epoch..first_epoch + epochs {
+        loader.set_epoch(Epoch(epoch));
+        while let Some(batch) = loader.next_batch() {
+            let batch = batch.with_context(|| format!("rank {} epoch {epoch}", report.rank))?;
+            let started = *started_opt.get_or_insert_with(|| {
+                report.first_batch_seconds = attached_at.elapsed().as_secs_f64();
+                Instant::now()
+            });
+            report.images += batch.len() as u64;
+            report.batches += 1;
+            if keep_keys {
+                report.keys.push((epoch, batch.step().0, batch.keys().to_vec()));
+            }
+            if let Some(pace) = pace {
+                let due = started + pace * report.batches as u32;
+                std::thread::park_timeout(due.saturating_duration_since(Instant::now()));
+            }
+        }
+        report.duplicates += loader.duplicates();
+    }
+    report.seconds = started_opt.map_or(0.0, |started| started.elapsed().as_secs_f64());
+    report.total_seconds = consuming_since.elapsed().as_secs_f64();
+    report.wait_seconds = loader.wait_seconds();
+    Ok(report)
+}
+
+/// Peak resident memory of this process, in MiB (Linux), if known.
+pub(crate) fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}

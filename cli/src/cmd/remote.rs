@@ -1,0 +1,33 @@
+//! Calling a coordinator from the command line.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+
+use anyhow::Context;
+use stoker_common::api::CoordinatorApi;
+use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::proto::{ControlRequest, ControlResponse};
+
+/// `host:port` → the first address it resolves to.
+pub(crate) fn resolve(text: &str) -> anyhow::Result<SocketAddr> {
+    text.to_socket_addrs()
+        .with_context(|| format!("cannot resolve {text:?} (expected HOST:PORT)"))?
+        .next()
+        .with_context(|| format!("{text:?} resolves to no address"))
+}
+
+/// A runtime for one command's network work.
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("cannot start the async runtime")
+}
+
+/// Send one request to the coordinator at `addr`.
+pub(crate) fn call(addr: &str, request: ControlRequest) -> anyhow::Result<ControlResponse> {
+    let addr = resolve(addr)?;
+    let runtime = runtime()?;
+    let _guard = runtime.enter();
+    let tls = TlsConfigs::insecure()?;
+    let coordinator = QuicCoordinator::new(addr, &tls)?;
+    let answer = runtime.block_on(coordinator.call(request));
+    coordinator.close();
+    answer.with_context(|| format!("coordinator at {addr}"))
+}

@@ -1,0 +1,61 @@
+//! `stoker coordinator` and `stoker worker`: long-running nodes, stopped by Ctrl-C (a worker
+//! then hands its leases back).
+
+use std::net::UdpSocket;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_coordinator::CoordinatorConfig;
+use stoker_worker::WorkerConfig;
+use tracing::warn;
+
+use super::remote::{resolve, runtime};
+use crate::args::{CoordinatorArgs, WorkerArgs};
+
+const INSECURE: &str =
+    "TLS peers are not verified (self-signed certificates; mutual TLS is not built yet): run Stoker on a trusted network only";
+
+pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
+    let listen = resolve(&args.listen)?;
+    let socket = UdpSocket::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let mut config = CoordinatorConfig::new(args.data_dir.clone());
+    config.lease_ttl = Duration::from_millis(args.lease_ttl_ms);
+    config.heartbeat = (config.lease_ttl / 6).max(Duration::from_millis(10));
+    config.chunk_steps = args.chunk_steps;
+    let runtime = runtime()?;
+    let _guard = runtime.enter();
+    warn!("{INSECURE}");
+    let mut handle = stoker_coordinator::start(config, socket, &TlsConfigs::insecure()?)?;
+    eprintln!("coordinator listening on {} (data in {}); Ctrl-C stops it", handle.local_addr(), args.data_dir.display());
+    runtime.block_on(tokio::signal::ctrl_c()).context("cannot wait for Ctrl-C")?;
+    handle.shutdown();
+    Ok(ExitCode::SUCCESS)
+}
+
+pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
+    let listen = resolve(&args.listen)?;
+    let coordinator = resolve(&args.coordinator)?;
+    let advertise = args.advertise.as_deref().map(resolve).transpose()?;
+    if advertise.is_none() && listen.ip().is_unspecified() {
+        anyhow::bail!("--listen {listen} is not an address trainers can dial: give --advertise HOST:PORT");
+    }
+    let socket = UdpSocket::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let mut config = WorkerConfig::new(threads);
+    config.advertise = advertise;
+    if let Some(in_flight) = args.in_flight {
+        config.in_flight = in_flight.max(1);
+    }
+    let runtime = runtime()?;
+    let _guard = runtime.enter();
+    warn!("{INSECURE}");
+    let tls = TlsConfigs::insecure()?;
+    let api = QuicCoordinator::new(coordinator, &tls)?;
+    let handle = stoker_worker::start(config, socket, &tls, api)?;
+    eprintln!("worker listening on {} with {threads} decode threads, coordinator {coordinator}; Ctrl-C stops it", handle.local_addr());
+    runtime.block_on(tokio::signal::ctrl_c()).context("cannot wait for Ctrl-C")?;
+    runtime.block_on(handle.shutdown());
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,65 @@
+//! `stoker status`: one table of the cluster.
+
+use std::process::ExitCode;
+
+use stoker_common::expect_response;
+use stoker_common::proto::{ClusterStatus, ControlRequest};
+
+use super::remote::call;
+use crate::args::StatusArgs;
+
+pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
+    let status = expect_response!(call(&args.coordinator.coordinator, ControlRequest::Status)?, Status { status })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&json(&status))?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("coordinator {} (single node; Raft replication not built yet), {} datasets", status.coordinator, status.datasets);
+    println!("\nWORKER                      ADDRESS                ALIVE  THREADS  CHUNKS  IMG/S");
+    for worker in &status.workers {
+        println!(
+            "{:<27} {:<22} {:<6} {:>7} {:>7} {:>6.0}",
+            worker.info.id.to_string(),
+            worker.info.addr.to_string(),
+            if worker.alive { "yes" } else { "no" },
+            worker.threads,
+            worker.chunks_in_flight,
+            worker.images_per_sec
+        );
+    }
+    for job in &status.jobs {
+        println!(
+            "\n{} {:?}: dataset {}, {} ranks x batch {}, chunks queued {} leased {}",
+            job.id,
+            job.spec.name,
+            job.spec.dataset,
+            job.spec.plan.world_size,
+            job.spec.plan.batch_size,
+            job.chunks_queued,
+            job.chunks_leased
+        );
+        println!("  RANK  EPOCH   STEP / STEPS   WAITED (s)");
+        for rank in &job.ranks {
+            println!("  {:>4} {:>6} {:>6} / {:<6} {:>10.2}", rank.rank.0, rank.epoch.0, rank.consumed.0, rank.steps, rank.wait_seconds);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn json(status: &ClusterStatus) -> serde_json::Value {
+    serde_json::json!({
+        "coordinator": status.coordinator,
+        "datasets": status.datasets,
+        "workers": status.workers.iter().map(|w| serde_json::json!({
+            "id": w.info.id.0, "addr": w.info.addr.to_string(), "alive": w.alive, "threads": w.threads,
+            "chunks_in_flight": w.chunks_in_flight, "images_per_sec": w.images_per_sec,
+        })).collect::<Vec<_>>(),
+        "jobs": status.jobs.iter().map(|j| serde_json::json!({
+            "id": j.id.0, "name": j.spec.name, "dataset": j.spec.dataset, "world_size": j.spec.plan.world_size.get(),
+            "batch_size": j.spec.plan.batch_size.get(), "chunks_queued": j.chunks_queued, "chunks_leased": j.chunks_leased,
+            "ranks": j.ranks.iter().map(|r| serde_json::json!({
+                "rank": r.rank.0, "epoch": r.epoch.0, "step": r.consumed.0, "steps": r.steps, "wait_seconds": r.wait_seconds,
+            })).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}

@@ -1,0 +1,128 @@
+//! Real processes, killed for real (STYLE G12 tier 4): a coordinator and two workers as
+//! `stoker` processes, two `stoker consume` trainer processes; one worker is `kill -9`ed by
+//! PID while it holds a lease, and every sample still arrives exactly once per epoch.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A child process killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
+struct Node(Child);
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn stoker() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_stoker"))
+}
+
+/// Start a node and read its "listening on ADDR" line from stderr.
+fn start_node(args: &[&str]) -> (Node, String) {
+    let mut child = stoker().args(args).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn stoker");
+    let stderr = child.stderr.take().expect("stderr");
+    let (line_tx, line_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("listening on") {
+                let _ = line_tx.send(line);
+            }
+        }
+    });
+    let line = line_rx.recv_timeout(Duration::from_secs(20)).expect("the node says where it listens");
+    let addr = line.split("listening on ").nth(1).and_then(|rest| rest.split_whitespace().next()).expect("an address").to_owned();
+    (Node(child), addr)
+}
+
+fn status(coordinator: &str) -> serde_json::Value {
+    let output = stoker().args(["status", "--json", "--coordinator", coordinator]).output().expect("status");
+    serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+fn chunks_held(coordinator: &str, worker_addr: &str) -> u64 {
+    let status = status(coordinator);
+    let workers = status["workers"].as_array().cloned().unwrap_or_default();
+    workers.iter().filter(|worker| worker["addr"] == worker_addr).map(|worker| worker["chunks_in_flight"].as_u64().unwrap_or(0)).sum()
+}
+
+fn read_keys(path: &Path) -> Vec<(u64, u64, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ' ');
+            Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.to_owned()))
+        })
+        .collect()
+}
+
+/// `kill -9` of a worker process mid-epoch: its leases expire, other workers make its chunks,
+/// and both trainer processes still see every step once and in order, every key once.
+#[test]
+fn a_worker_process_killed_with_sigkill_loses_no_sample() {
+    let dir = stoker_testkit::unique_temp_dir("stoker-process-faults").expect("temp dir");
+    let manifest = stoker_testkit::sample_dataset(&dir, 6, 20, 64 << 10).expect("dataset");
+    let data_dir = dir.join("coordinator");
+    let (_coordinator, coordinator) =
+        start_node(&["coordinator", "--listen", "127.0.0.1:0", "--data-dir", data_dir.to_str().expect("utf-8"), "--lease-ttl-ms", "1500"]);
+    let added =
+        stoker().args(["dataset", "add", "train", manifest.to_str().expect("utf-8"), "--coordinator", &coordinator]).output().expect("add");
+    assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stderr));
+    let (mut victim, victim_addr) = start_node(&["worker", "--coordinator", &coordinator, "--listen", "127.0.0.2:0", "--threads", "1"]);
+    let (_survivor, _) = start_node(&["worker", "--coordinator", &coordinator, "--listen", "127.0.0.3:0", "--threads", "1"]);
+    let consumers: Vec<(Node, std::path::PathBuf)> = (0..2)
+        .map(|rank| {
+            let keys = dir.join(format!("keys-{rank}.txt"));
+            let child = stoker()
+                .args(["consume", "--coordinator", &coordinator, "--dataset", "train", "--world-size", "2", "--batch-size", "4"])
+                .args(["--rank", &rank.to_string(), "--epochs", "2", "--size", "32", "--tail", "partial", "--shuffle", "full"])
+                .args(["--prefetch", "4", "--rate", "20", "--keys-out", keys.to_str().expect("utf-8")])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("consume");
+            (Node(child), keys)
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while chunks_held(&coordinator, &victim_addr) == 0 {
+        assert!(Instant::now() < deadline, "the victim never held a lease");
+        std::thread::park_timeout(Duration::from_millis(20));
+    }
+    victim.0.kill().expect("kill -9");
+    let _ = victim.0.wait();
+    for (mut node, keys) in consumers {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        let exit = loop {
+            if let Some(exit) = node.0.try_wait().expect("wait") {
+                break exit;
+            }
+            assert!(Instant::now() < deadline, "a trainer did not finish");
+            std::thread::park_timeout(Duration::from_millis(50));
+        };
+        assert!(exit.success(), "consume failed for {}", keys.display());
+    }
+    let mut per_epoch: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for rank in 0..2 {
+        let records = read_keys(&dir.join(format!("keys-{rank}.txt")));
+        for epoch in 0..2 {
+            let mut steps: Vec<u64> = records.iter().filter(|r| r.0 == epoch).map(|r| r.1).collect();
+            steps.dedup();
+            assert_eq!(steps, (0..15).collect::<Vec<_>>(), "rank {rank} epoch {epoch}: 120 samples / (2 ranks x 4) = 15 steps");
+        }
+        for (epoch, _, key) in records {
+            per_epoch.entry(epoch).or_default().push(key);
+        }
+    }
+    for (epoch, mut keys) in per_epoch {
+        keys.sort();
+        let total = keys.len();
+        keys.dedup();
+        assert_eq!((total, keys.len()), (120, 120), "epoch {epoch}: every key exactly once");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
