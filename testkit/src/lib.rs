@@ -133,7 +133,13 @@ impl TestCluster {
         config.lease_ttl = self.config.lease_ttl;
         config.heartbeat = self.config.heartbeat;
         config.chunk_steps = self.config.chunk_steps;
-        let socket = bind(Ipv4Addr::LOCALHOST, port)?;
+        // After a restart the old endpoint's driver may hold the port for a moment.
+        let mut socket_opt = None;
+        wait_until(Duration::from_secs(10), "the coordinator's port is free", || {
+            socket_opt = bind(Ipv4Addr::LOCALHOST, port).ok();
+            socket_opt.is_some()
+        })?;
+        let socket = socket_opt.ok_or("no socket")?;
         let _guard = self.runtime.enter();
         let handle = stoker_coordinator::start(config, socket, &self.tls).map_err(|error| error.to_string())?;
         self.coordinator_addr = handle.local_addr();

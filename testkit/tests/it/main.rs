@@ -3,5 +3,6 @@
 mod common;
 mod exactly_once;
 mod faults;
+mod restart;
 mod resume;
 mod wire;
