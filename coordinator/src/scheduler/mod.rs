@@ -90,14 +90,17 @@ impl Scheduler {
         self.leases_expired
     }
 
-    /// `rank` starts the run `key`: create it if it is new. The rank leaves any other run of the
-    /// job (it moved on, or resumed elsewhere), so those no longer wait for it.
+    /// `rank` starts the run `key` from its first step: create the run if it is new, or give
+    /// the rank its steps again if it had progressed in it (a restarted trainer). The rank
+    /// leaves any other run of the job (it moved on, or resumed elsewhere), so those no longer
+    /// wait for it.
     pub fn open_run(&mut self, key: RunKey, rank: Rank, steps: u64, world_size: u32, prefetch: u32) {
         let chunk_steps = self.config.chunk_steps;
-        self.runs.entry(key).or_insert_with(|| {
+        let run = self.runs.entry(key).or_insert_with(|| {
             info!(job = %key.job, epoch = %key.epoch, start = key.start, steps, "epoch run opened");
             Run::new(key, steps, world_size, prefetch, chunk_steps)
         });
+        run.restart_rank(rank);
         for (_, run) in self.runs.iter_mut().filter(|(other, _)| other.job == key.job && **other != key) {
             run.set_consumed(rank, run.steps());
         }

@@ -86,6 +86,23 @@ impl Run {
         self.queued.retain(|&(first, chunk_rank), queued| chunk_rank != rank.0 || first + u64::from(queued.steps) > done);
     }
 
+    /// `rank` iterates the run again from its first step (a restarted trainer, or a second
+    /// pass over the same epoch): forget its progress and queue its steps again. Chunks of it
+    /// still leased may deliver twice; the trainer drops the duplicates.
+    pub fn restart_rank(&mut self, rank: Rank) {
+        let Some(entry) = self.consumed.get_mut(rank.0 as usize) else { return };
+        if *entry == 0 {
+            return;
+        }
+        *entry = 0;
+        let mut first = 0;
+        while first < self.cut {
+            let steps = u64::from(self.chunk_steps).min(self.cut - first);
+            self.queued.insert((first, rank.0), Queued { steps: steps as u32, not_before_opt: None });
+            first += steps;
+        }
+    }
+
     /// Queue a chunk again (its lease expired or failed), trimmed to the steps its rank still
     /// needs; not granted before `not_before_opt`.
     pub fn requeue(&mut self, chunk: Chunk, not_before_opt: Option<Instant>) {
@@ -188,6 +205,20 @@ mod tests {
         assert_eq!(steps.len(), unique.len(), "no step granted twice");
         assert_eq!(unique.len(), 21, "3 ranks x 7 steps");
         assert!(run.is_finished());
+    }
+
+    #[test]
+    fn a_rank_that_starts_the_run_again_gets_every_step_again() {
+        let now = Instant::now();
+        let mut run = Run::new(key(), 4, 2, 10, 2);
+        let first = covered(&run.grant(100, now));
+        run.set_consumed(Rank(0), 4);
+        run.restart_rank(Rank(0));
+        assert_eq!(run.consumed(Rank(0)), 0);
+        let again = covered(&run.grant(100, now));
+        assert_eq!(again, first.iter().filter(|(rank, _)| *rank == 0).copied().collect(), "rank 0's steps, once more");
+        run.restart_rank(Rank(1));
+        assert!(run.grant(100, now).is_empty(), "a rank that had consumed nothing is left alone");
     }
 
     #[test]
