@@ -10,7 +10,7 @@ use stoker_common::shard::MANIFEST_FILE;
 use stoker_common::transform::TransformSpec;
 use stoker_testkit::{ClusterConfig, TestCluster};
 
-use super::ranks::{consume, peak_rss_mib};
+use super::ranks::{consume_ranks, peak_rss_mib};
 use crate::args::BenchClusterArgs;
 
 pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
@@ -34,19 +34,7 @@ pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
     base.transforms = TransformSpec::imagenet_train(args.size);
     base.tail = Tail::Drop;
     let started = Instant::now();
-    let handles: Vec<_> = (0..args.ranks)
-        .map(|rank| {
-            let mut config = base.clone();
-            config.rank = Some(rank);
-            config.world_size = Some(args.ranks);
-            let epochs = args.epochs;
-            std::thread::spawn(move || consume(&config, 0, epochs, None, false))
-        })
-        .collect();
-    let mut reports = Vec::new();
-    for handle in handles {
-        reports.push(handle.join().map_err(|_| anyhow::anyhow!("a trainer rank panicked"))??);
-    }
+    let reports = consume_ranks(&base, args.ranks, args.epochs, false)?;
     let elapsed = started.elapsed().as_secs_f64();
     let images: u64 = reports.iter().map(|report| report.images).sum();
     // Throughput from the first batch on: attach and start-up are reported separately.

@@ -16,7 +16,7 @@ use stoker_common::shard::pack::PackOptions;
 use stoker_common::shard::{IndexPolicy, Manifest, Shard, ShardLocation, resolve_uri};
 use stoker_testkit::{ClusterConfig, TestCluster};
 
-use super::ranks::{RankReport, consume, peak_rss_mib};
+use super::ranks::{RankReport, consume_ranks, peak_rss_mib};
 use crate::args::DemoArgs;
 use crate::cmd::pack::{pack_with_progress, print_summary};
 
@@ -66,19 +66,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
     base.shuffle = Shuffle::Window { shards: NonZeroU32::new(2).context("window")? };
     base.tail = Tail::Partial;
     let started = Instant::now();
-    let handles: Vec<_> = (0..WORLD_SIZE)
-        .map(|rank| {
-            let mut config = base.clone();
-            config.rank = Some(rank);
-            config.world_size = Some(WORLD_SIZE);
-            let epochs = args.epochs;
-            std::thread::spawn(move || consume(&config, 0, epochs, None, true))
-        })
-        .collect();
-    let mut reports = Vec::new();
-    for handle in handles {
-        reports.push(handle.join().map_err(|_| anyhow::anyhow!("a trainer rank panicked"))??);
-    }
+    let reports = consume_ranks(&base, WORLD_SIZE, args.epochs, true)?;
     let elapsed = started.elapsed().as_secs_f64();
     let images: u64 = reports.iter().map(|report| report.images).sum();
     for report in &reports {

@@ -96,6 +96,24 @@ pub(crate) fn consume(
     Ok(report)
 }
 
+/// Every rank of `world_size` consumes `epochs` epochs on its own thread, from `base`'s
+/// settings; returns their reports in rank order.
+pub(crate) fn consume_ranks(base: &LoaderConfig, world_size: u32, epochs: u64, keep_keys: bool) -> anyhow::Result<Vec<RankReport>> {
+    let handles: Vec<_> = (0..world_size)
+        .map(|rank| {
+            let mut config = base.clone();
+            config.rank = Some(rank);
+            config.world_size = Some(world_size);
+            std::thread::spawn(move || consume(&config, 0, epochs, None, keep_keys))
+        })
+        .collect();
+    let mut reports = Vec::new();
+    for handle in handles {
+        reports.push(handle.join().map_err(|_| anyhow::anyhow!("a trainer rank panicked"))??);
+    }
+    Ok(reports)
+}
+
 /// Peak resident memory of this process, in MiB (Linux), if known.
 pub(crate) fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;

@@ -29,6 +29,15 @@ pub(crate) fn dataset() -> PathBuf {
         .clone()
 }
 
+/// A cluster of `workers` workers with the test dataset registered as "train", every worker
+/// alive.
+pub(crate) fn cluster_with(workers: usize) -> stoker_testkit::TestCluster {
+    let cluster = stoker_testkit::TestCluster::start(stoker_testkit::ClusterConfig { workers, ..Default::default() }).expect("cluster");
+    cluster.add_dataset("train", &dataset()).expect("dataset");
+    cluster.wait_for_workers().expect("workers");
+    cluster
+}
+
 /// Small crops so debug builds stay quick.
 pub(crate) fn small_transforms() -> TransformSpec {
     TransformSpec::new(vec![

@@ -6,7 +6,7 @@ use stoker_common::plan::Tail;
 use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
 
-use crate::common::{assert_in_order, consume, dataset};
+use crate::common::{assert_in_order, cluster_with, consume, dataset};
 
 const SAMPLES: usize = 120;
 
@@ -15,10 +15,7 @@ const SAMPLES: usize = 120;
 /// twice.
 #[test]
 fn every_step_exactly_once_in_order_with_three_workers_and_four_ranks() {
-    let manifest = dataset();
-    let cluster = TestCluster::start(ClusterConfig { workers: 3, ..ClusterConfig::default() }).expect("cluster");
-    cluster.add_dataset("train", &manifest).expect("dataset");
-    cluster.wait_for_workers().expect("workers");
+    let cluster = cluster_with(3);
     {
         info!("--- tail partial: every key exactly once per epoch");
         let mut base = cluster.loader_config("train", 4);

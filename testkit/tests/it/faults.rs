@@ -4,10 +4,10 @@ use std::time::{Duration, Instant};
 
 use stoker_common::plan::Tail;
 use stoker_common::proto::{ControlRequest, ControlResponse};
-use stoker_testkit::{ClusterConfig, TestCluster, wait_until};
+use stoker_testkit::{TestCluster, wait_until};
 use tracing::info;
 
-use crate::common::{Seen, assert_in_order, config_for, dataset};
+use crate::common::{Seen, assert_in_order, cluster_with, config_for};
 
 const SAMPLES: u64 = 120;
 
@@ -64,10 +64,7 @@ fn chunks_held_by(cluster: &TestCluster, index: usize) -> u32 {
 /// still gets every step once and in order.
 #[test]
 fn a_worker_killed_mid_chunk_loses_nothing() {
-    let manifest = dataset();
-    let mut cluster = TestCluster::start(ClusterConfig { workers: 3, ..ClusterConfig::default() }).expect("cluster");
-    cluster.add_dataset("train", &manifest).expect("dataset");
-    cluster.wait_for_workers().expect("workers");
+    let mut cluster = cluster_with(3);
     let ranks = slow_ranks(&cluster, 2, Duration::from_millis(15));
     {
         info!("--- kill worker 0 while it holds a lease");
@@ -88,10 +85,7 @@ fn a_worker_killed_mid_chunk_loses_nothing() {
 /// back (no expiry needed); every step still arrives once and in order.
 #[test]
 fn workers_join_and_leave_mid_epoch() {
-    let manifest = dataset();
-    let mut cluster = TestCluster::start(ClusterConfig { workers: 1, ..ClusterConfig::default() }).expect("cluster");
-    cluster.add_dataset("train", &manifest).expect("dataset");
-    cluster.wait_for_workers().expect("workers");
+    let mut cluster = cluster_with(1);
     let ranks = slow_ranks(&cluster, 2, Duration::from_millis(15));
     {
         info!("--- a second worker joins and gets work");

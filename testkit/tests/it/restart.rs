@@ -2,17 +2,13 @@
 
 use stoker_client::Loader;
 use stoker_common::ids::Epoch;
-use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
 
-use crate::common::{config_for, dataset};
+use crate::common::{cluster_with, config_for};
 
 #[test]
 fn a_restarted_coordinator_keeps_datasets_jobs_and_checkpoints() {
-    let manifest = dataset();
-    let mut cluster = TestCluster::start(ClusterConfig { workers: 1, ..ClusterConfig::default() }).expect("cluster");
-    cluster.add_dataset("train", &manifest).expect("dataset");
-    cluster.wait_for_workers().expect("workers");
+    let mut cluster = cluster_with(1);
     let before = {
         info!("--- one rank consumes 5 steps");
         let config = config_for(&cluster.loader_config("train", 4), 0, 1);

@@ -6,20 +6,17 @@ use std::time::Duration;
 use stoker_client::Loader;
 use stoker_common::ids::Epoch;
 use stoker_common::plan::Tail;
-use stoker_testkit::{ClusterConfig, TestCluster, wait_until};
+use stoker_testkit::wait_until;
 use tracing::info;
 
-use crate::common::{config_for, dataset};
+use crate::common::{cluster_with, config_for};
 
 /// Both ranks stop after step 3 and new loaders resume from the saved state: the remaining
 /// batches are byte-identical to an uninterrupted run. Resuming the same state with world
 /// size 1 yields exactly the samples not yet consumed.
 #[test]
 fn a_resumed_trainer_gets_the_same_remaining_batches() {
-    let manifest = dataset();
-    let cluster = TestCluster::start(ClusterConfig { workers: 2, ..ClusterConfig::default() }).expect("cluster");
-    cluster.add_dataset("train", &manifest).expect("dataset");
-    cluster.wait_for_workers().expect("workers");
+    let cluster = cluster_with(2);
     let mut base = cluster.loader_config("train", 4);
     base.tail = Tail::Partial;
     let epoch = Epoch(1);
@@ -90,10 +87,7 @@ fn a_resumed_trainer_gets_the_same_remaining_batches() {
 /// growing, the workers' outstanding work stays bounded, and it resumes when consumed again.
 #[test]
 fn a_stalled_trainer_holds_memory_inside_the_window() {
-    let manifest = dataset();
-    let cluster = TestCluster::start(ClusterConfig { workers: 2, ..ClusterConfig::default() }).expect("cluster");
-    cluster.add_dataset("train", &manifest).expect("dataset");
-    cluster.wait_for_workers().expect("workers");
+    let cluster = cluster_with(2);
     let mut base = cluster.loader_config("train", 2);
     base.tail = Tail::Partial;
     base.prefetch = 4;
