@@ -79,6 +79,10 @@ pub(crate) struct CoordinatorArgs {
     /// Milliseconds a worker's lease lives without a heartbeat before its chunk is granted again.
     #[arg(long, default_value_t = 3000)]
     pub(crate) lease_ttl_ms: u64,
+    /// Milliseconds a rank's trainer may stay silent (trainers report every second) before its
+    /// work waits for it instead of occupying workers.
+    #[arg(long, default_value_t = 5000)]
+    pub(crate) trainer_ttl_ms: u64,
     /// Steps per chunk of work granted to a worker.
     #[arg(long, default_value_t = 2)]
     pub(crate) chunk_steps: u32,

@@ -34,6 +34,14 @@ pub enum ClientError {
         /// Why.
         message: String,
     },
+    /// Another trainer attached as this rank of the job; the newest one is served.
+    #[error("another trainer attached as rank {rank} of job-{job}; this loader is no longer served (make one loader per rank)")]
+    Superseded {
+        /// The job.
+        job: u64,
+        /// The rank.
+        rank: u32,
+    },
     /// The QUIC endpoint could not be set up.
     #[error(transparent)]
     Net(#[from] stoker_common::net::NetError),
@@ -51,7 +59,7 @@ impl ClientError {
         match self {
             Self::Coordinator { source } => source.is_retryable(),
             Self::Timeout { .. } | Self::Net(_) => true,
-            Self::Config { .. } | Self::Resume { .. } | Self::Runtime { .. } => false,
+            Self::Config { .. } | Self::Resume { .. } | Self::Runtime { .. } | Self::Superseded { .. } => false,
         }
     }
 }

@@ -16,4 +16,4 @@ pub mod reorder;
 pub use self::batch::ReceivedBatch;
 pub use self::config::LoaderConfig;
 pub use self::error::ClientError;
-pub use self::loader::{Loader, LoaderState};
+pub use self::loader::{Loader, LoaderState, Next};

@@ -3,16 +3,17 @@
 //! training loop wants); a small background runtime receives batches and reports progress.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quinn::{Connection, Endpoint};
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, JobId, Rank, WorkerId};
+use stoker_common::ids::{Epoch, JobId, Rank, SessionId, WorkerId};
 use stoker_common::net::{QuicCoordinator, TlsConfigs, client_endpoint};
 use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
-use stoker_common::proto::{ControlRequest, JobSpec, WorkerInfo};
+use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use stoker_common::transform::Recipe;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
@@ -33,6 +34,9 @@ pub struct LoaderState {
     pub checkpoint: Checkpoint,
 }
 
+/// How long a dropped loader waits for the coordinator to acknowledge its detach.
+const DETACH_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// What the progress reporter sends.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Progress {
@@ -41,6 +45,26 @@ struct Progress {
     steps: u64,
     consumed: u64,
     wait_seconds: f64,
+}
+
+/// This trainer's attachment: what the coordinator knows it by, and whether a newer trainer of
+/// the same rank has replaced it.
+#[derive(Clone, Debug)]
+struct Session {
+    job: JobId,
+    rank: Rank,
+    session: SessionId,
+    superseded: Arc<AtomicBool>,
+}
+
+impl Session {
+    fn check(&self) -> Result<(), ClientError> {
+        if self.superseded.load(Ordering::Acquire) { Err(self.superseded_error()) } else { Ok(()) }
+    }
+
+    fn superseded_error(&self) -> ClientError {
+        ClientError::Superseded { job: self.job.0, rank: self.rank.0 }
+    }
 }
 
 /// Dials workers as they appear.
@@ -97,6 +121,8 @@ pub struct Loader {
     coordinator: Arc<QuicCoordinator>,
     job: JobId,
     rank: Rank,
+    session: Session,
+    connector: Arc<Connector>,
     spec: JobSpec,
     table: Arc<ShardTable>,
     batches_rx: mpsc::UnboundedReceiver<ReceivedBatch>,
@@ -111,6 +137,19 @@ pub struct Loader {
     finished: bool,
     waited: Duration,
     batch_timeout: Duration,
+    /// When waiting for the next step gives up; set by the first wait for it.
+    deadline_opt: Option<Instant>,
+}
+
+/// What [`Loader::next_within`] found.
+#[derive(Debug)]
+pub enum Next {
+    /// The next batch of the epoch.
+    Batch(ReceivedBatch),
+    /// The epoch is over.
+    EndOfEpoch,
+    /// Nothing arrived within the time slice; call again.
+    Waiting,
 }
 
 impl std::fmt::Debug for Loader {
@@ -141,8 +180,9 @@ impl Loader {
         let _guard = runtime.enter();
         let tls = TlsConfigs::insecure()?;
         let coordinator = Arc::new(QuicCoordinator::new(config.coordinator, &tls)?);
-        let answer = runtime.block_on(coordinator.call(ControlRequest::Attach { spec: spec.clone(), rank }))?;
-        let (job, dataset, workers, _checkpoint) = expect_response!(answer, Attached { job, dataset, workers, checkpoint })?;
+        let answer = call_on_runtime(&runtime, &coordinator, ControlRequest::Attach { spec: spec.clone(), rank })?;
+        let (job, dataset, workers, _checkpoint, session) =
+            expect_response!(answer, Attached { job, dataset, workers, checkpoint, session })?;
         let table = Arc::new(
             ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| ClientError::Config { message: error.to_string() })?,
         );
@@ -158,13 +198,17 @@ impl Loader {
         });
         connector.connect_new(&workers);
         let (progress_tx, progress_rx) = watch::channel(None);
-        runtime.spawn(report_progress(Arc::clone(&coordinator), job, rank, progress_rx, connector));
+        let superseded = Arc::new(AtomicBool::new(false));
+        let session = Session { job, rank, session, superseded: Arc::clone(&superseded) };
+        runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, Arc::clone(&connector)));
         info!(%job, %rank, name = %spec.name, workers = workers.len(), "attached");
         Ok(Self {
             runtime,
             coordinator,
             job,
             rank,
+            session,
+            connector,
             spec,
             table,
             batches_rx,
@@ -177,6 +221,7 @@ impl Loader {
             finished: false,
             waited: Duration::ZERO,
             batch_timeout: config.batch_timeout,
+            deadline_opt: None,
         })
     }
 
@@ -200,6 +245,7 @@ impl Loader {
         self.epoch = epoch;
         self.current_opt = None;
         self.finished = false;
+        self.deadline_opt = None;
     }
 
     /// Continue from `state` (taken by [`Loader::state`], possibly with another world size or
@@ -246,7 +292,6 @@ impl Loader {
 
     /// Batches received (including duplicates later dropped) and rejected (failed checks).
     pub fn received_and_rejected(&self) -> (u64, u64) {
-        use std::sync::atomic::Ordering;
         (self.stats.received.load(Ordering::Acquire), self.stats.rejected.load(Ordering::Acquire))
     }
 
@@ -273,8 +318,14 @@ impl Loader {
     fn open_epoch(&mut self) -> Result<(), ClientError> {
         let plan = Arc::new(self.plan_for(self.epoch)?);
         let start = plan.checkpoint_at_start().position;
-        let request = ControlRequest::OpenEpoch { job: self.job, rank: self.rank, epoch: self.epoch, start };
-        let answer = self.runtime.block_on(self.coordinator.call(request))?;
+        let request = ControlRequest::OpenEpoch { job: self.job, rank: self.rank, epoch: self.epoch, start, session: self.session.session };
+        let answer = match call_on_runtime(&self.runtime, &self.coordinator, request) {
+            Err(error) if error.code == ErrorCode::Superseded => {
+                self.session.superseded.store(true, Ordering::Release);
+                return Err(self.session.superseded_error());
+            }
+            answer => answer?,
+        };
         let steps = expect_response!(answer, EpochOpened { steps })?;
         if steps != plan.steps() {
             return Err(ClientError::Config {
@@ -305,40 +356,68 @@ impl Loader {
     }
 
     /// The next batch of the epoch, `None` at its end (the next call starts the epoch again,
-    /// as a PyTorch DataLoader does, unless `set_epoch` picks another).
+    /// as a PyTorch DataLoader does, unless `set_epoch` picks another). Waits up to the
+    /// configured batch timeout.
     pub fn next_batch(&mut self) -> Option<Result<ReceivedBatch, ClientError>> {
+        loop {
+            match self.next_within(Duration::from_secs(1)) {
+                Ok(Next::Batch(batch)) => return Some(Ok(batch)),
+                Ok(Next::EndOfEpoch) => return None,
+                Ok(Next::Waiting) => {}
+                Err(error) => return Some(Err(error)),
+            }
+        }
+    }
+
+    /// Like [`Loader::next_batch`], but return [`Next::Waiting`] when no batch came within
+    /// `slice`, so that a caller can check for interrupts (Python's Ctrl-C) between slices. The
+    /// batch timeout counts from the first call that waited for this step.
+    pub fn next_within(&mut self, slice: Duration) -> Result<Next, ClientError> {
         if self.finished {
             self.finished = false;
             self.current_opt = None;
-            return None;
+            return Ok(Next::EndOfEpoch);
         }
-        if self.current_opt.is_none()
-            && let Err(error) = self.open_epoch()
-        {
-            return Some(Err(error));
+        self.session.check()?;
+        if self.current_opt.is_none() {
+            self.open_epoch()?;
         }
-        let deadline = Instant::now() + self.batch_timeout;
+        let slice_end = Instant::now() + slice;
         loop {
-            let current = self.current_opt.as_mut()?;
+            let Some(current) = self.current_opt.as_mut() else { return Ok(Next::EndOfEpoch) };
             if current.reorder.is_done() {
                 self.finished = false;
                 self.current_opt = None;
-                return None;
+                return Ok(Next::EndOfEpoch);
             }
             if let Some((step, batch)) = current.reorder.pop() {
                 current.yielded_opt = Some(step);
+                self.deadline_opt = None;
                 let done = current.reorder.is_done();
                 self.report(step.0 + 1);
                 if done {
                     self.finished = true;
                 }
-                return Some(Ok(batch));
+                return Ok(Next::Batch(batch));
             }
             let waiting_since = Instant::now();
-            let remaining = deadline.saturating_duration_since(waiting_since);
+            let deadline = *self.deadline_opt.get_or_insert(waiting_since + self.batch_timeout);
+            if waiting_since >= deadline {
+                self.deadline_opt = None;
+                return Err(ClientError::Timeout {
+                    epoch: self.epoch.0,
+                    step: current.reorder.next_step().0,
+                    seconds: self.batch_timeout.as_secs_f64(),
+                });
+            }
+            if waiting_since >= slice_end {
+                self.session.check()?;
+                return Ok(Next::Waiting);
+            }
+            let remaining = deadline.min(slice_end).saturating_duration_since(waiting_since);
             let received = self.runtime.block_on(async { tokio::time::timeout(remaining, self.batches_rx.recv()).await });
             self.waited += waiting_since.elapsed();
-            let current = self.current_opt.as_mut()?;
+            let Some(current) = self.current_opt.as_mut() else { return Ok(Next::EndOfEpoch) };
             match received {
                 Ok(Some(batch)) => {
                     let run = (batch.epoch(), batch.header.start);
@@ -350,16 +429,44 @@ impl Loader {
                         Offer::Foreign(_) => debug!(rank = %self.rank, "batch of a past run dropped"),
                     }
                 }
-                Ok(None) => return Some(Err(ClientError::Runtime { message: "the receive side stopped".to_owned() })),
-                Err(_) => {
-                    return Some(Err(ClientError::Timeout {
-                        epoch: self.epoch.0,
-                        step: current.reorder.next_step().0,
-                        seconds: self.batch_timeout.as_secs_f64(),
-                    }));
-                }
+                Ok(None) => return Err(ClientError::Runtime { message: "the receive side stopped".to_owned() }),
+                Err(_) => {}
             }
         }
+    }
+}
+
+/// Call the coordinator from a runtime thread, never from the caller's. QUIC draws connection
+/// ids from a thread-local RNG, and a process forked from a trainer (a PyTorch DataLoader
+/// worker) shares its parent's main-thread RNG state: connecting from the main thread in both
+/// would give both connections the same ids. Runtime threads are new in every process.
+fn call_on_runtime(runtime: &Runtime, coordinator: &Arc<QuicCoordinator>, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
+    let coordinator = Arc::clone(coordinator);
+    let call = runtime.spawn(async move { coordinator.call(request).await });
+    runtime.block_on(call).unwrap_or_else(|error| Err(RemoteError::new(ErrorCode::Internal, format!("coordinator call failed: {error}"))))
+}
+
+impl Drop for Loader {
+    /// Tell the coordinator this rank's trainer stopped and close the worker connections
+    /// (best effort, briefly), so workers stop making batches nobody will take and see the
+    /// pushes in flight fail at once rather than at the idle timeout.
+    fn drop(&mut self) {
+        let detach = (!self.session.superseded.load(Ordering::Acquire)).then_some(ControlRequest::Detach {
+            job: self.job,
+            rank: self.rank,
+            session: self.session.session,
+        });
+        let coordinator = Arc::clone(&self.coordinator);
+        let endpoint = self.connector.endpoint.clone();
+        let goodbye = self.runtime.spawn(async move {
+            if let Some(request) = detach {
+                let _ = tokio::time::timeout(DETACH_TIMEOUT, coordinator.call(request)).await;
+            }
+            endpoint.close(0u32.into(), b"loader dropped");
+            coordinator.close();
+            let _ = tokio::time::timeout(DETACH_TIMEOUT, endpoint.wait_idle()).await;
+        });
+        let _ = self.runtime.block_on(goodbye);
     }
 }
 
@@ -375,8 +482,7 @@ impl Iterator for Loader {
 /// and at least every second; connect to workers the answers list.
 async fn report_progress(
     coordinator: Arc<QuicCoordinator>,
-    job: JobId,
-    rank: Rank,
+    session: Session,
     mut progress_rx: watch::Receiver<Option<Progress>>,
     connector: Arc<Connector>,
 ) {
@@ -384,9 +490,11 @@ async fn report_progress(
         let _ = tokio::time::timeout(Duration::from_secs(1), progress_rx.changed()).await;
         let progress_opt = *progress_rx.borrow_and_update();
         let Some(progress) = progress_opt else { continue };
+        let Session { job, rank, .. } = session;
         let request = ControlRequest::ReportProgress {
             job,
             rank,
+            session: session.session,
             epoch: progress.epoch,
             start: progress.start,
             consumed: progress.consumed,
@@ -399,11 +507,17 @@ async fn report_progress(
                 // (and has not moved on meanwhile): open it again.
                 let still_current = *progress_rx.borrow() == Some(progress);
                 if !run_known && progress.consumed < progress.steps && still_current {
-                    let reopen = ControlRequest::OpenEpoch { job, rank, epoch: progress.epoch, start: progress.start };
+                    let reopen =
+                        ControlRequest::OpenEpoch { job, rank, epoch: progress.epoch, start: progress.start, session: session.session };
                     if let Err(error) = coordinator.call(reopen).await {
                         debug!(%error, "cannot re-open the epoch");
                     }
                 }
+            }
+            Err(error) if error.code == ErrorCode::Superseded => {
+                info!(%job, %rank, "another trainer attached as this rank; this loader stops");
+                session.superseded.store(true, Ordering::Release);
+                return;
             }
             Err(error) => {
                 debug!(%error, "progress report failed");

@@ -185,6 +185,16 @@ pub enum PlanError {
         /// Fingerprint of the plan resumed.
         plan: u64,
     },
+    /// A shuffle or tail mode given as text is not one of the known ones.
+    #[error("{what} {given:?}: use {expected}")]
+    UnknownMode {
+        /// `shuffle` or `tail`.
+        what: &'static str,
+        /// The text given.
+        given: String,
+        /// The accepted forms.
+        expected: &'static str,
+    },
     /// A checkpoint of a format this build cannot read.
     #[error("checkpoint format version {found} is not supported (this build reads {supported})")]
     UnsupportedCheckpointVersion {

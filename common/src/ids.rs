@@ -56,6 +56,12 @@ id_newtype!(
     LeaseId(u64), "lease-"
 );
 
+id_newtype!(
+    /// One attachment of a trainer to a rank of a job. A trainer that attaches again as the
+    /// same rank (a restart) gets a new session, and the old one's requests are refused.
+    SessionId(u64), "session-"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;

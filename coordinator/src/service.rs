@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use stoker_common::api::CoordinatorApi;
-use stoker_common::ids::{JobId, Rank, Step};
+use stoker_common::ids::{JobId, Rank, SessionId, Step};
 use stoker_common::plan::{EpochPlan, ShardTable};
 use stoker_common::proto::{
     ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, ErrorCode, JobSpec, JobStatus, RankStatus, RemoteError,
@@ -28,6 +28,10 @@ struct Inner {
     scheduler: Scheduler,
     plans: BTreeMap<RunKey, Arc<EpochPlan>>,
     ranks: BTreeMap<(JobId, Rank), RankStatus>,
+    /// The newest session of each attached rank (not durable: after a restart, the first
+    /// session heard from is adopted).
+    sessions: BTreeMap<(JobId, Rank), SessionId>,
+    next_session: u64,
 }
 
 /// A coordinator's state and logic, without the network.
@@ -66,10 +70,23 @@ impl Coordinator {
         let (store, state) = Store::open(&config.data_dir)?;
         let id_base = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |elapsed| elapsed.as_millis() as u64 * 1000);
         let scheduler = Scheduler::new(
-            SchedulerConfig { lease_ttl: config.lease_ttl, chunk_steps: config.chunk_steps, retry_delay: config.retry_delay },
+            SchedulerConfig {
+                lease_ttl: config.lease_ttl,
+                chunk_steps: config.chunk_steps,
+                retry_delay: config.retry_delay,
+                trainer_ttl: config.trainer_ttl,
+            },
             id_base,
         );
-        let inner = Inner { state, store, scheduler, plans: BTreeMap::new(), ranks: BTreeMap::new() };
+        let inner = Inner {
+            state,
+            store,
+            scheduler,
+            plans: BTreeMap::new(),
+            ranks: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            next_session: id_base,
+        };
         Ok(Self { inner: Mutex::new(inner), config, advertised })
     }
 
@@ -91,13 +108,16 @@ impl Coordinator {
                 Ok(ControlResponse::Datasets { datasets: self.lock().state.datasets.values().cloned().collect() })
             }
             ControlRequest::Attach { spec, rank } => self.attach(spec, rank, now),
-            ControlRequest::OpenEpoch { job, rank, epoch, start } => {
-                let steps = self.lock().open_run(RunKey { job, epoch, start }, rank)?;
+            ControlRequest::OpenEpoch { job, rank, epoch, start, session } => {
+                let mut inner = self.lock();
+                inner.check_session(job, rank, session)?;
+                let steps = inner.open_run(RunKey { job, epoch, start }, rank, now)?;
                 Ok(ControlResponse::EpochOpened { steps })
             }
-            ControlRequest::ReportProgress { job, rank, epoch, start, consumed, wait_seconds } => {
+            ControlRequest::ReportProgress { job, rank, epoch, start, consumed, wait_seconds, session } => {
                 let mut inner = self.lock();
-                let run_known = inner.record_progress(RunKey { job, epoch, start }, rank, consumed, wait_seconds)?;
+                inner.check_session(job, rank, session)?;
+                let run_known = inner.record_progress(RunKey { job, epoch, start }, rank, consumed, wait_seconds, now)?;
                 Ok(ControlResponse::ProgressRecorded { workers: inner.scheduler.alive_workers(now), run_known })
             }
             ControlRequest::RegisterWorker { addr, threads } => {
@@ -127,6 +147,13 @@ impl Coordinator {
                 Ok(ControlResponse::Ack)
             }
             ControlRequest::Status => Ok(ControlResponse::Status { status: self.status(now) }),
+            ControlRequest::Detach { job, rank, session } => {
+                let mut inner = self.lock();
+                inner.check_session(job, rank, session)?;
+                inner.scheduler.trainer_left(job, rank);
+                tracing::info!(%job, %rank, %session, "trainer detached");
+                Ok(ControlResponse::Ack)
+            }
         }
     }
 
@@ -183,7 +210,13 @@ impl Coordinator {
             }
         };
         let checkpoint = inner.state.checkpoints.get(&job).copied();
-        Ok(ControlResponse::Attached { job, dataset, workers: inner.scheduler.alive_workers(now), checkpoint })
+        let session = SessionId(inner.next_session);
+        inner.next_session += 1;
+        inner.scheduler.trainer_seen(job, rank, now);
+        if inner.sessions.insert((job, rank), session).is_some() {
+            tracing::info!(%job, %rank, %session, "rank attached again; the earlier trainer is no longer served");
+        }
+        Ok(ControlResponse::Attached { job, dataset, workers: inner.scheduler.alive_workers(now), checkpoint, session })
     }
 
     fn pull(&self, worker: stoker_common::ids::WorkerId, max: u32, now: Instant) -> Result<ControlResponse, RemoteError> {
@@ -237,7 +270,26 @@ impl Coordinator {
 }
 
 impl Inner {
-    fn open_run(&mut self, key: RunKey, rank: Rank) -> Result<u64, RemoteError> {
+    /// Refuse a trainer whose rank has been attached again since (the newest trainer of a rank
+    /// is the one served); adopt an unknown session (this coordinator restarted since).
+    fn check_session(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), RemoteError> {
+        if !self.state.jobs.contains_key(&job) {
+            return Err(not_found(format!("{job} does not exist: attach first")));
+        }
+        match self.sessions.entry((job, rank)) {
+            std::collections::btree_map::Entry::Occupied(newest) if *newest.get() != session => Err(RemoteError::new(
+                ErrorCode::Superseded,
+                format!("another trainer attached as {rank} of {job} since this one ({session}); only the newest is served"),
+            )),
+            std::collections::btree_map::Entry::Occupied(_) => Ok(()),
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(session);
+                Ok(())
+            }
+        }
+    }
+
+    fn open_run(&mut self, key: RunKey, rank: Rank, now: Instant) -> Result<u64, RemoteError> {
         let Some(spec) = self.state.jobs.get(&key.job) else {
             return Err(not_found(format!("{} does not exist: attach first", key.job)));
         };
@@ -256,7 +308,7 @@ impl Inner {
                 Arc::new(EpochPlan::starting_at(Arc::new(table), spec.plan, key.epoch, key.start))
             }
         };
-        self.scheduler.open_run(key, rank, plan.steps(), spec.plan.world_size.get(), spec.prefetch);
+        self.scheduler.open_run(key, rank, plan.steps(), spec.plan.world_size.get(), spec.prefetch, now);
         self.plans.insert(key, Arc::clone(&plan));
         let status = self.ranks.entry((key.job, rank)).or_insert(RankStatus {
             rank,
@@ -274,12 +326,12 @@ impl Inner {
     /// Record a rank's progress; `false` if the run is unknown (finished, or lost in a
     /// coordinator restart: a rank still inside it opens it again). A late report of a
     /// finished run must not re-create it, so unknown runs are never opened here.
-    fn record_progress(&mut self, key: RunKey, rank: Rank, consumed: u64, wait_seconds: f64) -> Result<bool, RemoteError> {
+    fn record_progress(&mut self, key: RunKey, rank: Rank, consumed: u64, wait_seconds: f64, now: Instant) -> Result<bool, RemoteError> {
         if let Some(status) = self.ranks.get_mut(&(key.job, rank)).filter(|status| status.epoch == key.epoch) {
             status.consumed = Step(consumed);
             status.wait_seconds = wait_seconds;
         }
-        let Some(slowest) = self.scheduler.record_progress(key, rank, consumed) else {
+        let Some(slowest) = self.scheduler.record_progress(key, rank, consumed, now) else {
             return Ok(false);
         };
         let Some(plan) = self.plans.get(&key) else { return Ok(true) };

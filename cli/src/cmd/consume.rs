@@ -7,7 +7,7 @@ use anyhow::Context;
 use stoker_client::LoaderConfig;
 use stoker_common::transform::TransformSpec;
 
-use super::ranks::{consume, parse_shuffle, parse_tail};
+use super::ranks::consume;
 use super::remote::resolve;
 use crate::args::ConsumeArgs;
 
@@ -16,8 +16,8 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     config.rank = args.rank;
     config.world_size = args.world_size;
     config.seed = args.seed;
-    config.shuffle = parse_shuffle(&args.shuffle)?;
-    config.tail = parse_tail(&args.tail)?;
+    config.shuffle = args.shuffle.parse()?;
+    config.tail = args.tail.parse()?;
     config.prefetch = args.prefetch;
     config.job_name = args.job.clone();
     config.transforms = match &args.transforms {

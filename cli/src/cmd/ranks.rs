@@ -1,13 +1,11 @@
 //! A trainer rank without a model: attach, consume epochs, account for every key. Used by
 //! `consume`, `demo` and `bench cluster`.
 
-use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use stoker_client::{Loader, LoaderConfig};
 use stoker_common::ids::Epoch;
-use stoker_common::plan::{Shuffle, Tail};
 
 /// What one rank measured.
 #[derive(Debug, Default)]
@@ -31,28 +29,6 @@ pub(crate) struct RankReport {
 impl RankReport {
     pub(crate) fn wait_fraction(&self) -> f64 {
         if self.total_seconds > 0.0 { self.wait_seconds / self.total_seconds } else { 0.0 }
-    }
-}
-
-/// `none`, `full` or `window:K`.
-pub(crate) fn parse_shuffle(text: &str) -> anyhow::Result<Shuffle> {
-    match text {
-        "none" => Ok(Shuffle::None),
-        "full" => Ok(Shuffle::Full),
-        other => {
-            let shards = other.strip_prefix("window:").and_then(|k| k.parse().ok()).and_then(NonZeroU32::new);
-            shards.map(|shards| Shuffle::Window { shards }).with_context(|| format!("--shuffle {other:?}: use none, full or window:K"))
-        }
-    }
-}
-
-/// `drop`, `pad` or `partial`.
-pub(crate) fn parse_tail(text: &str) -> anyhow::Result<Tail> {
-    match text {
-        "drop" => Ok(Tail::Drop),
-        "pad" => Ok(Tail::Pad),
-        "partial" => Ok(Tail::Partial),
-        other => bail!("--tail {other:?}: use drop, pad or partial"),
     }
 }
 

@@ -22,6 +22,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let socket = UdpSocket::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let mut config = CoordinatorConfig::new(args.data_dir.clone());
     config.lease_ttl = Duration::from_millis(args.lease_ttl_ms);
+    config.trainer_ttl = Duration::from_millis(args.trainer_ttl_ms);
     config.heartbeat = (config.lease_ttl / 6).max(Duration::from_millis(10));
     config.chunk_steps = args.chunk_steps;
     let runtime = runtime()?;

@@ -27,6 +27,20 @@ pub enum Tail {
     Partial,
 }
 
+impl std::str::FromStr for Tail {
+    type Err = crate::error::PlanError;
+
+    /// `drop`, `pad` or `partial`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "drop" => Ok(Self::Drop),
+            "pad" => Ok(Self::Pad),
+            "partial" => Ok(Self::Partial),
+            other => Err(crate::error::PlanError::UnknownMode { what: "tail", given: other.to_owned(), expected: "drop, pad or partial" }),
+        }
+    }
+}
+
 /// How positions `start..` of an epoch of `samples` samples are cut into steps and ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::permutation::Permutation;
 use super::prng::{SeedDomain, derive_seed};
 use super::shard_table::{SampleRef, ShardTable};
+use crate::error::PlanError;
 use crate::ids::{Epoch, ShardId};
 
 /// How an epoch is shuffled.
@@ -31,6 +32,29 @@ pub enum Shuffle {
 impl Default for Shuffle {
     fn default() -> Self {
         Self::Window { shards: NonZeroU32::new(8).unwrap_or(NonZeroU32::MIN) }
+    }
+}
+
+impl std::str::FromStr for Shuffle {
+    type Err = PlanError;
+
+    /// `none`, `full`, `window` (8 shards) or `window:K`.
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "none" => Ok(Self::None),
+            "full" => Ok(Self::Full),
+            "window" => Ok(Self::default()),
+            other => other
+                .strip_prefix("window:")
+                .and_then(|shards| shards.parse().ok())
+                .and_then(NonZeroU32::new)
+                .map(|shards| Self::Window { shards })
+                .ok_or_else(|| PlanError::UnknownMode {
+                    what: "shuffle",
+                    given: other.to_owned(),
+                    expected: "none, full, window or window:K",
+                }),
+        }
     }
 }
 

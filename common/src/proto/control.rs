@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Epoch, JobId, LeaseId, Rank, Step, WorkerId};
+use crate::ids::{Epoch, JobId, LeaseId, Rank, SessionId, Step, WorkerId};
 use crate::plan::{Checkpoint, PlanSpec};
 
 /// A dataset registered with the coordinator.
@@ -101,6 +101,8 @@ pub enum ControlRequest {
         epoch: Epoch,
         /// First position (0, or the checkpoint's on resume).
         start: u64,
+        /// The session `Attached` gave this trainer.
+        session: SessionId,
     },
     /// A rank has consumed steps `0..consumed` of an epoch (coalesced; cheap).
     ReportProgress {
@@ -116,6 +118,8 @@ pub enum ControlRequest {
         consumed: u64,
         /// Total seconds this rank has waited for data (the data stall).
         wait_seconds: f64,
+        /// The session `Attached` gave this trainer.
+        session: SessionId,
     },
     /// A worker joins; trainers will connect to `addr`.
     RegisterWorker {
@@ -163,6 +167,17 @@ pub enum ControlRequest {
     },
     /// Everything `stoker status` shows.
     Status,
+    /// A trainer stops (its loader is dropped): its rank's work waits until a trainer
+    /// attaches again, instead of occupying workers. Appended last: the wire tag of every
+    /// earlier request stays the same.
+    Detach {
+        /// The job.
+        job: JobId,
+        /// The rank.
+        rank: Rank,
+        /// The session `Attached` gave this trainer.
+        session: SessionId,
+    },
 }
 
 /// The answer to a [`ControlRequest`] of the same name.
@@ -188,6 +203,8 @@ pub enum ControlResponse {
         workers: Vec<WorkerInfo>,
         /// The job's last recorded checkpoint, if any.
         checkpoint: Option<Checkpoint>,
+        /// This trainer's session: the newest attachment of a rank is the one served.
+        session: SessionId,
     },
     /// The epoch is queued.
     EpochOpened {

@@ -26,6 +26,8 @@ pub enum ErrorCode {
     VersionMismatch,
     /// A bug or an unexpected failure on the server.
     Internal,
+    /// Another trainer has attached as this rank since: this one is no longer served.
+    Superseded,
 }
 
 /// An error returned by a remote peer.
@@ -59,6 +61,7 @@ impl fmt::Display for RemoteError {
             ErrorCode::NotFound => "not found",
             ErrorCode::VersionMismatch => "protocol version mismatch",
             ErrorCode::Internal => "internal error",
+            ErrorCode::Superseded => "superseded",
         };
         write!(formatter, "{kind}: {}", self.message)
     }

@@ -24,6 +24,9 @@ pub struct SchedulerConfig {
     pub chunk_steps: u32,
     /// A failed chunk waits this long before it is granted again.
     pub retry_delay: Duration,
+    /// A rank whose trainer has not been heard from (attach, open, progress) for this long
+    /// is absent: its chunks wait instead of keeping workers busy pushing to nobody.
+    pub trainer_ttl: Duration,
 }
 
 #[derive(Debug)]
@@ -65,6 +68,8 @@ pub struct Scheduler {
     runs: BTreeMap<RunKey, Run>,
     leases: BTreeMap<LeaseId, Lease>,
     workers: BTreeMap<WorkerId, Worker>,
+    /// When each rank's trainer was last heard from.
+    trainers: BTreeMap<(JobId, Rank), Instant>,
     next_lease: u64,
     next_worker: u64,
     leases_expired: u64,
@@ -79,6 +84,7 @@ impl Scheduler {
             runs: BTreeMap::new(),
             leases: BTreeMap::new(),
             workers: BTreeMap::new(),
+            trainers: BTreeMap::new(),
             next_lease: id_base,
             next_worker: id_base,
             leases_expired: 0,
@@ -94,7 +100,8 @@ impl Scheduler {
     /// the rank its steps again if it had progressed in it (a restarted trainer). The rank
     /// leaves any other run of the job (it moved on, or resumed elsewhere), so those no longer
     /// wait for it.
-    pub fn open_run(&mut self, key: RunKey, rank: Rank, steps: u64, world_size: u32, prefetch: u32) {
+    pub fn open_run(&mut self, key: RunKey, rank: Rank, steps: u64, world_size: u32, prefetch: u32, now: Instant) {
+        self.trainer_seen(key.job, rank, now);
         let chunk_steps = self.config.chunk_steps;
         let run = self.runs.entry(key).or_insert_with(|| {
             info!(job = %key.job, epoch = %key.epoch, start = key.start, steps, "epoch run opened");
@@ -109,7 +116,8 @@ impl Scheduler {
 
     /// `rank` consumed steps `0..consumed` of run `key`. Returns the slowest rank's consumed
     /// steps, or `None` if the run is unknown (a coordinator restart: the rank opens it again).
-    pub fn record_progress(&mut self, key: RunKey, rank: Rank, consumed: u64) -> Option<u64> {
+    pub fn record_progress(&mut self, key: RunKey, rank: Rank, consumed: u64, now: Instant) -> Option<u64> {
+        self.trainer_seen(key.job, rank, now);
         let run = self.runs.get_mut(&key)?;
         run.set_consumed(rank, consumed);
         let slowest = run.slowest_consumed();
@@ -117,6 +125,16 @@ impl Scheduler {
             self.runs.remove(&key);
         }
         Some(slowest)
+    }
+
+    /// The trainer of `rank` is alive (it attached, opened an epoch or reported progress).
+    pub fn trainer_seen(&mut self, job: JobId, rank: Rank, now: Instant) {
+        self.trainers.insert((job, rank), now);
+    }
+
+    /// The trainer of `rank` stopped: its chunks wait until a trainer is seen again.
+    pub fn trainer_left(&mut self, job: JobId, rank: Rank) {
+        self.trainers.remove(&(job, rank));
     }
 
     /// Whether the run exists.
@@ -162,11 +180,13 @@ impl Scheduler {
         entry.last_seen = now;
         let mut granted = Vec::new();
         let mut room = max as usize;
-        for run in self.runs.values_mut() {
+        let (trainers, trainer_ttl) = (&self.trainers, self.config.trainer_ttl);
+        for (key, run) in &mut self.runs {
             if room == 0 {
                 break;
             }
-            let chunks = run.grant(room, now);
+            let live = |rank: Rank| trainers.get(&(key.job, rank)).is_some_and(|seen| now.saturating_duration_since(*seen) < trainer_ttl);
+            let chunks = run.grant(room, now, live);
             room -= chunks.len();
             granted.extend(chunks);
         }
@@ -223,6 +243,8 @@ impl Scheduler {
         }
         let forget_after = self.config.lease_ttl * 10;
         self.workers.retain(|_, worker| now.saturating_duration_since(worker.last_seen) < forget_after);
+        let forget_trainers_after = self.config.trainer_ttl * 10;
+        self.trainers.retain(|_, seen| now.saturating_duration_since(*seen) < forget_trainers_after);
     }
 
     fn requeue(&mut self, chunk: Chunk, not_before_opt: Option<Instant>) {

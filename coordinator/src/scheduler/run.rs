@@ -116,13 +116,15 @@ impl Run {
     }
 
     /// Grant up to `max` chunks that are inside the flow window and not held back at `now`.
-    pub fn grant(&mut self, max: usize, now: Instant) -> Vec<Chunk> {
+    pub fn grant(&mut self, max: usize, now: Instant, trainer_live: impl Fn(Rank) -> bool) -> Vec<Chunk> {
         let window_end = self.slowest_consumed() + self.prefetch;
         self.cut_chunks(window_end);
         let ready: Vec<(u64, u32)> = self
             .queued
             .iter()
-            .filter(|&(&(first, _), queued)| first < window_end && queued.not_before_opt.is_none_or(|not_before| not_before <= now))
+            .filter(|&(&(first, rank), queued)| {
+                first < window_end && queued.not_before_opt.is_none_or(|not_before| not_before <= now) && trainer_live(Rank(rank))
+            })
             .map(|(&key, _)| key)
             .take(max)
             .collect();
@@ -175,14 +177,14 @@ mod tests {
     fn chunks_come_in_step_then_rank_order_within_the_window() {
         let now = Instant::now();
         let mut run = Run::new(key(), 10, 2, 4, 2);
-        let granted = run.grant(100, now);
+        let granted = run.grant(100, now, |_| true);
         let order: Vec<(u64, u32)> = granted.iter().map(|c| (c.first_step.0, c.rank.0)).collect();
         assert_eq!(order, vec![(0, 0), (0, 1), (2, 0), (2, 1)], "steps 0..4 only: the window is 4");
-        assert!(run.grant(100, now).is_empty(), "nothing more until a rank consumes");
+        assert!(run.grant(100, now, |_| true).is_empty(), "nothing more until a rank consumes");
         run.set_consumed(Rank(0), 4);
-        assert!(run.grant(100, now).is_empty(), "the slowest rank holds the window");
+        assert!(run.grant(100, now, |_| true).is_empty(), "the slowest rank holds the window");
         run.set_consumed(Rank(1), 2);
-        let next: Vec<(u64, u32)> = run.grant(100, now).iter().map(|c| (c.first_step.0, c.rank.0)).collect();
+        let next: Vec<(u64, u32)> = run.grant(100, now, |_| true).iter().map(|c| (c.first_step.0, c.rank.0)).collect();
         assert_eq!(next, vec![(4, 0), (4, 1)]);
     }
 
@@ -192,7 +194,7 @@ mod tests {
         let mut run = Run::new(key(), 7, 3, 3, 2);
         let mut all = Vec::new();
         for _ in 0..20 {
-            let granted = run.grant(2, now);
+            let granted = run.grant(2, now, |_| true);
             all.extend(granted.iter().copied());
             let slowest = run.slowest_consumed();
             for rank in 0..3 {
@@ -211,14 +213,14 @@ mod tests {
     fn a_rank_that_starts_the_run_again_gets_every_step_again() {
         let now = Instant::now();
         let mut run = Run::new(key(), 4, 2, 10, 2);
-        let first = covered(&run.grant(100, now));
+        let first = covered(&run.grant(100, now, |_| true));
         run.set_consumed(Rank(0), 4);
         run.restart_rank(Rank(0));
         assert_eq!(run.consumed(Rank(0)), 0);
-        let again = covered(&run.grant(100, now));
+        let again = covered(&run.grant(100, now, |_| true));
         assert_eq!(again, first.iter().filter(|(rank, _)| *rank == 0).copied().collect(), "rank 0's steps, once more");
         run.restart_rank(Rank(1));
-        assert!(run.grant(100, now).is_empty(), "a rank that had consumed nothing is left alone");
+        assert!(run.grant(100, now, |_| true).is_empty(), "a rank that had consumed nothing is left alone");
     }
 
     #[test]
@@ -226,13 +228,13 @@ mod tests {
         let now = Instant::now();
         let later = now + std::time::Duration::from_secs(1);
         let mut run = Run::new(key(), 10, 1, 10, 4);
-        let granted = run.grant(1, now);
+        let granted = run.grant(1, now, |_| true);
         assert_eq!(granted[0].steps, 4);
         run.set_consumed(Rank(0), 1);
         run.requeue(granted[0], Some(later));
-        let waiting: Vec<Chunk> = run.grant(10, now);
+        let waiting: Vec<Chunk> = run.grant(10, now, |_| true);
         assert!(waiting.iter().all(|c| c.first_step.0 >= 4), "the requeued chunk waits until later: {waiting:?}");
-        let retried = run.grant(10, later);
+        let retried = run.grant(10, later, |_| true);
         assert_eq!(retried.len(), 1);
         assert_eq!((retried[0].first_step, retried[0].steps), (Step(1), 3));
     }

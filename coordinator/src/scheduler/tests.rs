@@ -5,7 +5,12 @@ use stoker_common::ids::{Epoch, Step};
 use super::*;
 
 fn config() -> SchedulerConfig {
-    SchedulerConfig { lease_ttl: Duration::from_secs(3), chunk_steps: 2, retry_delay: Duration::from_secs(1) }
+    SchedulerConfig {
+        lease_ttl: Duration::from_secs(3),
+        chunk_steps: 2,
+        retry_delay: Duration::from_secs(1),
+        trainer_ttl: Duration::from_secs(5),
+    }
 }
 
 fn key() -> RunKey {
@@ -29,7 +34,7 @@ fn tally(granted: &[(LeaseId, Chunk)], counts: &mut BTreeMap<(u32, u64), u32>) {
 fn an_expired_lease_is_granted_again_to_another_worker() {
     let start = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
-    scheduler.open_run(key(), Rank(0), 4, 1, 8);
+    scheduler.open_run(key(), Rank(0), 4, 1, 8, start);
     let dead = scheduler.register_worker(addr(), 1, start);
     let alive = scheduler.register_worker(addr(), 1, start);
     let granted = scheduler.pull(dead, 1, start).expect("registered");
@@ -51,7 +56,7 @@ fn an_expired_lease_is_granted_again_to_another_worker() {
 fn a_deregistered_worker_hands_its_chunks_back_at_once() {
     let now = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
-    scheduler.open_run(key(), Rank(0), 2, 1, 8);
+    scheduler.open_run(key(), Rank(0), 2, 1, 8, now);
     let leaving = scheduler.register_worker(addr(), 1, now);
     let staying = scheduler.register_worker(addr(), 1, now);
     assert_eq!(scheduler.pull(leaving, 5, now).expect("registered").len(), 1);
@@ -68,7 +73,7 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
     let mut scheduler = Scheduler::new(config(), 1);
     let (steps, world_size, prefetch) = (9, 3, 4);
     for rank in 0..world_size {
-        scheduler.open_run(key(), Rank(rank), steps, world_size, prefetch);
+        scheduler.open_run(key(), Rank(rank), steps, world_size, prefetch, start);
     }
     let worker = scheduler.register_worker(addr(), 1, start);
     let mut delivered: BTreeMap<(u32, u64), u32> = BTreeMap::new();
@@ -92,7 +97,7 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
             while delivered.contains_key(&(rank, consumed[rank as usize])) && consumed[rank as usize] < steps {
                 consumed[rank as usize] += 1;
             }
-            scheduler.record_progress(key(), Rank(rank), consumed[rank as usize]);
+            scheduler.record_progress(key(), Rank(rank), consumed[rank as usize], now);
         }
         if !scheduler.has_run(key()) {
             break;
@@ -106,11 +111,34 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
 fn opening_a_new_epoch_releases_the_rank_from_the_old_one() {
     let now = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
-    scheduler.open_run(key(), Rank(0), 4, 1, 8);
+    scheduler.open_run(key(), Rank(0), 4, 1, 8, now);
     let next = RunKey { epoch: Epoch(1), ..key() };
-    scheduler.open_run(next, Rank(0), 4, 1, 8);
+    scheduler.open_run(next, Rank(0), 4, 1, 8, now);
     assert!(!scheduler.has_run(key()), "its only rank left epoch 0");
     assert!(scheduler.has_run(next));
     let worker = scheduler.register_worker(addr(), 1, now);
     assert!(scheduler.pull(worker, 10, now).expect("registered").iter().all(|(_, c)| c.epoch == Epoch(1)));
+}
+
+#[test]
+fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    scheduler.open_run(key(), Rank(0), 8, 2, 8, start);
+    scheduler.open_run(key(), Rank(1), 8, 2, 8, start);
+    let worker = scheduler.register_worker(addr(), 1, start);
+    let ranks = |granted: &[(LeaseId, Chunk)]| granted.iter().map(|(_, chunk)| chunk.rank.0).collect::<Vec<_>>();
+    let first = scheduler.pull(worker, 2, start).expect("registered");
+    assert_eq!(ranks(&first), [0, 1]);
+    for (lease, _) in first {
+        scheduler.chunk_done(worker, lease);
+    }
+    // Rank 1's trainer goes away; rank 0 keeps reporting.
+    let later = start + config().trainer_ttl + Duration::from_secs(1);
+    scheduler.heartbeat(worker, &[], 0, later).expect("registered");
+    scheduler.record_progress(key(), Rank(0), 0, later);
+    assert_eq!(ranks(&scheduler.pull(worker, 10, later).expect("registered")), [0, 0, 0], "rank 1's chunks wait");
+    // It comes back (a restarted trainer attaches and opens the run again).
+    scheduler.open_run(key(), Rank(1), 8, 2, 8, later);
+    assert_eq!(ranks(&scheduler.pull(worker, 10, later).expect("registered")), [1, 1, 1]);
 }

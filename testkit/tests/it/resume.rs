@@ -113,3 +113,29 @@ fn a_stalled_trainer_holds_memory_inside_the_window() {
         assert_eq!(rest as u64 + 1, 60, "120 samples / batch 2");
     }
 }
+
+/// A second loader attaching as the same rank while the first is still alive (a notebook
+/// re-run, a forked child) is the one served: it gets the whole epoch from its position, and
+/// the first one's requests are refused instead of taking the rank's run back.
+#[test]
+fn the_newest_trainer_of_a_rank_is_the_one_served() {
+    let cluster = cluster_with(1);
+    let config = config_for(&cluster.loader_config("train", 4), 0, 1);
+    let mut first = Loader::attach(&config).expect("attach");
+    let taken: Vec<u64> = (&mut first).take(3).map(|batch| batch.expect("batch").step().0).collect();
+    assert_eq!(taken, [0, 1, 2]);
+    let state = first.state().expect("state");
+    let mut second = Loader::attach(&config).expect("attach again");
+    second.resume(&state).expect("resume");
+    let steps = second.len().expect("len");
+    let rest: Vec<u64> = (&mut second).map(|batch| batch.expect("batch").step().0).collect();
+    assert_eq!(rest, (0..steps).collect::<Vec<_>>(), "the newest trainer gets every remaining step");
+    wait_until(Duration::from_secs(20), "the superseded loader to report an error", || {
+        first.next_batch().is_some_and(|next| next.is_err())
+    })
+    .expect("superseded");
+    match first.next_batch() {
+        Some(Err(stoker_client::ClientError::Superseded { rank: 0, .. })) => {}
+        other => panic!("expected Superseded, got {other:?}"),
+    }
+}

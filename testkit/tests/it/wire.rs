@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use stoker_common::ids::{Epoch, JobId, Rank};
+use stoker_common::ids::{Epoch, JobId, Rank, SessionId};
 use stoker_common::net::{NetError, TlsConfigs, call, client_endpoint, connect, insecure_tls};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
@@ -43,7 +43,7 @@ fn bad_requests_get_clear_errors_and_the_coordinator_keeps_serving() {
         }
         {
             info!("--- unknown job, unknown dataset, rank outside the world");
-            let open = ControlRequest::OpenEpoch { job: JobId(999), rank: Rank(0), epoch: Epoch(0), start: 0 };
+            let open = ControlRequest::OpenEpoch { job: JobId(999), rank: Rank(0), epoch: Epoch(0), start: 0, session: SessionId(1) };
             let error = call::<_, ControlResponse>(&connection, &open, CONTROL_FRAME_LIMIT).await.expect_err("refused");
             assert_eq!(error.remote().map(|e| &e.code), Some(&ErrorCode::NotFound), "{error}");
             let mut spec = stoker_client::LoaderConfig::new(addr, "nonexistent", 4).job_spec().expect("spec");
