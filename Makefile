@@ -16,9 +16,9 @@ deps:
 	@scripts/ensure-deps.sh
 
 # The venv is rebuilt when the requirements change.
-$(VENV)/.installed: tests/compat/requirements.txt | deps
+$(VENV)/.installed: tests/compat/requirements.txt python/requirements-dev.txt | deps
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/compat/requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/compat/requirements.txt -r python/requirements-dev.txt
 	touch $@
 
 venv: $(VENV)/.installed
@@ -27,10 +27,14 @@ demo: deps
 	$(CARGO) build --release -j$(JOBS) -p stoker-cli
 	./target/release/stoker demo
 
-# Tests that need the venv are #[ignore]d in a plain `cargo test`; here they run too.
+# Tests that need the venv are #[ignore]d in a plain `cargo test`; here they run too. Then the
+# Python package is built into the venv (maturin) and its pytest suite runs against real
+# `stoker` processes (the debug binary the cargo tests built).
 test: deps venv
 	mkdir -p target; set -o pipefail; STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored 2>&1 | tee target/test.log
-	@scripts/test-summary.sh target/test.log
+	cd python && VIRTUAL_ENV=$(abspath $(VENV)) CARGO_BUILD_JOBS=$(JOBS) $(abspath $(VENV))/bin/maturin develop --quiet
+	set -o pipefail; cd python && STOKER_BIN=$(abspath target/debug/stoker) $(PYTHON) -m pytest -q -rs 2>&1 | tee ../target/pytest.log
+	@scripts/test-summary.sh target/test.log target/pytest.log
 
 # Criterion micro-benchmarks, then the pipeline against its floor and the Pillow peer on
 # ImageNet-like data (scripts/bench_pipeline.py rewrites its table in BENCHMARKS.md).

@@ -1,0 +1,28 @@
+//! `stoker._stoker`: the native half of the `stoker` Python package, a thin PyO3 layer over
+//! [`stoker_client`]. The torch-style API (`stoker.Loader`, transforms, `stoker.torch`) is
+//! written in Python over [`loader::NativeLoader`]; this crate only attaches, waits for batches
+//! with the GIL released, and hands each batch's memory to numpy without copying it.
+
+mod batch;
+mod errors;
+mod loader;
+
+use pyo3::prelude::*;
+
+/// The module `stoker._stoker`.
+#[pymodule]
+fn _stoker(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_class::<loader::NativeLoader>()?;
+    errors::register(module)?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    init_logging();
+    Ok(())
+}
+
+/// Rust logs go to stderr when `STOKER_LOG` is set (a `tracing` filter: `info`,
+/// `stoker_client=debug`, ...); silent otherwise, as a library inside a trainer should be.
+fn init_logging() {
+    let Ok(filter) = std::env::var("STOKER_LOG") else { return };
+    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

@@ -1,0 +1,170 @@
+//! `NativeLoader`: one trainer rank's [`Loader`], made safe for Python.
+//!
+//! * Waiting for a batch releases the GIL and wakes every 100 ms to let Python handle signals,
+//!   so Ctrl-C interrupts a loop that waits for data.
+//! * Fork: the loader's background runtime has threads, and a forked child has none of them.
+//!   The loader remembers the process that built it; used in another process (a PyTorch
+//!   DataLoader worker forked after the loader was made), it leaves the parent's runtime alone
+//!   (leaked: dropping it would wait for threads that do not exist in the child), attaches
+//!   anew and continues from the position the parent had reached.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use pyo3::prelude::*;
+use pyo3::types::PyTuple;
+use stoker_client::{Loader, LoaderConfig, LoaderState, Next};
+use stoker_common::ids::Epoch;
+use stoker_common::transform::TransformSpec;
+
+use crate::batch;
+use crate::errors::{self, ConfigError};
+
+/// How long one wait for a batch lasts before Python may handle a signal.
+const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+/// One rank's loader (the `stoker.Loader` class wraps it).
+#[pyclass(module = "stoker._stoker")]
+pub(crate) struct NativeLoader {
+    config: LoaderConfig,
+    /// `None` only while being rebuilt after a fork.
+    inner: Option<Loader>,
+    /// The process that built `inner`.
+    pid: u32,
+    world_size: u32,
+}
+
+#[pymethods]
+impl NativeLoader {
+    #[new]
+    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, timeout=300.0))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        coordinator: &str,
+        dataset: &str,
+        batch_size: u32,
+        transforms_json: &str,
+        seed: u64,
+        shuffle: &str,
+        tail: &str,
+        prefetch: u32,
+        rank: Option<u32>,
+        world_size: Option<u32>,
+        job_name: Option<String>,
+        timeout: f64,
+    ) -> PyResult<Self> {
+        let mut config = LoaderConfig::new(resolve(coordinator)?, dataset, batch_size);
+        config.transforms = serde_json::from_str::<TransformSpec>(transforms_json).map_err(errors::config)?;
+        config.seed = seed;
+        config.shuffle = shuffle.parse().map_err(errors::config)?;
+        config.tail = tail.parse().map_err(errors::config)?;
+        config.prefetch = prefetch;
+        config.rank = rank;
+        config.world_size = world_size;
+        config.job_name = job_name;
+        config.batch_timeout = Duration::try_from_secs_f64(timeout)
+            .ok()
+            .filter(|timeout| !timeout.is_zero())
+            .ok_or_else(|| ConfigError::new_err(format!("timeout={timeout}: give a positive number of seconds")))?;
+        let (_, world_size) = config.rank_and_world_size().map_err(errors::to_py)?;
+        let loader = py.detach(|| Loader::attach(&config)).map_err(errors::to_py)?;
+        Ok(Self { config, inner: Some(loader), pid: std::process::id(), world_size: world_size.get() })
+    }
+
+    /// Iterate `epoch` next.
+    fn set_epoch(&mut self, py: Python<'_>, epoch: u64) -> PyResult<()> {
+        self.loader(py)?.set_epoch(Epoch(epoch));
+        Ok(())
+    }
+
+    /// Steps of the current epoch for this rank.
+    fn __len__(&mut self, py: Python<'_>) -> PyResult<usize> {
+        let steps = self.loader(py)?.len().map_err(errors::to_py)?;
+        usize::try_from(steps).map_err(|_| ConfigError::new_err(format!("{steps} steps do not fit a Python length")))
+    }
+
+    /// The next batch as a tuple (see `batch.rs`), or `None` at the end of the epoch.
+    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let loader = self.loader(py)?;
+        loop {
+            match py.detach(|| loader.next_within(SIGNAL_CHECK_INTERVAL)) {
+                Ok(Next::Batch(received)) => return batch::to_python(py, received).map(Some),
+                Ok(Next::EndOfEpoch) => return Ok(None),
+                Ok(Next::Waiting) => py.check_signals()?,
+                Err(error) => return Err(errors::to_py(error)),
+            }
+        }
+    }
+
+    /// The position reached, as JSON (`stoker.Loader.state_dict` parses it).
+    fn state_json(&mut self, py: Python<'_>) -> PyResult<String> {
+        let state = self.loader(py)?.state().map_err(errors::to_py)?;
+        serde_json::to_string(&state).map_err(errors::config)
+    }
+
+    /// Continue from a state taken by `state_json` (possibly by another world size).
+    fn load_state_json(&mut self, py: Python<'_>, json: &str) -> PyResult<()> {
+        let state: LoaderState =
+            serde_json::from_str(json).map_err(|error| errors::ResumeError::new_err(format!("not a Stoker loader state: {error}")))?;
+        self.loader(py)?.resume(&state).map_err(errors::to_py)
+    }
+
+    /// This loader's rank.
+    #[getter]
+    fn rank(&mut self, py: Python<'_>) -> PyResult<u32> {
+        Ok(self.loader(py)?.rank().0)
+    }
+
+    /// Ranks in the job.
+    #[getter]
+    fn world_size(&self) -> u32 {
+        self.world_size
+    }
+
+    /// The job's name (shared by every rank with the same settings).
+    #[getter]
+    fn job_name(&mut self, py: Python<'_>) -> PyResult<String> {
+        Ok(self.loader(py)?.spec().name.clone())
+    }
+
+    /// Seconds spent waiting for data so far.
+    #[getter]
+    fn wait_seconds(&mut self, py: Python<'_>) -> PyResult<f64> {
+        Ok(self.loader(py)?.wait_seconds())
+    }
+
+    /// Batches received and not yet yielded.
+    #[getter]
+    fn buffered_batches(&mut self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.loader(py)?.buffered_batches())
+    }
+}
+
+impl NativeLoader {
+    /// The loader of this process: rebuilt once after a fork.
+    fn loader(&mut self, py: Python<'_>) -> PyResult<&mut Loader> {
+        let pid = std::process::id();
+        if pid != self.pid || self.inner.is_none() {
+            let inherited = self.inner.take();
+            let state_opt = inherited.as_ref().and_then(|loader| loader.state().ok());
+            // The parent's runtime threads do not exist here; dropping it would wait for them.
+            std::mem::forget(inherited);
+            let config = self.config.clone();
+            let mut loader = py.detach(|| Loader::attach(&config)).map_err(errors::to_py)?;
+            if let Some(state) = state_opt {
+                loader.resume(&state).map_err(errors::to_py)?;
+            }
+            self.pid = pid;
+            self.inner = Some(loader);
+        }
+        self.inner.as_mut().ok_or_else(|| errors::StokerError::new_err("the loader could not be rebuilt"))
+    }
+}
+
+/// `HOST:PORT` → the first address it resolves to.
+fn resolve(coordinator: &str) -> PyResult<SocketAddr> {
+    coordinator.to_socket_addrs().ok().and_then(|mut addrs| addrs.next()).ok_or_else(|| {
+        ConfigError::new_err(format!("coordinator {coordinator:?} is not an address: give HOST:PORT, e.g. \"127.0.0.1:7400\""))
+    })
+}

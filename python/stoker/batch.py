@@ -1,0 +1,65 @@
+"""One rank's batch: images and labels as numpy arrays (or torch tensors) over the memory the
+Rust client received them into, plus the keys and position for bookkeeping."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, List, Tuple
+
+import numpy as np
+
+
+class Batch:
+    """A batch of one rank at one step.
+
+    ``images`` is ``[B, H, W, 3]`` (NHWC, the default) or ``[B, 3, H, W]`` (NCHW), uint8 unless
+    the job normalises on the workers; ``labels`` is int64 ``[B]`` (-1 where a sample has no
+    label). Both are views of the received buffers, not copies. ``replaced`` lists the indices of
+    samples that could not be decoded and were replaced by black images.
+
+    A batch unpacks like a pair: ``images, labels = batch``.
+    """
+
+    __slots__ = ("images", "labels", "keys", "epoch", "step", "rank", "replaced", "checksum", "layout")
+
+    def __init__(
+        self,
+        images: Any,
+        labels: Any,
+        keys: List[str],
+        epoch: int,
+        step: int,
+        rank: int,
+        replaced: List[int],
+        checksum: int,
+        layout: str,
+    ) -> None:
+        self.images = images
+        self.labels = labels
+        self.keys = keys
+        self.epoch = epoch
+        self.step = step
+        self.rank = rank
+        self.replaced = replaced
+        self.checksum = checksum
+        self.layout = layout
+
+    @classmethod
+    def _from_native(cls, raw: Tuple[Any, ...], output: str) -> "Batch":
+        flat, shape, dtype, layout, labels, keys, epoch, step, rank, replaced, checksum = raw
+        images = flat.view(np.dtype(dtype)).reshape(shape)
+        if output == "torch":
+            import torch
+
+            images = torch.from_numpy(images)
+            labels = torch.from_numpy(labels)
+        return cls(images, labels, keys, epoch, step, rank, replaced, checksum, layout)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.images, self.labels))
+
+    def __repr__(self) -> str:
+        shape = tuple(self.images.shape)
+        return f"Batch(epoch={self.epoch}, step={self.step}, rank={self.rank}, images={shape} {self.images.dtype}, replaced={len(self.replaced)})"

@@ -1,0 +1,102 @@
+"""PyTorch helpers: the GPU transform stage, and an adapter for ``torch.utils.data``.
+
+Importing this module needs PyTorch; ``import stoker`` alone does not.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.utils.data
+
+from stoker.batch import Batch
+from stoker.errors import ConfigError
+from stoker.loader import Loader
+from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
+
+__all__ = ["to_device", "StokerIterableDataset"]
+
+
+def to_device(
+    batch: Union[Batch, Tuple[Any, Any]],
+    device: Union[str, torch.device],
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    channels_last: bool = True,
+    dtype: torch.dtype = torch.float32,
+    layout: Optional[str] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Move a uint8 batch to ``device`` and normalise it there: ``(x / 255 - mean) / std``.
+
+    Returns ``(images, labels)``: images ``[B, 3, H, W]`` of ``dtype`` (in channels-last memory
+    unless ``channels_last=False``), labels int64 ``[B]``. On CUDA the copy is made from pinned
+    memory with ``non_blocking=True``, so it overlaps with the work already queued on the GPU;
+    the uint8 batch is a quarter of the bytes a float32 one would be. A batch the workers
+    already normalised (float) is moved without normalising again.
+    """
+    if isinstance(batch, Batch):
+        images, labels, layout = batch.images, batch.labels, batch.layout
+    else:
+        images, labels = batch
+    layout = layout or "NHWC"
+    images = images if isinstance(images, torch.Tensor) else torch.from_numpy(images)
+    labels = labels if isinstance(labels, torch.Tensor) else torch.from_numpy(labels)
+    device = torch.device(device)
+    if images.dim() != 4:
+        raise ConfigError(f"to_device expects a [B, H, W, C] or [B, C, H, W] batch, got shape {tuple(images.shape)}")
+    if device.type == "cuda":
+        images, labels = images.pin_memory(), labels.pin_memory()
+    images = images.to(device, non_blocking=True)
+    labels = labels.to(device, non_blocking=True)
+    if layout == "NHWC":
+        images = images.permute(0, 3, 1, 2)  # a view: NCHW indexing over NHWC (channels-last) memory
+    if images.dtype == torch.uint8:
+        # (x / 255 - mean) / std as one multiply and one subtract per element.
+        scale = torch.tensor([1.0 / (255.0 * s) for s in std], device=device, dtype=dtype).view(1, 3, 1, 1)
+        shift = torch.tensor([m / s for m, s in zip(mean, std)], device=device, dtype=dtype).view(1, 3, 1, 1)
+        images = images.to(dtype).mul_(scale).sub_(shift)
+    else:
+        images = images.to(dtype)
+    memory_format = torch.channels_last if channels_last else torch.contiguous_format
+    return images.contiguous(memory_format=memory_format), labels
+
+
+class StokerIterableDataset(torch.utils.data.IterableDataset):
+    """A :class:`stoker.Loader` as a ``torch.utils.data.IterableDataset`` of whole batches, so
+    a training loop written for a ``DataLoader`` keeps working::
+
+        dataset = StokerIterableDataset(loader)
+        data = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=0)
+        for epoch in range(epochs):
+            dataset.set_epoch(epoch)
+            for images, labels in data:
+                ...
+
+    Use ``batch_size=None`` (the batches are already made) and ``num_workers`` 0 (or 1): the
+    Stoker workers do the decoding, and several DataLoader workers would each attach as the
+    same rank. Yields ``(images, labels)`` tensors, zero-copy over the received memory.
+    """
+
+    def __init__(self, loader: Loader) -> None:
+        super().__init__()
+        self.loader = loader
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        if info is not None and info.num_workers > 1:
+            raise ConfigError(
+                f"StokerIterableDataset under a DataLoader with num_workers={info.num_workers}: each worker would attach as the "
+                "same rank. Use num_workers=0: Stoker's own workers decode the batches."
+            )
+        for batch in self.loader:
+            images, labels = batch.images, batch.labels
+            if not isinstance(images, torch.Tensor):
+                images, labels = torch.from_numpy(images), torch.from_numpy(labels)
+            yield images, labels

@@ -1,0 +1,165 @@
+"""Transforms the workers apply, named and parameterised as in torchvision.
+
+Each is a small frozen dataclass whose ``to_dict()`` is the JSON form of the Rust
+``Transform`` (the same spec a Rust trainer or ``stoker consume`` states). Arguments are checked
+here, so a mistake raises :class:`stoker.ConfigError` where it is made.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Dict, Sequence, Tuple, Union
+
+from stoker.errors import ConfigError
+
+Size = Union[int, Tuple[int, int]]
+
+INTERPOLATIONS = ("nearest", "bilinear", "bicubic")
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _size(name: str, size: Any) -> Any:
+    """``224`` or ``(height, width)`` → the JSON form, checked."""
+    if isinstance(size, bool):
+        raise ConfigError(f"{name}: size must be an int or (height, width), got {size!r}")
+    if isinstance(size, int):
+        sides: Sequence[Any] = (size,)
+    elif isinstance(size, (tuple, list)) and len(size) == 2:
+        sides = size
+    else:
+        raise ConfigError(f"{name}: size must be an int or (height, width), got {size!r}")
+    for side in sides:
+        if isinstance(side, bool) or not isinstance(side, int) or side < 1:
+            raise ConfigError(f"{name}: sizes must be positive ints, got {size!r}")
+    if isinstance(size, int) or size[0] == size[1]:
+        return int(sides[0])
+    return [int(size[0]), int(size[1])]
+
+
+def _range(name: str, field: str, value: Any) -> Tuple[float, float]:
+    try:
+        low, high = (float(value[0]), float(value[1]))
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise ConfigError(f"{name}: {field} must be a (low, high) pair of numbers, got {value!r}") from None
+    if len(value) != 2 or not (0.0 < low <= high) or not math.isfinite(high):
+        raise ConfigError(f"{name}: {field} must be a (low, high) pair with 0 < low <= high, got {value!r}")
+    return (low, high)
+
+
+def _interpolation(name: str, interpolation: str) -> str:
+    if interpolation not in INTERPOLATIONS:
+        raise ConfigError(f"{name}: interpolation must be one of {', '.join(INTERPOLATIONS)}, got {interpolation!r}")
+    return interpolation
+
+
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """Crop a random box (area ``scale``, aspect ``ratio``) and resize it to ``size``,
+    drawing the box exactly as torchvision does from the sample's seed."""
+
+    size: Size
+    scale: Tuple[float, float] = (0.08, 1.0)
+    ratio: Tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
+    interpolation: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        _size("RandomResizedCrop", self.size)
+        _range("RandomResizedCrop", "scale", self.scale)
+        _range("RandomResizedCrop", "ratio", self.ratio)
+        _interpolation("RandomResizedCrop", self.interpolation)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "type": "RandomResizedCrop",
+            "size": _size("RandomResizedCrop", self.size),
+            "scale": list(_range("RandomResizedCrop", "scale", self.scale)),
+            "ratio": list(_range("RandomResizedCrop", "ratio", self.ratio)),
+            "interpolation": self.interpolation,
+        }
+
+
+@dataclass(frozen=True)
+class Resize:
+    """Resize so that the shorter side is ``shorter_side``, keeping the aspect ratio."""
+
+    shorter_side: int
+    interpolation: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.shorter_side, bool) or not isinstance(self.shorter_side, int) or self.shorter_side < 1:
+            raise ConfigError(f"Resize: shorter_side must be a positive int, got {self.shorter_side!r}")
+        _interpolation("Resize", self.interpolation)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "Resize", "shorter_side": self.shorter_side, "interpolation": self.interpolation}
+
+
+@dataclass(frozen=True)
+class CenterCrop:
+    """Crop the centre ``size`` (black padding where the image is smaller)."""
+
+    size: Size
+
+    def __post_init__(self) -> None:
+        _size("CenterCrop", self.size)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "CenterCrop", "size": _size("CenterCrop", self.size)}
+
+
+@dataclass(frozen=True)
+class RandomHorizontalFlip:
+    """Mirror left-right with probability ``p``."""
+
+    p: float = 0.5
+
+    def __post_init__(self) -> None:
+        if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) or not (0.0 <= self.p <= 1.0):
+            raise ConfigError(f"RandomHorizontalFlip: p must be a probability in [0, 1], got {self.p!r}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "RandomHorizontalFlip", "p": float(self.p)}
+
+
+@dataclass(frozen=True)
+class Normalize:
+    """Scale to [0, 1], subtract ``mean``, divide by ``std`` (torchvision's ``ToTensor`` then
+    ``Normalize``) on the worker, and output ``dtype`` floats ("float32" or "float16").
+
+    Often cheaper on the GPU: keep uint8 batches and use ``stoker.torch.to_device``."""
+
+    mean: Tuple[float, float, float] = IMAGENET_MEAN
+    std: Tuple[float, float, float] = IMAGENET_STD
+    dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        for field, values in (("mean", self.mean), ("std", self.std)):
+            if len(values) != 3 or not all(isinstance(v, (int, float)) and math.isfinite(v) for v in values):
+                raise ConfigError(f"Normalize: {field} must be three finite numbers (R, G, B), got {values!r}")
+        if any(v <= 0 for v in self.std):
+            raise ConfigError(f"Normalize: std must be positive, got {self.std!r}")
+        if self.dtype not in ("float32", "float16"):
+            raise ConfigError(f"Normalize: dtype must be 'float32' or 'float16', got {self.dtype!r}")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "type": "Normalize",
+            "mean": [float(v) for v in self.mean],
+            "std": [float(v) for v in self.std],
+            "dtype": {"float32": "f32", "float16": "f16"}[self.dtype],
+        }
+
+
+Transform = Union[RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, Normalize]
+
+
+def imagenet_train(size: int = 224) -> list:
+    """torchvision's ImageNet training augmentation: RandomResizedCrop + RandomHorizontalFlip."""
+    return [RandomResizedCrop(size), RandomHorizontalFlip()]
+
+
+def imagenet_eval(size: int = 224, resize: int = 256) -> list:
+    """torchvision's ImageNet evaluation transform: Resize(256) + CenterCrop(224)."""
+    return [Resize(resize), CenterCrop(size)]

@@ -1,0 +1,157 @@
+"""A Stoker cluster of real processes on loopback for the pytest suite: `stoker coordinator`,
+`stoker worker`s and `stoker dataset add`, from the binary in STOKER_BIN (make test sets it)
+or the workspace's target folder."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSES = 4
+PER_CLASS = 24
+SAMPLES = CLASSES * PER_CLASS
+
+
+def stoker_bin() -> str:
+    candidates = [os.environ.get("STOKER_BIN"), REPO / "target/debug/stoker", REPO / "target/release/stoker", shutil.which("stoker")]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return str(candidate)
+    pytest.exit("no stoker binary: build it (cargo build -p stoker-cli) or set STOKER_BIN", returncode=2)
+
+
+class Node:
+    """A `stoker` process; its "listening on ADDR" line gives its address."""
+
+    def __init__(self, args: List[str], log: Path) -> None:
+        self.log = log
+        self.process = subprocess.Popen([stoker_bin(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        found = threading.Event()
+        self.addr: Optional[str] = None
+
+        def pump() -> None:
+            assert self.process.stderr is not None
+            with open(log, "a") as out:
+                for line in self.process.stderr:
+                    out.write(line)
+                    out.flush()
+                    match = re.search(r"listening on (\S+)", line)
+                    if match and not found.is_set():
+                        self.addr = match.group(1)
+                        found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not found.wait(30):
+            self.stop()
+            raise RuntimeError(f"stoker {' '.join(args)} did not start; see {log}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+@dataclass
+class Cluster:
+    coordinator: str
+    dataset: str
+    manifest: Path
+    nodes: List[Node] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for node in reversed(self.nodes):
+            node.stop()
+
+
+def write_image_folder(root: Path) -> None:
+    """CLASSES folders of PER_CLASS distinct JPEGs (keys are `class/name`)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(7)
+    for label in range(CLASSES):
+        folder = root / f"class{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for index in range(PER_CLASS):
+            height, width = int(rng.integers(80, 160)), int(rng.integers(80, 160))
+            base = rng.integers(0, 255, size=(1, 1, 3))
+            noise = rng.integers(0, 40, size=(height, width, 3))
+            pixels = np.clip(base + noise, 0, 255).astype(np.uint8)
+            Image.fromarray(pixels).save(folder / f"img{index:03d}.jpg", quality=90)
+
+
+def run_stoker(*args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([stoker_bin(), *args], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"stoker {' '.join(args)} failed: {done.stderr}")
+    return done
+
+
+def start_cluster(root: Path, workers: int) -> Cluster:
+    images, shards = root / "images", root / "shards"
+    if not (shards / "manifest.json").is_file():
+        write_image_folder(images)
+        run_stoker("pack", "--input", str(images), "--output", str(shards), "--shard-size", "64KiB", "--threads", "1")
+    logs = root / "logs"
+    logs.mkdir(exist_ok=True)
+    coordinator = Node(["coordinator", "--listen", "127.0.0.1:0", "--data-dir", str(root / f"coordinator-{uuid.uuid4().hex[:8]}")], logs / "coordinator.log")
+    cluster = Cluster(coordinator=coordinator.addr or "", dataset="train", manifest=shards / "manifest.json", nodes=[coordinator])
+    try:
+        run_stoker("dataset", "add", "train", str(cluster.manifest), "--coordinator", cluster.coordinator)
+        for index in range(workers):
+            worker = Node(
+                ["worker", "--coordinator", cluster.coordinator, "--listen", f"127.0.0.{2 + index}:0", "--threads", "1"],
+                logs / f"worker-{index}.log",
+            )
+            cluster.nodes.append(worker)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@pytest.fixture(scope="session")
+def data_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stoker")
+
+
+@pytest.fixture(scope="session")
+def cluster(data_root: Path):
+    """A coordinator and two workers, with the dataset "train" registered."""
+    cluster = start_cluster(data_root, workers=2)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def idle_cluster(data_root: Path):
+    """A coordinator with the dataset but no workers: batches never come."""
+    cluster = start_cluster(data_root, workers=0)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def job_name() -> str:
+    """A job of its own for each test, so tests never share a job's progress."""
+    return f"pytest-{uuid.uuid4().hex[:10]}"
+
+
+def wait_until(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {seconds} s waiting for {what}")

@@ -1,0 +1,100 @@
+"""Errors raise the right exception with a message that says what to do."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+import stoker
+
+
+def test_the_hierarchy() -> None:
+    for error in (stoker.ConfigError, stoker.ConnectionError, stoker.TimeoutError, stoker.ResumeError):
+        assert issubclass(error, stoker.StokerError)
+    assert issubclass(stoker.ResumeError, stoker.ConfigError)
+
+
+def test_an_unknown_dataset_is_a_config_error_that_names_the_fix(cluster, job_name) -> None:
+    with pytest.raises(stoker.ConfigError, match="stoker dataset add"):
+        stoker.Loader(cluster.coordinator, "no-such-dataset", batch_size=8, rank=0, world_size=1, job_name=job_name)
+
+
+def test_an_unreachable_coordinator_is_a_connection_error() -> None:
+    started = time.monotonic()
+    with pytest.raises(stoker.ConnectionError, match="127.0.0.1:9"):
+        stoker.Loader("127.0.0.1:9", "train", batch_size=8, rank=0, world_size=1)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: stoker.RandomResizedCrop(0), "positive"),
+        (lambda: stoker.RandomResizedCrop(224, scale=(0.9, 0.1)), "low <= high"),
+        (lambda: stoker.RandomResizedCrop(224, interpolation="lanczos"), "interpolation"),
+        (lambda: stoker.RandomHorizontalFlip(p=2), "probability"),
+        (lambda: stoker.Normalize(std=(0.2, 0.0, 0.2)), "positive"),
+        (lambda: stoker.Normalize(dtype="float64"), "float32"),
+        (lambda: stoker.CenterCrop((1, 2, 3)), "height, width"),
+    ],
+)
+def test_bad_transform_arguments_are_config_errors(make, message: str) -> None:
+    with pytest.raises(stoker.ConfigError, match=message):
+        make()
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (dict(rank=2, world_size=2), "outside world size"),
+        (dict(shuffle="sometimes"), "window:K"),
+        (dict(tail="wrap"), "partial"),
+        (dict(batch_size=0), "batch_size"),
+        (dict(layout="HWC"), "NCHW"),
+        (dict(transforms=[stoker.RandomHorizontalFlip(), stoker.RandomHorizontalFlip()]), "once"),
+        (dict(transforms=["RandomResizedCrop"]), "stoker transforms"),
+    ],
+)
+def test_bad_loader_settings_are_config_errors(cluster, job_name, settings, message: str) -> None:
+    arguments = dict(batch_size=8, rank=0, world_size=1, job_name=job_name)
+    arguments.update(settings)
+    with pytest.raises(stoker.ConfigError, match=message):
+        stoker.Loader(cluster.coordinator, "train", **arguments)
+
+
+def test_a_bad_address_is_a_config_error() -> None:
+    with pytest.raises(stoker.ConfigError, match="HOST:PORT"):
+        stoker.Loader("no-port-here", "train", batch_size=8)
+
+
+def test_a_state_of_another_dataset_order_is_a_resume_error(cluster, job_name) -> None:
+    loader = stoker.Loader(cluster.coordinator, "train", batch_size=8, rank=0, world_size=1, job_name=job_name, seed=1)
+    state = loader.state_dict()
+    other = stoker.Loader(cluster.coordinator, "train", batch_size=8, rank=0, world_size=1, job_name=job_name + "-b", seed=2)
+    with pytest.raises(stoker.ResumeError, match="seed"):
+        other.load_state_dict(state)
+    with pytest.raises(stoker.ResumeError, match="not a Stoker loader state"):
+        other.load_state_dict({"position": 3})
+
+
+def test_no_batch_within_the_timeout_is_a_timeout_error(idle_cluster, job_name) -> None:
+    loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, rank=0, world_size=1, job_name=job_name, timeout=1)
+    with pytest.raises(stoker.TimeoutError, match="stoker status"):
+        next(iter(loader))
+
+
+def test_ctrl_c_interrupts_a_loop_waiting_for_data(idle_cluster, job_name) -> None:
+    loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, rank=0, world_size=1, job_name=job_name, timeout=120)
+    main = threading.get_ident()
+    timer = threading.Timer(0.5, lambda: signal.pthread_kill(main, signal.SIGINT))
+    started = time.monotonic()
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            for _ in loader:
+                pass
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 10
