@@ -58,6 +58,10 @@ pub(crate) enum BenchCommand {
     /// on loopback) over a dataset and report images/s, per-rank wait, first-batch latency and
     /// peak memory.
     Cluster(BenchClusterArgs),
+    /// Move batches to one trainer over one QUIC connection on loopback, through the same
+    /// send and receive code as workers and trainers, and report GB/s and CPU-seconds per GB
+    /// on each side: plain TCP (the baseline), quinn's defaults, and Stoker's settings.
+    Delivery(BenchDeliveryArgs),
 }
 
 /// Where the coordinator is, for the commands that call it.
@@ -105,6 +109,11 @@ pub(crate) struct WorkerArgs {
     /// Batches made or in delivery at once [default: 2 x threads, at least 4].
     #[arg(long)]
     pub(crate) in_flight: Option<usize>,
+    /// Largest UDP payload for batches to trainers on other hosts. MTU discovery probes up to
+    /// it, so too high costs only probes. Raise it where every hop carries jumbo frames (9000-byte
+    /// MTU: 8952). Trainers on this host always get 65527 (loopback).
+    #[arg(long, default_value_t = stoker_common::net::ETHERNET_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    pub(crate) max_udp_payload: u16,
 }
 
 #[derive(Debug, Subcommand)]
@@ -216,6 +225,29 @@ pub(crate) struct BenchClusterArgs {
     /// and report the cluster's rate against workers x that rate.
     #[arg(long)]
     pub(crate) pipeline_seconds: Option<f64>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchDeliveryArgs {
+    /// Samples per batch (the batch is BATCH_SIZE x SIZE x SIZE x 3 bytes).
+    #[arg(long, default_value_t = 256)]
+    pub(crate) batch_size: u32,
+    /// Image side.
+    #[arg(long, default_value_t = 224)]
+    pub(crate) size: u32,
+    /// Seconds to measure each variant, after one second of warm-up.
+    #[arg(long, default_value_t = 5.0)]
+    pub(crate) seconds: f64,
+    /// Also measure Stoker's settings with this largest UDP payload (loopback carries 65527;
+    /// a 9000-byte jumbo-frame network 8952).
+    #[arg(long, default_value_t = 65527, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    pub(crate) max_udp_payload: u16,
+    /// Run only the variants whose name contains this (e.g. `tcp`, `defaults`, `pool`).
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) only: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     pub(crate) json: bool,

@@ -25,6 +25,7 @@ fn main() -> std::process::ExitCode {
         Command::Demo(args) => cmd::demo::run(args),
         Command::Bench(BenchCommand::Pipeline(args)) => cmd::bench_pipeline::run(args),
         Command::Bench(BenchCommand::Cluster(args)) => cmd::bench_cluster::run(args),
+        Command::Bench(BenchCommand::Delivery(args)) => cmd::bench_delivery::run(args),
     };
     match result {
         Ok(code) => code,

@@ -1,6 +1,7 @@
 //! A batch as the trainer receives it: the verified header and the image bytes.
 
 use stoker_common::ids::{Epoch, Rank, Step};
+use stoker_common::net::Payload;
 use stoker_common::proto::BatchHeader;
 use stoker_common::transform::{OutputDtype, OutputLayout};
 
@@ -8,7 +9,7 @@ use stoker_common::transform::{OutputDtype, OutputLayout};
 #[derive(Debug)]
 pub struct ReceivedBatch {
     pub(crate) header: BatchHeader,
-    pub(crate) payload: Vec<u8>,
+    pub(crate) payload: Payload,
 }
 
 impl ReceivedBatch {
@@ -57,8 +58,9 @@ impl ReceivedBatch {
         &self.payload
     }
 
-    /// Take the image bytes (for zero-copy hand-over, e.g. to numpy).
-    pub fn into_parts(self) -> (BatchHeader, Vec<u8>) {
+    /// Take the image bytes (for zero-copy hand-over, e.g. to numpy). The buffer goes back to
+    /// the loader's pool when the [`Payload`] is dropped.
+    pub fn into_parts(self) -> (BatchHeader, Payload) {
         (self.header, self.payload)
     }
 

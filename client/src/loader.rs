@@ -11,7 +11,7 @@ use quinn::{Connection, Endpoint};
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, JobId, Rank, SessionId, WorkerId};
-use stoker_common::net::{QuicCoordinator, TlsConfigs, client_endpoint};
+use stoker_common::net::{PayloadPool, QuicCoordinator, TlsConfigs, client_endpoint};
 use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use stoker_common::transform::Recipe;
@@ -75,6 +75,7 @@ struct Connector {
     connected: Mutex<HashMap<WorkerId, Option<Connection>>>,
     batches_tx: mpsc::UnboundedSender<ReceivedBatch>,
     stats: Arc<ReceiveStats>,
+    pool: PayloadPool,
 }
 
 impl Connector {
@@ -97,7 +98,7 @@ impl Connector {
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .insert(worker.id, Some(connection.clone()));
-                        receive_loop(connection, this.expect, this.batches_tx.clone(), Arc::clone(&this.stats)).await;
+                        receive_loop(connection, this.expect, this.batches_tx.clone(), Arc::clone(&this.stats), this.pool.clone()).await;
                     }
                     Err(error) => {
                         debug!(worker = %worker.id, %error, "cannot connect to worker");
@@ -190,11 +191,13 @@ impl Loader {
         let (batches_tx, batches_rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ReceiveStats::default());
         let connector = Arc::new(Connector {
-            endpoint: client_endpoint(&tls, config.coordinator)?,
+            endpoint: client_endpoint(&tls, config.coordinator, config.tuning)?,
             expect,
             connected: Mutex::new(HashMap::new()),
             batches_tx,
             stats: Arc::clone(&stats),
+            // Up to a window of freed batches is kept: never more than were in flight at once.
+            pool: PayloadPool::new(config.prefetch.max(2) as usize),
         });
         connector.connect_new(&workers);
         let (progress_tx, progress_rx) = watch::channel(None);

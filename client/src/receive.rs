@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
 use stoker_common::ids::{JobId, Rank};
-use stoker_common::net::{NetError, call, connect};
+use stoker_common::net::{NetError, PayloadPool, call, connect, receive_batch};
 use stoker_common::proto::{BatchHeader, TrainerHello, WorkerInfo};
-use stoker_common::wire::{self, BATCH_HEADER_LIMIT, BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
+use stoker_common::wire::{BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
 use tokio::sync::mpsc;
 use tracing::{debug, warn};
 
@@ -45,6 +45,7 @@ pub(crate) async fn receive_loop(
     expect: Expect,
     batches_tx: mpsc::UnboundedSender<ReceivedBatch>,
     stats: Arc<ReceiveStats>,
+    pool: PayloadPool,
 ) {
     let addr = connection.remote_address();
     loop {
@@ -55,12 +56,12 @@ pub(crate) async fn receive_loop(
                 return;
             }
         };
-        let (batches_tx, stats) = (batches_tx.clone(), Arc::clone(&stats));
+        let (batches_tx, stats, pool) = (batches_tx.clone(), Arc::clone(&stats), pool.clone());
         tokio::spawn(async move {
-            match read_batch(&mut recv, expect).await {
-                Ok(batch) => {
+            match receive_batch(&mut recv, &pool, |header| check_header(header, expect)).await {
+                Ok((header, payload)) => {
                     stats.received.fetch_add(1, Ordering::AcqRel);
-                    let _ = batches_tx.send(batch);
+                    let _ = batches_tx.send(ReceivedBatch { header, payload });
                 }
                 Err(reason) => {
                     stats.rejected.fetch_add(1, Ordering::AcqRel);
@@ -70,18 +71,6 @@ pub(crate) async fn receive_loop(
             }
         });
     }
-}
-
-async fn read_batch(recv: &mut quinn::RecvStream, expect: Expect) -> Result<ReceivedBatch, String> {
-    let header: BatchHeader = wire::read_frame(recv, BATCH_HEADER_LIMIT).await.map_err(|error| error.to_string())?;
-    check_header(&header, expect)?;
-    let mut payload = vec![0u8; header.payload_len as usize];
-    recv.read_exact(&mut payload).await.map_err(|error| format!("payload: {error}"))?;
-    let checksum = xxhash_rust::xxh3::xxh3_64(&payload);
-    if checksum != header.checksum {
-        return Err(format!("checksum mismatch for {} (header {:#x}, payload {checksum:#x})", header.step, header.checksum));
-    }
-    Ok(ReceivedBatch { header, payload })
 }
 
 /// A header is for this trainer, and its sizes agree with each other and with the job.

@@ -5,7 +5,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stoker_common::net::{TlsConfigs, serve_calls, server_endpoint};
+use stoker_common::net::{TlsConfigs, Tuning, serve_calls, server_endpoint};
 use stoker_common::proto::ControlRequest;
 use stoker_common::wire::CONTROL_FRAME_LIMIT;
 use tokio::task::JoinHandle;
@@ -28,7 +28,7 @@ pub struct CoordinatorHandle {
 pub fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfigs) -> Result<CoordinatorHandle, CoordinatorError> {
     let addr = socket.local_addr().map_err(|error| CoordinatorError::Internal { message: format!("socket has no address: {error}") })?;
     let core = Arc::new(Coordinator::open(config, addr.to_string())?);
-    let endpoint = server_endpoint(socket, tls)?;
+    let endpoint = server_endpoint(socket, tls, Tuning::default())?;
     let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&core)));
     let timer_core = Arc::clone(&core);
     let timer = tokio::spawn(async move {

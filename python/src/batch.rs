@@ -1,10 +1,12 @@
-//! A received batch as Python objects. The image bytes and the labels move into numpy arrays
-//! that own the Rust allocations (no copy); `stoker.Batch` reshapes them into views.
+//! A received batch as Python objects. The image bytes and the labels become numpy arrays
+//! over the Rust allocations (no copy); `stoker.Batch` reshapes them into views.
 
-use numpy::IntoPyArray;
+use numpy::ndarray::ArrayView1;
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use stoker_client::ReceivedBatch;
+use stoker_common::net::Payload;
 use stoker_common::transform::{FloatDtype, OutputDtype, OutputLayout};
 
 /// `(images_u8_flat, shape, dtype, layout, labels, keys, epoch, step, rank, replaced, checksum)`:
@@ -20,7 +22,7 @@ pub(crate) fn to_python(py: Python<'_>, batch: ReceivedBatch) -> PyResult<Bound<
         OutputLayout::Nhwc => "NHWC",
         OutputLayout::Nchw => "NCHW",
     };
-    let images = payload.into_pyarray(py);
+    let images = payload_array(py, payload)?;
     let labels = header.labels.into_pyarray(py);
     let shape = PyTuple::new(py, header.shape)?;
     let items: [Bound<'_, PyAny>; 11] = [
@@ -37,4 +39,24 @@ pub(crate) fn to_python(py: Python<'_>, batch: ReceivedBatch) -> PyResult<Bound<
         header.checksum.into_pyobject(py)?.into_any(),
     ];
     PyTuple::new(py, items)
+}
+
+/// Keeps a batch's payload alive for as long as numpy arrays (and torch tensors made from
+/// them) view it; when the last goes, the buffer returns to the loader's pool.
+#[pyclass(frozen, module = "stoker._stoker")]
+struct PayloadOwner {
+    _payload: Payload,
+}
+
+/// A writable flat `uint8` array over `payload`, owned by a [`PayloadOwner`].
+fn payload_array(py: Python<'_>, mut payload: Payload) -> PyResult<Bound<'_, PyArray1<u8>>> {
+    let (data, len) = (payload.as_mut_ptr(), payload.len());
+    let owner = Bound::new(py, PayloadOwner { _payload: payload })?;
+    // SAFETY: `data` points at `len` initialised bytes of a heap buffer that does not move
+    // when the `Payload` moves into the owner, and the owner lives (as the array's base
+    // object) as long as the array and every view of it. Nothing else reaches the buffer
+    // while the owner holds it, so numpy may also write to it.
+    let view = unsafe { ArrayView1::from_shape_ptr(len, data) };
+    // SAFETY: as above: `owner` keeps the memory `view` describes alive.
+    Ok(unsafe { PyArray1::borrow_from_array(&view, owner.into_any()) })
 }

@@ -1,6 +1,7 @@
 //! One module per subcommand; each is a thin call into the libraries.
 
 pub(crate) mod bench_cluster;
+pub(crate) mod bench_delivery;
 pub(crate) mod bench_pipeline;
 pub(crate) mod consume;
 pub(crate) mod dataset;

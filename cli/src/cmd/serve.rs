@@ -46,6 +46,7 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
     let mut config = WorkerConfig::new(threads);
     config.advertise = advertise;
+    config.tuning.max_udp_payload = args.max_udp_payload;
     if let Some(in_flight) = args.in_flight {
         config.in_flight = in_flight.max(1);
     }

@@ -1,4 +1,5 @@
 //! Integration tests of the `stoker` binary, in one test binary (STYLE G13).
 
+mod bench_delivery;
 mod pack_inspect;
 mod process_faults;

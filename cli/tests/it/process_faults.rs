@@ -8,6 +8,10 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use stoker_common::api::CoordinatorApi;
+use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::proto::{ControlRequest, ControlResponse};
+
 /// A child process killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
 struct Node(Child);
 
@@ -39,15 +43,29 @@ fn start_node(args: &[&str]) -> (Node, String) {
     (Node(child), addr)
 }
 
-fn status(coordinator: &str) -> serde_json::Value {
-    let output = stoker().args(["status", "--json", "--coordinator", coordinator]).output().expect("status");
-    serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null)
+/// Chunks `worker_addr` holds, asked of the coordinator over one connection kept open: a
+/// chunk of this small dataset is held for milliseconds, so polling must be fast.
+struct LeaseProbe {
+    runtime: tokio::runtime::Runtime,
+    coordinator: QuicCoordinator,
 }
 
-fn chunks_held(coordinator: &str, worker_addr: &str) -> u64 {
-    let status = status(coordinator);
-    let workers = status["workers"].as_array().cloned().unwrap_or_default();
-    workers.iter().filter(|worker| worker["addr"] == worker_addr).map(|worker| worker["chunks_in_flight"].as_u64().unwrap_or(0)).sum()
+impl LeaseProbe {
+    fn new(coordinator: &str) -> Self {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let addr = coordinator.parse().expect("coordinator address");
+        let coordinator = {
+            let _guard = runtime.enter();
+            QuicCoordinator::new(addr, &TlsConfigs::insecure().expect("tls")).expect("coordinator client")
+        };
+        Self { runtime, coordinator }
+    }
+
+    fn chunks_held(&self, worker_addr: &str) -> u32 {
+        let answer = self.runtime.block_on(self.coordinator.call(ControlRequest::Status));
+        let Ok(ControlResponse::Status { status }) = answer else { return 0 };
+        status.workers.iter().filter(|worker| worker.info.addr.to_string() == worker_addr).map(|worker| worker.chunks_in_flight).sum()
+    }
 }
 
 fn read_keys(path: &Path) -> Vec<(u64, u64, String)> {
@@ -88,10 +106,11 @@ fn a_worker_process_killed_with_sigkill_loses_no_sample() {
             (Node(child), keys)
         })
         .collect();
+    let probe = LeaseProbe::new(&coordinator);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while chunks_held(&coordinator, &victim_addr) == 0 {
+    while probe.chunks_held(&victim_addr) == 0 {
         assert!(Instant::now() < deadline, "the victim never held a lease");
-        std::thread::park_timeout(Duration::from_millis(20));
+        std::thread::park_timeout(Duration::from_millis(1));
     }
     victim.0.kill().expect("kill -9");
     let _ = victim.0.wait();

@@ -25,7 +25,7 @@ pub struct QuicCoordinator {
 impl QuicCoordinator {
     /// A client for the coordinator at `addr`; nothing is dialled until the first call.
     pub fn new(addr: SocketAddr, tls: &TlsConfigs) -> Result<Self, NetError> {
-        Ok(Self { addr, endpoint: client_endpoint(tls, addr)?, connection: Mutex::new(None) })
+        Ok(Self { addr, endpoint: client_endpoint(tls, addr, super::Tuning::default())?, connection: Mutex::new(None) })
     }
 
     /// The coordinator's address.

@@ -5,58 +5,172 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::{Connection, ConnectionError, Endpoint, EndpointConfig, IdleTimeout, TransportConfig, TransportErrorCode, VarInt};
+use quinn::{
+    Connection, ConnectionError, Endpoint, EndpointConfig, IdleTimeout, MtuDiscoveryConfig, TransportConfig, TransportErrorCode, VarInt,
+};
+
+use tracing::warn;
 
 use super::{NetError, TlsConfigs};
 
 /// TLS alert `no_application_protocol` (RFC 7301): the ALPNs did not match.
 const NO_APPLICATION_PROTOCOL: u8 = 120;
 
-/// Flow-control windows sized for batches of tens of megabytes: one stream may carry a whole
-/// 256×224×224×3 batch (38.5 MB) without waiting for window updates, and a connection may have
-/// a few of them in flight. Memory stays bounded because the coordinator's flow window bounds
-/// the batches in flight, not these windows.
-pub fn transport_config() -> Arc<TransportConfig> {
-    let mut transport = TransportConfig::default();
-    transport.stream_receive_window(VarInt::from_u32(64 << 20));
-    transport.receive_window(VarInt::from_u32(256 << 20));
-    transport.send_window(256 << 20);
-    transport.max_concurrent_uni_streams(VarInt::from_u32(1024));
-    transport.max_concurrent_bidi_streams(VarInt::from_u32(256));
-    transport.keep_alive_interval(Some(Duration::from_secs(1)));
-    transport.max_idle_timeout(IdleTimeout::try_from(Duration::from_secs(10)).ok());
-    Arc::new(transport)
+/// The largest UDP payload that fits a 1500-byte Ethernet MTU over IPv4 and IPv6 (quinn's
+/// default upper bound for MTU discovery).
+pub const ETHERNET_UDP_PAYLOAD: u16 = 1452;
+
+/// The socket buffer Stoker asks for. A batch arrives as a burst of datagrams faster than one
+/// thread drains them; with Linux's default 208 KiB a share of them is dropped, and every drop
+/// costs a retransmission and a congestion-window cut (BENCHMARKS.md, "QUIC delivery").
+pub const SOCKET_BUFFER: usize = 8 << 20;
+
+/// The largest UDP payload there is (over IPv6; IPv4 ends at 65507, which MTU discovery finds).
+/// Loopback carries it: Linux's `lo` has a 64 KiB MTU.
+pub const LOOPBACK_UDP_PAYLOAD: u16 = 65527;
+
+/// The largest datagram for which UDP segmentation offload stays on (see
+/// [`Tuning::transport_config`]).
+const GSO_MAX_DATAGRAM: u16 = 6000;
+
+/// How an endpoint's QUIC transport is set up. Every Stoker node uses
+/// [`Tuning::default`] unless told otherwise; `stoker bench delivery` compares the variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Largest UDP payload to send and to accept. Connections start at 1200 bytes and MTU
+    /// discovery probes up to this, so a value above the path's MTU costs only probes; raise it
+    /// where every hop carries jumbo frames (9000-byte MTU: 8952) or on loopback (65527).
+    pub max_udp_payload: u16,
+    /// Flow-control windows sized for batches (on), or quinn's defaults (off; for comparison).
+    pub batch_windows: bool,
+    /// Kernel send and receive buffer asked for on the UDP socket (0: the system default).
+    /// The kernel caps it at `net.core.rmem_max`/`wmem_max`.
+    pub socket_buffer: usize,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Self { max_udp_payload: ETHERNET_UDP_PAYLOAD, batch_windows: true, socket_buffer: SOCKET_BUFFER }
+    }
+}
+
+impl Tuning {
+    /// The transport parameters of this tuning.
+    ///
+    /// With batch windows, one stream may carry a whole 256×224×224×3 batch (38.5 MB) without
+    /// waiting for window updates, and a connection may have a few of them in flight. Memory
+    /// stays bounded because the coordinator's flow window bounds the batches in flight, not
+    /// these windows.
+    pub fn transport_config(&self) -> Arc<TransportConfig> {
+        let mut transport = TransportConfig::default();
+        if self.batch_windows {
+            transport.stream_receive_window(VarInt::from_u32(64 << 20));
+            transport.receive_window(VarInt::from_u32(256 << 20));
+            transport.send_window(256 << 20);
+        }
+        let mut discovery = MtuDiscoveryConfig::default();
+        discovery.upper_bound(self.max_udp_payload);
+        transport.mtu_discovery_config(Some(discovery));
+        // quinn hands the kernel up to 10 datagrams per segmentation-offload send, and Linux
+        // refuses a send over 64 KiB: with datagrams above ~6 KB every such send fails and its
+        // datagrams count as lost (which also makes MTU discovery fall back to 1200 bytes).
+        transport.enable_segmentation_offload(self.max_udp_payload <= GSO_MAX_DATAGRAM);
+        transport.max_concurrent_uni_streams(VarInt::from_u32(1024));
+        transport.max_concurrent_bidi_streams(VarInt::from_u32(256));
+        transport.keep_alive_interval(Some(Duration::from_secs(1)));
+        transport.max_idle_timeout(IdleTimeout::try_from(Duration::from_secs(10)).ok());
+        Arc::new(transport)
+    }
+
+    /// Ask for [`Tuning::socket_buffer`] on `socket`; say once per process if the kernel gave
+    /// less than a quarter of it.
+    fn size_socket_buffers(&self, socket: &UdpSocket) {
+        if self.socket_buffer == 0 {
+            return;
+        }
+        let socket = socket2::SockRef::from(socket);
+        let _ = socket.set_recv_buffer_size(self.socket_buffer);
+        let _ = socket.set_send_buffer_size(self.socket_buffer);
+        // Linux reports twice what it grants (the doubling covers its bookkeeping).
+        let granted = socket.recv_buffer_size().unwrap_or(0) / 2;
+        static WARNED: std::sync::Once = std::sync::Once::new();
+        if granted < self.socket_buffer / 4 {
+            WARNED.call_once(|| {
+                warn!(
+                    asked = self.socket_buffer,
+                    granted,
+                    "the kernel caps UDP socket buffers below what batch delivery needs; datagrams will be dropped \
+                     under load. Raise the cap: sysctl -w net.core.rmem_max={} net.core.wmem_max={}",
+                    self.socket_buffer,
+                    self.socket_buffer
+                );
+            });
+        }
+    }
+
+    /// This tuning for sending to `peer`: a loopback peer gets [`LOOPBACK_UDP_PAYLOAD`], the
+    /// largest datagrams (on loopback they cut the CPU per byte by two thirds on each side).
+    pub fn for_peer(self, peer: SocketAddr) -> Self {
+        if peer.ip().is_loopback() { Self { max_udp_payload: self.max_udp_payload.max(LOOPBACK_UDP_PAYLOAD), ..self } } else { self }
+    }
+
+    /// Endpoints accept datagrams of any size (a sender's MTU discovery finds what the path
+    /// carries), so the sender's setting alone decides. The cost is address space: quinn sizes
+    /// its receive buffer by it, and only the pages datagrams land in become resident.
+    fn endpoint_config(&self) -> Result<EndpointConfig, NetError> {
+        if self.max_udp_payload < 1200 {
+            return Err(NetError::Setup { message: format!("--max-udp-payload {} is below QUIC's 1200", self.max_udp_payload) });
+        }
+        let mut config = EndpointConfig::default();
+        config
+            .max_udp_payload_size(LOOPBACK_UDP_PAYLOAD)
+            .map_err(|error| NetError::Setup { message: format!("cannot accept {LOOPBACK_UDP_PAYLOAD}-byte datagrams: {error}") })?;
+        Ok(config)
+    }
+}
+
+/// Accept `incoming` with `tuning` [`for its peer`](Tuning::for_peer).
+pub fn accept_with_tuning(incoming: quinn::Incoming, tls: &TlsConfigs, tuning: Tuning) -> Result<quinn::Connecting, ConnectionError> {
+    let tuning = tuning.for_peer(incoming.remote_address());
+    let mut server = quinn::ServerConfig::with_crypto(tls.server.clone());
+    server.transport_config(tuning.transport_config());
+    incoming.accept_with(Arc::new(server))
 }
 
 /// A QUIC endpoint that accepts connections on `socket` and can also dial out.
-pub fn server_endpoint(socket: UdpSocket, tls: &TlsConfigs) -> Result<Endpoint, NetError> {
+pub fn server_endpoint(socket: UdpSocket, tls: &TlsConfigs, tuning: Tuning) -> Result<Endpoint, NetError> {
+    tuning.size_socket_buffers(&socket);
     let mut server = quinn::ServerConfig::with_crypto(tls.server.clone());
-    server.transport_config(transport_config());
+    server.transport_config(tuning.transport_config());
     let runtime = quinn::default_runtime().ok_or_else(|| NetError::Setup { message: "no async runtime is running".to_owned() })?;
-    let mut endpoint = Endpoint::new(EndpointConfig::default(), Some(server), socket, runtime)
+    let mut endpoint = Endpoint::new(tuning.endpoint_config()?, Some(server), socket, runtime)
         .map_err(|error| NetError::Setup { message: format!("cannot open QUIC endpoint: {error}") })?;
-    endpoint.set_default_client_config(client_config(tls));
+    endpoint.set_default_client_config(client_config(tls, tuning));
     Ok(endpoint)
 }
 
 /// A QUIC endpoint that only dials out, bound to an ephemeral port of `peer`'s address family
 /// (loopback when the peer is on loopback).
-pub fn client_endpoint(tls: &TlsConfigs, peer: SocketAddr) -> Result<Endpoint, NetError> {
+pub fn client_endpoint(tls: &TlsConfigs, peer: SocketAddr, tuning: Tuning) -> Result<Endpoint, NetError> {
     let bind: SocketAddr = match peer {
         SocketAddr::V4(v4) if v4.ip().is_loopback() => (Ipv4Addr::LOCALHOST, 0).into(),
         SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
         SocketAddr::V6(v6) if v6.ip().is_loopback() => (Ipv6Addr::LOCALHOST, 0).into(),
         SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
     };
-    let mut endpoint =
-        Endpoint::client(bind).map_err(|error| NetError::Setup { message: format!("cannot open QUIC endpoint on {bind}: {error}") })?;
-    endpoint.set_default_client_config(client_config(tls));
+    let socket =
+        UdpSocket::bind(bind).map_err(|error| NetError::Setup { message: format!("cannot bind a UDP socket on {bind}: {error}") })?;
+    tuning.size_socket_buffers(&socket);
+    let runtime = quinn::default_runtime().ok_or_else(|| NetError::Setup { message: "no async runtime is running".to_owned() })?;
+    let mut endpoint = Endpoint::new(tuning.endpoint_config()?, None, socket, runtime)
+        .map_err(|error| NetError::Setup { message: format!("cannot open QUIC endpoint on {bind}: {error}") })?;
+    endpoint.set_default_client_config(client_config(tls, tuning));
     Ok(endpoint)
 }
 
-fn client_config(tls: &TlsConfigs) -> quinn::ClientConfig {
+fn client_config(tls: &TlsConfigs, tuning: Tuning) -> quinn::ClientConfig {
     let mut client = quinn::ClientConfig::new(tls.client.clone());
-    client.transport_config(transport_config());
+    client.transport_config(tuning.transport_config());
     client
 }
 

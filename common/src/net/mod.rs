@@ -2,13 +2,19 @@
 //! stream. Knows streams and bytes, not what the requests mean.
 
 mod coordinator_client;
+mod delivery;
 mod endpoint;
 mod error;
+mod payload;
 mod rpc;
 mod tls;
 
 pub use self::coordinator_client::QuicCoordinator;
-pub use self::endpoint::{client_endpoint, connect, server_endpoint, transport_config};
+pub use self::delivery::{DeliveryError, receive_batch, send_batch};
+pub use self::endpoint::{
+    ETHERNET_UDP_PAYLOAD, LOOPBACK_UDP_PAYLOAD, SOCKET_BUFFER, Tuning, accept_with_tuning, client_endpoint, connect, server_endpoint,
+};
 pub use self::error::NetError;
+pub use self::payload::{Payload, PayloadPool};
 pub use self::rpc::{call, serve_calls};
 pub use self::tls::{TlsConfigs, insecure_tls};

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use stoker_common::plan::Tail;
 use stoker_common::proto::{ControlRequest, ControlResponse};
-use stoker_testkit::{TestCluster, wait_until};
+use stoker_testkit::{TestCluster, poll_until, wait_until};
 use tracing::info;
 
 use crate::common::{Seen, assert_in_order, cluster_with, config_for};
@@ -68,7 +68,8 @@ fn a_worker_killed_mid_chunk_loses_nothing() {
     let ranks = slow_ranks(&cluster, 2, Duration::from_millis(15));
     {
         info!("--- kill worker 0 while it holds a lease");
-        wait_until(Duration::from_secs(30), "worker 0 holds a lease", || chunks_held_by(&cluster, 0) > 0).expect("lease");
+        let (timeout, interval) = (Duration::from_secs(30), Duration::from_millis(1));
+        poll_until(timeout, interval, "worker 0 holds a lease", || chunks_held_by(&cluster, 0) > 0).expect("lease");
         cluster.kill_worker(0);
     }
     {

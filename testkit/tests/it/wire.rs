@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use stoker_common::ids::{Epoch, JobId, Rank, SessionId};
-use stoker_common::net::{NetError, TlsConfigs, call, client_endpoint, connect, insecure_tls};
+use stoker_common::net::{NetError, TlsConfigs, Tuning, call, client_endpoint, connect, insecure_tls};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use stoker_testkit::{ClusterConfig, TestCluster};
@@ -25,7 +25,7 @@ fn bad_requests_get_clear_errors_and_the_coordinator_keeps_serving() {
     let addr = cluster.coordinator_addr();
     let tls = TlsConfigs::insecure().expect("tls");
     cluster.block_on(async {
-        let endpoint = client_endpoint(&tls, addr).expect("endpoint");
+        let endpoint = client_endpoint(&tls, addr, Tuning::default()).expect("endpoint");
         let connection = connect(&endpoint, addr, Duration::from_secs(5)).await.expect("connect");
         {
             info!("--- a malformed frame");
@@ -73,12 +73,12 @@ fn a_peer_with_another_protocol_version_is_refused_in_the_handshake() {
     let addr = cluster.coordinator_addr();
     cluster.block_on(async {
         let old = insecure_tls(b"stoker/0").expect("tls");
-        let endpoint = client_endpoint(&old, addr).expect("endpoint");
+        let endpoint = client_endpoint(&old, addr, Tuning::default()).expect("endpoint");
         let error = connect(&endpoint, addr, Duration::from_secs(5)).await.expect_err("refused");
         assert!(matches!(error, NetError::VersionMismatch { .. }), "{error:?}");
         assert!(error.to_string().contains("does not speak stoker/1"), "{error}");
         let current = TlsConfigs::insecure().expect("tls");
-        let endpoint = client_endpoint(&current, addr).expect("endpoint");
+        let endpoint = client_endpoint(&current, addr, Tuning::default()).expect("endpoint");
         let connection = connect(&endpoint, addr, Duration::from_secs(5)).await.expect("a current peer connects");
         let answer: ControlResponse = call(&connection, &ControlRequest::ListDatasets, CONTROL_FRAME_LIMIT).await.expect("served");
         assert!(matches!(answer, ControlResponse::Datasets { .. }));
@@ -91,7 +91,7 @@ fn a_worker_refuses_a_malformed_trainer_hello() {
     let worker = cluster.worker(0).expect("worker").local_addr();
     let tls = TlsConfigs::insecure().expect("tls");
     cluster.block_on(async {
-        let endpoint = client_endpoint(&tls, worker).expect("endpoint");
+        let endpoint = client_endpoint(&tls, worker, Tuning::default()).expect("endpoint");
         let connection = connect(&endpoint, worker, Duration::from_secs(5)).await.expect("connect");
         let (mut send, mut recv) = connection.open_bi().await.expect("stream");
         send.write_all(&[3, 0, 0, 0, 0xff, 0xff, 0xff]).await.expect("write");

@@ -6,16 +6,17 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use bytes::Bytes;
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
 use stoker_common::ids::{LeaseId, WorkerId};
+use stoker_common::net::send_batch;
 use stoker_common::proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use super::Shared;
 use super::jobs::{JobPipeline, Made, Meta};
-use super::sender::push;
 
 /// A lease being worked on: batches not yet delivered, and the first failure.
 #[derive(Debug)]
@@ -197,14 +198,23 @@ where
         shared.images.fetch_add(batch.len() as u64, Ordering::AcqRel);
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
-            let result = deliver(&shared, meta, &batch).await;
-            drop(batch);
+            let result = deliver(&shared, meta, batch).await;
             batch_finished(&shared, meta.lease, result);
         });
     }
 }
 
-async fn deliver<A>(shared: &Shared<A>, meta: Meta, batch: &crate::Batch) -> Result<(), String>
+/// A finished batch's images as the bytes quinn sends: the batch (and its pooled storage)
+/// lives until quinn has dropped the last of them.
+struct Images(crate::Batch);
+
+impl AsRef<[u8]> for Images {
+    fn as_ref(&self) -> &[u8] {
+        self.0.images()
+    }
+}
+
+async fn deliver<A>(shared: &Shared<A>, meta: Meta, batch: crate::Batch) -> Result<(), String>
 where
     A: CoordinatorApi,
 {
@@ -226,7 +236,7 @@ where
         payload_len: batch.images().len() as u64,
         checksum: batch.checksum,
     };
-    push(&connection, &header, batch.images()).await?;
+    send_batch(&connection, &header, Bytes::from_owner(Images(batch))).await.map_err(|error| error.to_string())?;
     shared.batches_pushed.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }

@@ -1,15 +1,13 @@
 //! The worker service (DESIGN §5): registers with the coordinator, pulls chunks when it has
 //! room, makes their batches with the pipeline, pushes each batch to its trainer as one QUIC
-//! stream, and reports each chunk done once every stream is acknowledged.
+//! stream (`stoker_common::net::send_batch`), and reports each chunk done once every stream is acknowledged.
 //!
 //! * [`trainers`]: trainer connections by (job, rank).
 //! * [`jobs`]: one pipeline per job.
-//! * [`sender`]: one batch → one stream.
 //! * [`link`]: registration, heartbeats, pulls and lease bookkeeping.
 
 mod jobs;
 mod link;
-mod sender;
 mod trainers;
 
 use std::collections::HashMap;
@@ -20,7 +18,7 @@ use std::time::Duration;
 
 use stoker_common::api::CoordinatorApi;
 use stoker_common::ids::LeaseId;
-use stoker_common::net::{TlsConfigs, server_endpoint};
+use stoker_common::net::{TlsConfigs, Tuning, accept_with_tuning, server_endpoint};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
@@ -41,13 +39,21 @@ pub struct WorkerConfig {
     pub advertise: Option<SocketAddr>,
     /// How long a batch waits for its trainer to connect before its chunk is failed.
     pub trainer_patience: Duration,
+    /// QUIC transport settings (the largest UDP payload).
+    pub tuning: Tuning,
 }
 
 impl WorkerConfig {
     /// Defaults for `threads` decode threads: twice as many batches in flight (at least 4).
     pub fn new(threads: usize) -> Self {
         let threads = threads.max(1);
-        Self { threads, in_flight: (2 * threads).max(4), advertise: None, trainer_patience: Duration::from_secs(3) }
+        Self {
+            threads,
+            in_flight: (2 * threads).max(4),
+            advertise: None,
+            trainer_patience: Duration::from_secs(3),
+            tuning: Tuning::default(),
+        }
     }
 }
 
@@ -98,7 +104,7 @@ where
     A: CoordinatorApi,
 {
     let addr = socket.local_addr().map_err(|error| PipelineError::Start(format!("socket has no address: {error}")))?;
-    let endpoint = server_endpoint(socket, tls).map_err(|error| PipelineError::Start(error.to_string()))?;
+    let endpoint = server_endpoint(socket, tls, config.tuning).map_err(|error| PipelineError::Start(error.to_string()))?;
     let (made_tx, made_rx) = mpsc::channel(config.in_flight.max(1));
     let shared = Arc::new(Shared {
         api,
@@ -118,7 +124,7 @@ where
         stopping: AtomicBool::new(false),
     });
     let tasks = vec![
-        tokio::spawn(accept_trainers(endpoint.clone(), Arc::clone(&shared))),
+        tokio::spawn(accept_trainers(endpoint.clone(), tls.clone(), Arc::clone(&shared))),
         tokio::spawn(link::pull_loop(Arc::clone(&shared))),
         tokio::spawn(link::heartbeat_loop(Arc::clone(&shared))),
         tokio::spawn(link::dispatch_loop(Arc::clone(&shared), made_rx)),
@@ -127,14 +133,23 @@ where
     Ok(WorkerHandle { addr, endpoint, shared, tasks })
 }
 
-async fn accept_trainers<A>(endpoint: quinn::Endpoint, shared: Arc<Shared<A>>)
+/// Accept trainer connections, each with the transport its path allows: batches to a trainer
+/// on this host go in the largest datagrams loopback carries.
+async fn accept_trainers<A>(endpoint: quinn::Endpoint, tls: TlsConfigs, shared: Arc<Shared<A>>)
 where
     A: CoordinatorApi,
 {
     while let Some(incoming) = endpoint.accept().await {
+        let connecting = match accept_with_tuning(incoming, &tls, shared.config.tuning) {
+            Ok(connecting) => connecting,
+            Err(error) => {
+                debug!(%error, "cannot accept a connection");
+                continue;
+            }
+        };
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
-            match incoming.await {
+            match connecting.await {
                 Ok(connection) => shared.trainers.accept(connection).await,
                 Err(error) => debug!(%error, "trainer handshake failed"),
             }

@@ -1,0 +1,390 @@
+//! `stoker bench delivery`: batch delivery to one trainer over one QUIC connection on
+//! loopback, through the same `send_batch`/`receive_batch` the worker and the client use.
+//! Sender and receiver each run a single-threaded runtime on their own thread, so each side's
+//! CPU time is its thread's; plain TCP over the same loopback, one thread per side, is the
+//! baseline of the same run.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use stoker_common::ids::{Epoch, JobId, Rank, Step};
+use stoker_common::net::{PayloadPool, TlsConfigs, Tuning, client_endpoint, connect, receive_batch, send_batch, server_endpoint};
+use stoker_common::proto::BatchHeader;
+use stoker_common::transform::{OutputDtype, OutputLayout};
+use stoker_common::wire::{self, BATCH_HEADER_LIMIT, PREFIX_BYTES};
+
+use crate::args::BenchDeliveryArgs;
+
+/// Batches a worker has in flight to one trainer at once (its default `in_flight` is 4).
+const IN_FLIGHT: usize = 4;
+
+/// One way of moving batches, and how it is measured.
+#[derive(Clone, Debug)]
+struct Variant {
+    name: String,
+    transport: Transport,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Transport {
+    Tcp,
+    Quic {
+        tuning: Tuning,
+        /// Copy each payload into a fresh buffer before sending (what `write_all` of a slice
+        /// does inside quinn), instead of handing quinn the batch's own memory.
+        copy_send: bool,
+        pool_keep: usize,
+    },
+}
+
+/// What one variant did in its measured interval.
+#[derive(Debug, serde::Serialize)]
+struct Measured {
+    name: String,
+    gigabytes_per_sec: f64,
+    send_cpu_seconds_per_gb: f64,
+    receive_cpu_seconds_per_gb: f64,
+    batches: u64,
+}
+
+pub(crate) fn run(args: BenchDeliveryArgs) -> anyhow::Result<ExitCode> {
+    if args.seconds <= 0.0 || args.batch_size == 0 || args.size == 0 {
+        bail!("--seconds, --batch-size and --size must be positive");
+    }
+    let header = bench_header(args.batch_size, args.size);
+    let payload = Bytes::from(payload(header.payload_len as usize));
+    let header = BatchHeader { checksum: xxhash_rust::xxh3::xxh3_64(&payload), ..header };
+    let variants = variants(&args);
+    if variants.is_empty() {
+        bail!("no variant's name contains {:?}", args.only.unwrap_or_default());
+    }
+    let mut results = Vec::new();
+    for variant in variants {
+        if !args.json {
+            eprintln!("{} ...", variant.name);
+        }
+        let measured = measure(&variant, &header, &payload, &args).with_context(|| format!("variant {:?}", variant.name))?;
+        results.push(measured);
+    }
+    if args.json {
+        let tcp = results.first().map(|tcp| tcp.receive_cpu_seconds_per_gb);
+        let value = serde_json::json!({
+            "batch_bytes": header.payload_len,
+            "seconds_per_variant": args.seconds,
+            "variants": results,
+            "tcp_receive_cpu_seconds_per_gb": tcp,
+        });
+        #[allow(clippy::print_stdout)]
+        {
+            println!("{value}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    print_table(&results, header.payload_len);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Plain TCP, then QUIC from quinn's defaults to what Stoker ships, one change at a time.
+fn variants(args: &BenchDeliveryArgs) -> Vec<Variant> {
+    let quinn_defaults = Tuning { batch_windows: false, socket_buffer: 0, ..Tuning::default() };
+    let windows = Tuning { socket_buffer: 0, ..Tuning::default() };
+    let shipped = Tuning::default();
+    let quic = |name: &str, tuning, copy_send, pool_keep| Variant {
+        name: name.to_owned(),
+        transport: Transport::Quic { tuning, copy_send, pool_keep },
+    };
+    let mut list = vec![
+        Variant { name: "tcp (baseline)".into(), transport: Transport::Tcp },
+        quic("quic, quinn defaults", quinn_defaults, true, 0),
+        quic("  + batch windows", windows, true, 0),
+        quic("  + zero-copy send", windows, false, 0),
+        quic("  + payload pool", windows, false, IN_FLIGHT),
+        quic("  + 8 MiB socket buffers (default)", shipped, false, IN_FLIGHT),
+    ];
+    if args.max_udp_payload != shipped.max_udp_payload {
+        let large = Tuning { max_udp_payload: args.max_udp_payload, ..shipped };
+        list.push(quic(&format!("  + --max-udp-payload {}", args.max_udp_payload), large, false, IN_FLIGHT));
+    }
+    if let Some(only) = &args.only {
+        list.retain(|variant| variant.name.contains(only.as_str()));
+    }
+    list
+}
+
+fn bench_header(batch_size: u32, size: u32) -> BatchHeader {
+    let samples = batch_size as usize;
+    BatchHeader {
+        job: JobId(1),
+        epoch: Epoch(0),
+        start: 0,
+        rank: Rank(0),
+        step: Step(0),
+        shape: [batch_size, size, size, 3],
+        dtype: OutputDtype::U8,
+        layout: OutputLayout::Nhwc,
+        labels: (0..samples as i64).collect(),
+        keys: (0..samples).map(|index| format!("train/{index:08}")).collect(),
+        replaced: Vec::new(),
+        payload_len: u64::from(batch_size) * u64::from(size) * u64::from(size) * 3,
+        checksum: 0,
+    }
+}
+
+/// Bytes that do not compress or repeat (QUIC does not compress, but no shortcuts anywhere).
+fn payload(len: usize) -> Vec<u8> {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+/// Shared between a variant's two threads and the measuring thread.
+#[derive(Default)]
+struct Progress {
+    bytes: AtomicU64,
+    batches: AtomicU64,
+    /// Batches that failed to arrive intact.
+    failed: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Progress {
+    fn arrived(&self, bytes: usize) {
+        self.bytes.fetch_add(bytes as u64, Ordering::AcqRel);
+        self.batches.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// An I/O error is the end of the run once we are stopping, a failure before.
+    fn finish(&self, result: anyhow::Result<()>) -> anyhow::Result<()> {
+        if self.stop.load(Ordering::Acquire) { Ok(()) } else { result }
+    }
+}
+
+/// Which side a thread is, when it reports its thread id.
+type TidReport = (usize, anyhow::Result<u32>);
+const SENDER: usize = 0;
+const RECEIVER: usize = 1;
+
+/// Run `variant` until one second of warm-up and `args.seconds` of measurement have passed.
+fn measure(variant: &Variant, header: &BatchHeader, payload: &Bytes, args: &BenchDeliveryArgs) -> anyhow::Result<Measured> {
+    let progress = Arc::new(Progress::default());
+    let (tid_tx, tid_rx) = mpsc::channel::<TidReport>();
+    let (sender, receiver) = match variant.transport {
+        Transport::Tcp => start_tcp(header, payload, &progress, tid_tx)?,
+        Transport::Quic { tuning, copy_send, pool_keep } => start_quic(tuning, copy_send, pool_keep, header, payload, &progress, tid_tx)?,
+    };
+    let mut tids = [0u32; 2];
+    for _ in 0..2 {
+        let (side, tid) = tid_rx.recv_timeout(Duration::from_secs(10)).context("a side did not start")?;
+        tids[side] = tid?;
+    }
+    let outcome = measure_running(&progress, &tids, args.seconds);
+    progress.stop.store(true, Ordering::Release);
+    for (side, handle) in [("sender", sender), ("receiver", receiver)] {
+        match handle.join() {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => bail!("{side}: {error:#}"),
+            Err(_) => bail!("{side} panicked"),
+        }
+    }
+    let (gigabytes, seconds, send_cpu, receive_cpu, batches) = outcome?;
+    Ok(Measured {
+        name: variant.name.clone(),
+        gigabytes_per_sec: gigabytes / seconds,
+        send_cpu_seconds_per_gb: send_cpu / gigabytes,
+        receive_cpu_seconds_per_gb: receive_cpu / gigabytes,
+        batches,
+    })
+}
+
+/// (GB, seconds, sender CPU-s, receiver CPU-s, batches) over the measured interval. `tids`
+/// are the sender's and the receiver's thread ids.
+fn measure_running(progress: &Progress, tids: &[u32; 2], seconds: f64) -> anyhow::Result<(f64, f64, f64, f64, u64)> {
+    let warm_up = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < warm_up {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if progress.batches.load(Ordering::Acquire) == 0 {
+        bail!("no batch arrived within the first second");
+    }
+    let start = (Instant::now(), progress.bytes.load(Ordering::Acquire), progress.batches.load(Ordering::Acquire));
+    let cpu_start = [thread_cpu_seconds(tids[0])?, thread_cpu_seconds(tids[1])?];
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let cpu_end = [thread_cpu_seconds(tids[0])?, thread_cpu_seconds(tids[1])?];
+    let (bytes, batches) = (progress.bytes.load(Ordering::Acquire), progress.batches.load(Ordering::Acquire));
+    let failed = progress.failed.load(Ordering::Acquire);
+    if failed > 0 {
+        bail!("{failed} batch(es) did not arrive intact");
+    }
+    let elapsed = start.0.elapsed().as_secs_f64();
+    let gigabytes = (bytes - start.1) as f64 / 1e9;
+    if gigabytes <= 0.0 {
+        bail!("nothing was delivered in {elapsed:.1} s");
+    }
+    Ok((gigabytes, elapsed, cpu_end[0] - cpu_start[0], cpu_end[1] - cpu_start[1], batches - start.2))
+}
+
+/// The calling thread's id, for [`thread_cpu_seconds`].
+fn current_tid() -> anyhow::Result<u32> {
+    let link = std::fs::read_link("/proc/thread-self").context("/proc/thread-self (Linux only)")?;
+    let tid = link.file_name().and_then(|name| name.to_str()).and_then(|name| name.parse().ok());
+    tid.with_context(|| format!("unexpected /proc/thread-self -> {}", link.display()))
+}
+
+/// CPU time a thread of this process has used so far (scheduler statistics, nanoseconds).
+fn thread_cpu_seconds(tid: u32) -> anyhow::Result<f64> {
+    let path = format!("/proc/self/task/{tid}/schedstat");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {path}"))?;
+    let nanos: u64 = text.split_whitespace().next().and_then(|field| field.parse().ok()).with_context(|| format!("unexpected {path}"))?;
+    Ok(nanos as f64 / 1e9)
+}
+
+type Sides = (JoinHandle<anyhow::Result<()>>, JoinHandle<anyhow::Result<()>>);
+
+fn start_tcp(header: &BatchHeader, payload: &Bytes, progress: &Arc<Progress>, tids: mpsc::Sender<TidReport>) -> anyhow::Result<Sides> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot listen on loopback")?;
+    let addr = listener.local_addr()?;
+    let frame = wire::encode(header, BATCH_HEADER_LIMIT)?;
+    let (payload, sender_progress, sender_tids) = (payload.clone(), Arc::clone(progress), tids.clone());
+    let sender = spawn_side("bench-send", move || -> anyhow::Result<()> {
+        let _ = sender_tids.send((SENDER, current_tid()));
+        let (mut stream, _) = listener.accept()?;
+        let result = (|| {
+            while !sender_progress.stop.load(Ordering::Acquire) {
+                stream.write_all(&frame)?;
+                stream.write_all(&payload)?;
+            }
+            Ok(())
+        })();
+        sender_progress.finish(result)
+    })?;
+    let receiver_progress = Arc::clone(progress);
+    let receiver = spawn_side("bench-recv", move || -> anyhow::Result<()> {
+        let _ = tids.send((RECEIVER, current_tid()));
+        let mut stream = TcpStream::connect(addr)?;
+        let pool = PayloadPool::new(IN_FLIGHT);
+        let result = (|| {
+            while !receiver_progress.stop.load(Ordering::Acquire) {
+                let mut prefix = [0u8; PREFIX_BYTES];
+                stream.read_exact(&mut prefix)?;
+                let mut body = vec![0u8; wire::body_len(prefix, BATCH_HEADER_LIMIT)?];
+                stream.read_exact(&mut body)?;
+                let header: BatchHeader = wire::decode_body(&body)?;
+                let mut payload = pool.take(header.payload_len as usize);
+                stream.read_exact(&mut payload)?;
+                if xxhash_rust::xxh3::xxh3_64(&payload) != header.checksum {
+                    bail!("checksum mismatch over TCP");
+                }
+                receiver_progress.arrived(payload.len());
+            }
+            Ok(())
+        })();
+        receiver_progress.finish(result)
+    })?;
+    Ok((sender, receiver))
+}
+
+fn spawn_side<F>(name: &str, side: F) -> anyhow::Result<JoinHandle<anyhow::Result<()>>>
+where
+    F: FnOnce() -> anyhow::Result<()> + Send + 'static,
+{
+    std::thread::Builder::new().name(name.to_owned()).spawn(side).context("cannot start a thread")
+}
+
+fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start a runtime")
+}
+
+fn start_quic(
+    tuning: Tuning,
+    copy_send: bool,
+    pool_keep: usize,
+    header: &BatchHeader,
+    payload: &Bytes,
+    progress: &Arc<Progress>,
+    tids: mpsc::Sender<TidReport>,
+) -> anyhow::Result<Sides> {
+    let tls = TlsConfigs::insecure()?;
+    let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot bind a UDP socket on loopback")?;
+    let addr: SocketAddr = socket.local_addr()?;
+    let (header, payload, sender_progress, sender_tids, sender_tls) =
+        (header.clone(), payload.clone(), Arc::clone(progress), tids.clone(), tls.clone());
+    let sender = spawn_side("bench-send", move || -> anyhow::Result<()> {
+        let _ = sender_tids.send((SENDER, current_tid()));
+        single_thread_runtime()?.block_on(async move {
+            let endpoint = server_endpoint(socket, &sender_tls, tuning)?;
+            let incoming = endpoint.accept().await.context("endpoint closed")?;
+            let connection = incoming.await?;
+            let mut pushes = tokio::task::JoinSet::new();
+            let result = async {
+                while !sender_progress.stop.load(Ordering::Acquire) {
+                    while pushes.len() < IN_FLIGHT {
+                        let (connection, header) = (connection.clone(), header.clone());
+                        let payload = if copy_send { Bytes::copy_from_slice(&payload) } else { payload.clone() };
+                        pushes.spawn(async move { send_batch(&connection, &header, payload).await });
+                    }
+                    if let Some(result) = pushes.join_next().await {
+                        result??;
+                    }
+                }
+                Ok(())
+            }
+            .await;
+            pushes.abort_all();
+            connection.close(0u32.into(), b"done");
+            // Let the close reach the receiver, which otherwise waits for the idle timeout.
+            let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
+            sender_progress.finish(result)
+        })
+    })?;
+    let receiver_progress = Arc::clone(progress);
+    let receiver = spawn_side("bench-recv", move || -> anyhow::Result<()> {
+        let _ = tids.send((RECEIVER, current_tid()));
+        single_thread_runtime()?.block_on(async move {
+            let endpoint = client_endpoint(&tls, addr, tuning)?;
+            let connection = connect(&endpoint, addr, Duration::from_secs(5)).await?;
+            let pool = PayloadPool::new(pool_keep);
+            while let Ok(mut recv) = connection.accept_uni().await {
+                let (progress, pool) = (Arc::clone(&receiver_progress), pool.clone());
+                tokio::spawn(async move {
+                    match receive_batch(&mut recv, &pool, |_| Ok(())).await {
+                        Ok((_, payload)) => progress.arrived(payload.len()),
+                        Err(_) if progress.stop.load(Ordering::Acquire) => {}
+                        Err(_) => {
+                            progress.failed.fetch_add(1, Ordering::AcqRel);
+                        }
+                    }
+                });
+            }
+            Ok(())
+        })
+    })?;
+    Ok((sender, receiver))
+}
+
+fn print_table(results: &[Measured], batch_bytes: u64) {
+    let tcp_opt = results.first();
+    eprintln!();
+    eprintln!("batches of {:.1} MB, one connection on loopback; CPU-s/GB is each side's thread", batch_bytes as f64 / 1e6);
+    eprintln!("{:<48} {:>7} {:>10} {:>10} {:>9}", "variant", "GB/s", "send s/GB", "recv s/GB", "recv/tcp");
+    for result in results {
+        let ratio = tcp_opt.map(|tcp| result.receive_cpu_seconds_per_gb / tcp.receive_cpu_seconds_per_gb).unwrap_or(f64::NAN);
+        eprintln!(
+            "{:<48} {:>7.2} {:>10.3} {:>10.3} {:>8.2}x",
+            result.name, result.gigabytes_per_sec, result.send_cpu_seconds_per_gb, result.receive_cpu_seconds_per_gb, ratio
+        );
+    }
+}
