@@ -77,13 +77,16 @@ def start(args, log):
 
 
 def child_cpu(cmd):
-    """Run cmd; its last stdout line as JSON, and the CPU seconds it used."""
+    """Run cmd; its last stdout line as JSON (with "page_faults" added), and the CPU seconds it
+    used."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     lines = out.strip().splitlines()
-    return (json.loads(lines[-1]) if lines else {}), cpu
+    report = json.loads(lines[-1]) if lines else {}
+    report["page_faults"] = after.ru_minflt - before.ru_minflt
+    return report, cpu
 
 
 def rust(coordinator, job, epochs):
@@ -120,8 +123,11 @@ def main():
                 images = report["images"]
                 batches = images / BATCH
                 startup = rust_start if name == "rust" else python_start
-                rows[name].append({"images_per_sec": report["images_per_sec"], "cpu_us_per_batch": (cpu - startup) / batches * 1e6, "images": images})
-                print(f"{name:>6} round {round_}: {report['images_per_sec']:8.0f} img/s, trainer CPU {(cpu - startup) / batches * 1e6:8.0f} us/batch", file=sys.stderr)
+                faults = report["page_faults"] / batches
+                rows[name].append({"images_per_sec": report["images_per_sec"], "cpu_us_per_batch": (cpu - startup) / batches * 1e6, "images": images,
+                                   "page_faults_per_batch": faults})
+                print(f"{name:>6} round {round_}: {report['images_per_sec']:8.0f} img/s, trainer CPU {(cpu - startup) / batches * 1e6:8.0f} us/batch, "
+                      f"{faults:6.0f} page faults/batch", file=sys.stderr)
         paced, _ = child_cpu([sys.executable, "-c", PACED_TRAINER, coordinator, "paced", str(BATCH)])
         print(f"python next() on a buffered batch: median {paced['next_us_median']:.0f} us, max {paced['next_us_max']:.0f} us", file=sys.stderr)
         mean = lambda name, key: sum(row[key] for row in rows[name]) / len(rows[name])  # noqa: E731
@@ -135,6 +141,8 @@ def main():
             "rust_cpu_us_per_batch": mean("rust", "cpu_us_per_batch"),
             "python_cpu_us_per_batch": mean("python", "cpu_us_per_batch"),
             "python_overhead_us_per_batch": mean("python", "cpu_us_per_batch") - mean("rust", "cpu_us_per_batch"),
+            "rust_page_faults_per_batch": mean("rust", "page_faults_per_batch"),
+            "python_page_faults_per_batch": mean("python", "page_faults_per_batch"),
             "python_next_us_median_buffered": paced["next_us_median"],
             "startup_cpu_seconds": {"rust": rust_start, "python": python_start},
         }
