@@ -187,7 +187,7 @@ impl Loader {
         let table = Arc::new(
             ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| ClientError::Config { message: error.to_string() })?,
         );
-        let expect = Expect { job, rank, max_payload: u64::from(spec.plan.batch_size.get()) * sample_bytes as u64 };
+        let expect = Expect { job, rank, session, max_payload: u64::from(spec.plan.batch_size.get()) * sample_bytes as u64 };
         let (batches_tx, batches_rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ReceiveStats::default());
         let connector = Arc::new(Connector {

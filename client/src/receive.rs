@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
-use stoker_common::ids::{JobId, Rank};
+use stoker_common::ids::{JobId, Rank, SessionId};
 use stoker_common::net::{NetError, PayloadPool, call, connect, receive_batch};
 use stoker_common::proto::{BatchHeader, TrainerHello, WorkerInfo};
 use stoker_common::wire::{BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
@@ -20,6 +20,8 @@ use crate::batch::ReceivedBatch;
 pub(crate) struct Expect {
     pub(crate) job: JobId,
     pub(crate) rank: Rank,
+    /// This loader's session (workers serve the newest of a rank).
+    pub(crate) session: SessionId,
     /// Largest payload: a full batch of the job's sample size.
     pub(crate) max_payload: u64,
 }
@@ -34,7 +36,7 @@ pub(crate) struct ReceiveStats {
 /// Dial `worker` and introduce ourselves.
 pub(crate) async fn connect_worker(endpoint: &Endpoint, worker: WorkerInfo, expect: Expect) -> Result<Connection, NetError> {
     let connection = connect(endpoint, worker.addr, Duration::from_secs(5)).await?;
-    let hello = TrainerHello { job: expect.job, rank: expect.rank };
+    let hello = TrainerHello { job: expect.job, rank: expect.rank, session: expect.session };
     call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await?;
     Ok(connection)
 }
@@ -118,7 +120,7 @@ mod tests {
         }
     }
 
-    const EXPECT: Expect = Expect { job: JobId(1), rank: Rank(0), max_payload: 1000 };
+    const EXPECT: Expect = Expect { job: JobId(1), rank: Rank(0), session: SessionId(1), max_payload: 1000 };
 
     #[test]
     fn a_consistent_header_passes() {

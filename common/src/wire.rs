@@ -156,7 +156,8 @@ mod tests {
         for body in [&b""[..], b"\xff\xff\xff\xff\xff\xff\xff\xff\xff", b"\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"] {
             assert!(decode_body::<ControlRequest>(body).is_err(), "{body:?}");
         }
-        let mut frame = encode(&TrainerHello { job: crate::ids::JobId(1), rank: Rank(0) }, 64).expect("encodes");
+        let mut frame =
+            encode(&TrainerHello { job: crate::ids::JobId(1), rank: Rank(0), session: crate::ids::SessionId(1) }, 64).expect("encodes");
         frame.push(0);
         assert!(matches!(decode_body::<TrainerHello>(&frame[4..]), Err(WireError::Malformed { .. })));
     }

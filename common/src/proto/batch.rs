@@ -2,16 +2,20 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Epoch, JobId, Rank, Step};
+use crate::ids::{Epoch, JobId, Rank, SessionId, Step};
 use crate::transform::{OutputDtype, OutputLayout};
 
-/// First frame of a trainer's connection to a worker: which (job, rank) it wants batches for.
+/// First frame of a trainer's connection to a worker: which (job, rank) it wants batches for,
+/// and its session, so a worker serves the newest trainer of a rank when an older one is
+/// still connected (a forked or restarted trainer).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TrainerHello {
     /// The job the trainer attached to.
     pub job: JobId,
     /// Its rank.
     pub rank: Rank,
+    /// The session its `Attach` got.
+    pub session: SessionId,
 }
 
 /// Header of one batch stream. `payload_len` raw bytes follow it: the image tensor of

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use stoker_common::ids::{Epoch, JobId, Rank, SessionId};
 use stoker_common::net::{NetError, TlsConfigs, Tuning, call, client_endpoint, connect, insecure_tls};
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError, TrainerHello};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
@@ -100,5 +100,39 @@ fn a_worker_refuses_a_malformed_trainer_hello() {
         let error = answer.expect_err("refused");
         assert_eq!(error.code, ErrorCode::InvalidArgument);
         assert!(error.message.contains("trainer hello"), "{error}");
+    });
+}
+
+/// Say hello to `worker` as rank 0 of job 1 in `session`: the connection (kept open by the
+/// caller, as a trainer keeps it) and the worker's answer.
+async fn hello(endpoint: &quinn::Endpoint, worker: std::net::SocketAddr, session: u64) -> (quinn::Connection, Result<(), RemoteError>) {
+    let connection = connect(endpoint, worker, Duration::from_secs(5)).await.expect("connect");
+    let hello = TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(session) };
+    let (mut send, mut recv) = connection.open_bi().await.expect("stream");
+    send.write_all(&wire::encode(&hello, CONTROL_FRAME_LIMIT).expect("encode")).await.expect("write");
+    let _ = send.finish();
+    let answer = wire::read_frame::<Result<(), RemoteError>>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("answer");
+    (connection, answer)
+}
+
+#[test]
+fn a_worker_serves_the_newest_trainer_session_of_a_rank() {
+    let cluster = TestCluster::start(ClusterConfig { workers: 1, ..ClusterConfig::default() }).expect("cluster");
+    let worker = cluster.worker(0).expect("worker").local_addr();
+    let tls = TlsConfigs::insecure().expect("tls");
+    cluster.block_on(async {
+        let endpoint = client_endpoint(&tls, worker, Tuning::default()).expect("endpoint");
+        let (_first, answer) = hello(&endpoint, worker, 5).await;
+        assert_eq!(answer, Ok(()), "the first trainer of the rank");
+        let (_older, answer) = hello(&endpoint, worker, 3).await;
+        let error = answer.expect_err("an older session is refused while the newer one is connected");
+        assert_eq!(error.code, ErrorCode::Superseded, "{error}");
+        assert!(error.message.contains("session-5"), "{error}");
+        let (_again, answer) = hello(&endpoint, worker, 5).await;
+        assert_eq!(answer, Ok(()), "the served session may connect again");
+        let (_newer, answer) = hello(&endpoint, worker, 7).await;
+        assert_eq!(answer, Ok(()), "a newer session takes over");
+        let (_stale, answer) = hello(&endpoint, worker, 5).await;
+        assert_eq!(answer.map_err(|error| error.code), Err(ErrorCode::Superseded));
     });
 }
