@@ -17,7 +17,7 @@ use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, 
 use stoker_common::transform::Recipe;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::batch::ReceivedBatch;
 use crate::config::LoaderConfig;
@@ -55,11 +55,19 @@ struct Session {
     rank: Rank,
     session: SessionId,
     superseded: Arc<AtomicBool>,
+    /// Set when the coordinator says the job failed (`ErrorCode::JobFailed`): its error.
+    failed: Arc<Mutex<Option<RemoteError>>>,
 }
 
 impl Session {
     fn check(&self) -> Result<(), ClientError> {
-        if self.superseded.load(Ordering::Acquire) { Err(self.superseded_error()) } else { Ok(()) }
+        if self.superseded.load(Ordering::Acquire) {
+            return Err(self.superseded_error());
+        }
+        match self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone() {
+            Some(source) => Err(ClientError::Coordinator { source }),
+            None => Ok(()),
+        }
     }
 
     fn superseded_error(&self) -> ClientError {
@@ -202,7 +210,7 @@ impl Loader {
         connector.connect_new(&workers);
         let (progress_tx, progress_rx) = watch::channel(None);
         let superseded = Arc::new(AtomicBool::new(false));
-        let session = Session { job, rank, session, superseded: Arc::clone(&superseded) };
+        let session = Session { job, rank, session, superseded: Arc::clone(&superseded), failed: Arc::default() };
         runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, Arc::clone(&connector)));
         info!(%job, %rank, name = %spec.name, workers = workers.len(), "attached");
         Ok(Self {
@@ -520,6 +528,11 @@ async fn report_progress(
             Err(error) if error.code == ErrorCode::Superseded => {
                 info!(%job, %rank, "another trainer attached as this rank; this loader stops");
                 session.superseded.store(true, Ordering::Release);
+                return;
+            }
+            Err(error) if error.code == ErrorCode::JobFailed => {
+                warn!(%job, %rank, %error, "the job failed; this loader stops");
+                *session.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
                 return;
             }
             Err(error) => {

@@ -32,6 +32,9 @@ struct Inner {
     /// session heard from is adopted).
     sessions: BTreeMap<(JobId, Rank), SessionId>,
     next_session: u64,
+    /// Jobs that cannot go on (an `on_error=fail` sample), with the worker's reason. Not durable,
+    /// and a new `Attach` clears it: a restarted trainer (the data fixed) tries again.
+    failed: BTreeMap<JobId, String>,
 }
 
 /// A coordinator's state and logic, without the network.
@@ -86,6 +89,7 @@ impl Coordinator {
             ranks: BTreeMap::new(),
             sessions: BTreeMap::new(),
             next_session: id_base,
+            failed: BTreeMap::new(),
         };
         Ok(Self { inner: Mutex::new(inner), config, advertised })
     }
@@ -111,12 +115,14 @@ impl Coordinator {
             ControlRequest::OpenEpoch { job, rank, epoch, start, session } => {
                 let mut inner = self.lock();
                 inner.check_session(job, rank, session)?;
+                inner.check_not_failed(job)?;
                 let steps = inner.open_run(RunKey { job, epoch, start }, rank, now)?;
                 Ok(ControlResponse::EpochOpened { steps })
             }
             ControlRequest::ReportProgress { job, rank, epoch, start, consumed, wait_seconds, session } => {
                 let mut inner = self.lock();
                 inner.check_session(job, rank, session)?;
+                inner.check_not_failed(job)?;
                 let run_known = inner.record_progress(RunKey { job, epoch, start }, rank, consumed, wait_seconds, now)?;
                 Ok(ControlResponse::ProgressRecorded { workers: inner.scheduler.alive_workers(now), run_known })
             }
@@ -140,6 +146,14 @@ impl Coordinator {
             ControlRequest::ChunkFailed { worker, lease, reason } => {
                 tracing::warn!(%worker, %lease, %reason, "chunk failed; granting it again");
                 self.lock().scheduler.chunk_failed(worker, lease, now);
+                Ok(ControlResponse::Ack)
+            }
+            ControlRequest::ChunkFatal { worker, lease, reason } => {
+                let mut inner = self.lock();
+                if let Some(job) = inner.scheduler.chunk_fatal(worker, lease) {
+                    tracing::error!(%job, %worker, %lease, %reason, "job failed: a chunk cannot be made");
+                    inner.failed.entry(job).or_insert(reason);
+                }
                 Ok(ControlResponse::Ack)
             }
             ControlRequest::Deregister { worker } => {
@@ -209,6 +223,9 @@ impl Coordinator {
                 }
             }
         };
+        if let Some(reason) = inner.failed.remove(&job) {
+            tracing::info!(%job, %reason, "a trainer attached to a failed job: trying again");
+        }
         let checkpoint = inner.state.checkpoints.get(&job).copied();
         let session = SessionId(inner.next_session);
         inner.next_session += 1;
@@ -286,6 +303,14 @@ impl Inner {
                 entry.insert(session);
                 Ok(())
             }
+        }
+    }
+
+    /// Refuse the requests of a failed job's trainers, with the reason it failed.
+    fn check_not_failed(&self, job: JobId) -> Result<(), RemoteError> {
+        match self.failed.get(&job) {
+            Some(reason) => Err(RemoteError::new(ErrorCode::JobFailed, format!("{job} failed: {reason}"))),
+            None => Ok(()),
         }
     }
 

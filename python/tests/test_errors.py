@@ -9,6 +9,8 @@ import time
 import pytest
 import stoker
 
+from conftest import run_stoker, write_image_folder
+
 
 def test_the_hierarchy() -> None:
     for error in (stoker.ConfigError, stoker.ConnectionError, stoker.TimeoutError, stoker.ResumeError):
@@ -98,3 +100,19 @@ def test_ctrl_c_interrupts_a_loop_waiting_for_data(idle_cluster, job_name) -> No
     finally:
         timer.cancel()
     assert time.monotonic() - started < 10
+
+
+def test_a_sample_that_fails_under_on_error_fail_raises_naming_its_key(cluster, job_name, tmp_path) -> None:
+    images, shards = tmp_path / "images", tmp_path / "shards"
+    write_image_folder(images)
+    (images / "class1" / "img003.jpg").write_bytes(b"this is not a JPEG")
+    run_stoker("pack", "--input", str(images), "--output", str(shards), "--shard-size", "64KiB", "--threads", "1")
+    run_stoker("dataset", "add", "bad", str(shards / "manifest.json"), "--coordinator", cluster.coordinator)
+    loader = stoker.Loader(cluster.coordinator, "bad", batch_size=8, rank=0, world_size=1, job_name=job_name, on_error="fail",
+                           transforms=[stoker.RandomResizedCrop(32)], timeout=60)
+    started = time.monotonic()
+    with pytest.raises(stoker.StokerError, match="img003.*on_error=fail") as raised:
+        for _ in loader:
+            pass
+    assert not isinstance(raised.value, stoker.TimeoutError), "the job failed at once, not by the batch timeout"
+    assert time.monotonic() - started < 30

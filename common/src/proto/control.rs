@@ -178,6 +178,18 @@ pub enum ControlRequest {
         /// The session `Attached` gave this trainer.
         session: SessionId,
     },
+    /// A lease's chunk can never be made: a sample fails to decode and the job's transforms say
+    /// `on_error=fail`. The coordinator fails the job (its trainers get
+    /// [`crate::proto::ErrorCode::JobFailed`] with `reason`) instead of granting the chunk
+    /// again. Appended last.
+    ChunkFatal {
+        /// The worker.
+        worker: WorkerId,
+        /// The lease.
+        lease: LeaseId,
+        /// What failed, naming the shard and the key.
+        reason: String,
+    },
 }
 
 /// The answer to a [`ControlRequest`] of the same name.

@@ -28,6 +28,9 @@ pub enum ErrorCode {
     Internal,
     /// Another trainer has attached as this rank since: this one is no longer served.
     Superseded,
+    /// The job cannot go on: a sample fails to decode and its transforms say `on_error=fail`.
+    /// The message names the shard and the key. Appended last: earlier codes keep their tags.
+    JobFailed,
 }
 
 /// An error returned by a remote peer.
@@ -62,6 +65,7 @@ impl fmt::Display for RemoteError {
             ErrorCode::VersionMismatch => "protocol version mismatch",
             ErrorCode::Internal => "internal error",
             ErrorCode::Superseded => "superseded",
+            ErrorCode::JobFailed => "job failed",
         };
         write!(formatter, "{kind}: {}", self.message)
     }

@@ -219,6 +219,17 @@ impl Scheduler {
         }
     }
 
+    /// A lease's chunk can never be made: forget it and every run of its job (nothing of the
+    /// job is granted any more). Returns the job, if the lease was `worker`'s.
+    pub fn chunk_fatal(&mut self, worker: WorkerId, lease: LeaseId) -> Option<JobId> {
+        if self.leases.get(&lease).is_none_or(|held| held.worker != worker) {
+            return None;
+        }
+        let job = self.leases.remove(&lease)?.chunk.job;
+        self.runs.retain(|key, _| key.job != job);
+        Some(job)
+    }
+
     /// A worker leaves: its chunks are granted again at once.
     pub fn deregister(&mut self, worker: WorkerId) {
         self.workers.remove(&worker);

@@ -1,5 +1,6 @@
 //! Whole-cluster tests: a coordinator, workers and trainer ranks on loopback.
 
+mod bad_data;
 mod common;
 mod delivery;
 mod exactly_once;

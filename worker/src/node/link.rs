@@ -13,16 +13,35 @@ use stoker_common::ids::{LeaseId, WorkerId};
 use stoker_common::net::send_batch;
 use stoker_common::proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode};
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::Shared;
 use super::jobs::{JobPipeline, Made, Meta};
+use crate::PipelineError;
 
 /// A lease being worked on: batches not yet delivered, and the first failure.
 #[derive(Debug)]
 pub(crate) struct LeaseState {
     remaining: u32,
-    failure_opt: Option<String>,
+    failure_opt: Option<Failure>,
+}
+
+/// Why a batch of a lease was not delivered.
+#[derive(Debug)]
+struct Failure {
+    reason: String,
+    /// The chunk can never be made (an `on_error=fail` sample): the job fails, no retry.
+    fatal: bool,
+}
+
+impl Failure {
+    fn retry(reason: impl Into<String>) -> Self {
+        Self { reason: reason.into(), fatal: false }
+    }
+
+    fn of_pipeline(error: &PipelineError) -> Self {
+        Self { reason: error.to_string(), fatal: matches!(error, PipelineError::BadSample { .. }) }
+    }
 }
 
 fn current_worker<A>(shared: &Shared<A>) -> Option<WorkerId> {
@@ -145,7 +164,7 @@ where
     };
     if !submitted {
         for _ in 0..chunk.steps {
-            batch_finished(shared, grant.lease, Err("the worker could not start the job's pipeline".to_owned()));
+            batch_finished(shared, grant.lease, Err(Failure::retry("the worker could not start the job's pipeline")));
         }
     }
 }
@@ -191,7 +210,7 @@ where
             Ok(batch) => batch,
             Err(error) => {
                 shared.jobs.lock().await.retain(|_, pipeline| !pipeline.is_dead());
-                batch_finished(&shared, meta.lease, Err(error.to_string()));
+                batch_finished(&shared, meta.lease, Err(Failure::of_pipeline(&error)));
                 continue;
             }
         };
@@ -199,7 +218,7 @@ where
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
             let result = deliver(&shared, meta, batch).await;
-            batch_finished(&shared, meta.lease, result);
+            batch_finished(&shared, meta.lease, result.map_err(Failure::retry));
         });
     }
 }
@@ -242,7 +261,7 @@ where
 }
 
 /// One batch of `lease` is delivered or failed; when it is the lease's last, report the chunk.
-fn batch_finished<A>(shared: &Arc<Shared<A>>, lease: LeaseId, result: Result<(), String>)
+fn batch_finished<A>(shared: &Arc<Shared<A>>, lease: LeaseId, result: Result<(), Failure>)
 where
     A: CoordinatorApi,
 {
@@ -252,8 +271,12 @@ where
             None => None,
             Some(state) => {
                 state.remaining = state.remaining.saturating_sub(1);
-                if let Err(error) = result {
-                    state.failure_opt.get_or_insert(error);
+                match (result, &state.failure_opt) {
+                    (Ok(()), _) => {}
+                    // A fatal failure outranks a retryable one: the chunk must not be retried.
+                    (Err(failure), None) => state.failure_opt = Some(failure),
+                    (Err(failure), Some(first)) if failure.fatal && !first.fatal => state.failure_opt = Some(failure),
+                    (Err(_), Some(_)) => {}
                 }
                 if state.remaining == 0 { leases.remove(&lease).map(|state| state.failure_opt) } else { None }
             }
@@ -269,7 +292,11 @@ where
     tokio::spawn(async move {
         let request = match failure_opt {
             None => ControlRequest::ChunkDone { worker, lease },
-            Some(reason) => {
+            Some(Failure { reason, fatal: true }) => {
+                error!(%lease, %reason, "chunk cannot be made; the job fails");
+                ControlRequest::ChunkFatal { worker, lease, reason }
+            }
+            Some(Failure { reason, fatal: false }) => {
                 warn!(%lease, %reason, "chunk failed");
                 ControlRequest::ChunkFailed { worker, lease, reason }
             }
