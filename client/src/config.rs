@@ -5,7 +5,6 @@ use std::num::NonZeroU32;
 use std::time::Duration;
 
 use stoker_common::ids::Rank;
-use stoker_common::net::Tuning;
 use stoker_common::plan::{PlanSpec, Shuffle, Tail};
 use stoker_common::proto::JobSpec;
 use stoker_common::transform::{Recipe, TransformSpec};
@@ -39,8 +38,6 @@ pub struct LoaderConfig {
     pub prefetch: u32,
     /// How long to wait for one batch before giving up.
     pub batch_timeout: Duration,
-    /// QUIC transport settings for the connections to workers (the largest UDP payload).
-    pub tuning: Tuning,
 }
 
 impl LoaderConfig {
@@ -60,7 +57,6 @@ impl LoaderConfig {
             transforms: TransformSpec::imagenet_train(224),
             prefetch: 8,
             batch_timeout: Duration::from_secs(300),
-            tuning: Tuning::default(),
         }
     }
 

@@ -11,7 +11,7 @@ use quinn::{Connection, Endpoint};
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, JobId, Rank, SessionId, WorkerId};
-use stoker_common::net::{PayloadPool, QuicCoordinator, TlsConfigs, client_endpoint};
+use stoker_common::net::{PayloadPool, QuicCoordinator, TlsConfigs, Tuning, client_endpoint};
 use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use stoker_common::transform::Recipe;
@@ -199,7 +199,7 @@ impl Loader {
         let (batches_tx, batches_rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ReceiveStats::default());
         let connector = Arc::new(Connector {
-            endpoint: client_endpoint(&tls, config.coordinator, config.tuning)?,
+            endpoint: client_endpoint(&tls, config.coordinator, Tuning::default())?,
             expect,
             connected: Mutex::new(HashMap::new()),
             batches_tx,

@@ -132,21 +132,18 @@ impl Tuning {
 /// Accept `incoming` with `tuning` [`for its peer`](Tuning::for_peer).
 pub fn accept_with_tuning(incoming: quinn::Incoming, tls: &TlsConfigs, tuning: Tuning) -> Result<quinn::Connecting, ConnectionError> {
     let tuning = tuning.for_peer(incoming.remote_address());
+    incoming.accept_with(Arc::new(server_config(tls, tuning)))
+}
+
+fn server_config(tls: &TlsConfigs, tuning: Tuning) -> quinn::ServerConfig {
     let mut server = quinn::ServerConfig::with_crypto(tls.server.clone());
     server.transport_config(tuning.transport_config());
-    incoming.accept_with(Arc::new(server))
+    server
 }
 
 /// A QUIC endpoint that accepts connections on `socket` and can also dial out.
 pub fn server_endpoint(socket: UdpSocket, tls: &TlsConfigs, tuning: Tuning) -> Result<Endpoint, NetError> {
-    tuning.size_socket_buffers(&socket);
-    let mut server = quinn::ServerConfig::with_crypto(tls.server.clone());
-    server.transport_config(tuning.transport_config());
-    let runtime = quinn::default_runtime().ok_or_else(|| NetError::Setup { message: "no async runtime is running".to_owned() })?;
-    let mut endpoint = Endpoint::new(tuning.endpoint_config()?, Some(server), socket, runtime)
-        .map_err(|error| NetError::Setup { message: format!("cannot open QUIC endpoint: {error}") })?;
-    endpoint.set_default_client_config(client_config(tls, tuning));
-    Ok(endpoint)
+    open_endpoint(socket, Some(server_config(tls, tuning)), tls, tuning)
 }
 
 /// A QUIC endpoint that only dials out, bound to an ephemeral port of `peer`'s address family
@@ -160,10 +157,22 @@ pub fn client_endpoint(tls: &TlsConfigs, peer: SocketAddr, tuning: Tuning) -> Re
     };
     let socket =
         UdpSocket::bind(bind).map_err(|error| NetError::Setup { message: format!("cannot bind a UDP socket on {bind}: {error}") })?;
+    open_endpoint(socket, None, tls, tuning)
+}
+
+/// An endpoint on `socket` with `tuning`'s socket buffers and transport, dialling out with
+/// `tls`, and accepting connections if given a server config.
+fn open_endpoint(
+    socket: UdpSocket,
+    server_opt: Option<quinn::ServerConfig>,
+    tls: &TlsConfigs,
+    tuning: Tuning,
+) -> Result<Endpoint, NetError> {
     tuning.size_socket_buffers(&socket);
+    let addr = socket.local_addr().map_err(|error| NetError::Setup { message: format!("the UDP socket has no address: {error}") })?;
     let runtime = quinn::default_runtime().ok_or_else(|| NetError::Setup { message: "no async runtime is running".to_owned() })?;
-    let mut endpoint = Endpoint::new(tuning.endpoint_config()?, None, socket, runtime)
-        .map_err(|error| NetError::Setup { message: format!("cannot open QUIC endpoint on {bind}: {error}") })?;
+    let mut endpoint = Endpoint::new(tuning.endpoint_config()?, server_opt, socket, runtime)
+        .map_err(|error| NetError::Setup { message: format!("cannot open QUIC endpoint on {addr}: {error}") })?;
     endpoint.set_default_client_config(client_config(tls, tuning));
     Ok(endpoint)
 }

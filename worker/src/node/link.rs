@@ -271,12 +271,12 @@ where
             None => None,
             Some(state) => {
                 state.remaining = state.remaining.saturating_sub(1);
-                match (result, &state.failure_opt) {
-                    (Ok(()), _) => {}
-                    // A fatal failure outranks a retryable one: the chunk must not be retried.
-                    (Err(failure), None) => state.failure_opt = Some(failure),
-                    (Err(failure), Some(first)) if failure.fatal && !first.fatal => state.failure_opt = Some(failure),
-                    (Err(_), Some(_)) => {}
+                // The first failure is reported, unless a fatal one follows: that chunk must not
+                // be retried.
+                if let Err(failure) = result
+                    && state.failure_opt.as_ref().is_none_or(|first| failure.fatal && !first.fatal)
+                {
+                    state.failure_opt = Some(failure);
                 }
                 if state.remaining == 0 { leases.remove(&lease).map(|state| state.failure_opt) } else { None }
             }

@@ -1,6 +1,7 @@
 //! The worker service (DESIGN §5): registers with the coordinator, pulls chunks when it has
 //! room, makes their batches with the pipeline, pushes each batch to its trainer as one QUIC
-//! stream (`stoker_common::net::send_batch`), and reports each chunk done once every stream is acknowledged.
+//! stream (`stoker_common::net::send_batch`), and reports each chunk done once every stream is
+//! acknowledged.
 //!
 //! * [`trainers`]: trainer connections by (job, rank).
 //! * [`jobs`]: one pipeline per job.
