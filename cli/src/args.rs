@@ -283,6 +283,11 @@ pub(crate) struct BenchPipelineArgs {
     /// Skip the full-decode floor (the ratio is then not reported).
     #[arg(long)]
     pub(crate) no_floor: bool,
+    /// Take the floor from another dataset of the same images, decoding all of them in turn.
+    /// For a dataset `stoker pack` wrote (JPEGs re-encoded with restart markers, ~4% slower to
+    /// decode whole), pass the original files, e.g. the same images as WebDataset shards.
+    #[arg(long, value_name = "MANIFEST", conflicts_with = "no_floor")]
+    pub(crate) floor_data: Option<PathBuf>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub(crate) json: bool,
@@ -308,6 +313,12 @@ pub(crate) struct PackArgs {
     /// Replace a dataset already in the output folder.
     #[arg(long)]
     pub(crate) force: bool,
+    /// Store every image file byte for byte. By default each JPEG is re-encoded losslessly
+    /// (same DCT coefficients, so the same pixels) with a restart marker per MCU and optimized
+    /// Huffman tables, which lets workers entropy-decode only the part a crop covers; files
+    /// that cannot be re-encoded exactly are stored as they are.
+    #[arg(long)]
+    pub(crate) verbatim: bool,
 }
 
 #[derive(Debug, Args)]

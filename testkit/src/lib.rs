@@ -285,6 +285,7 @@ pub fn sample_dataset(dir: &Path, classes: u32, per_class: u32, shard_bytes: u64
         threads: NonZeroUsize::MIN.saturating_add(1),
         prefix: "shard".to_owned(),
         overwrite: true,
+        rewrite_jpeg: Some(stoker_worker::make_seekable_for_pack),
     };
     pack(&options, &mut |_| {}).map_err(|error| error.to_string())?;
     Ok(output.join("manifest.json"))

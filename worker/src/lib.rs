@@ -14,6 +14,7 @@ pub mod sample;
 
 pub use self::batch::Batch;
 pub use self::dataset::Dataset;
+pub use self::decode::{make_seekable, make_seekable_for_pack};
 pub use self::error::{DecodeError, PipelineError};
 pub use self::node::{WorkerConfig, WorkerHandle, start};
 pub use self::pipeline::{BatchRequest, Pipeline, PipelineConfig, PipelineStats};

@@ -167,7 +167,10 @@ impl Pipeline {
         for _ in 0..in_flight {
             let _ = pool_tx.try_send(BatchStorage::new(config.batch_size.max(1), recipe.sample_bytes()));
         }
-        let (task_tx, task_rx) = bounded::<Task>(threads * 64);
+        // Room for every slot of every batch buffer: the feeder then waits for a free buffer,
+        // not for queue space, and decode threads do not wake it once per sample (a futex
+        // wake per image was ~4% of a decode thread's time).
+        let (task_tx, task_rx) = bounded::<Task>(in_flight * config.batch_size.max(1));
         let (done_tx, done_rx) = bounded(in_flight + 1);
         let (shutdown_tx, shutdown_rx) = bounded::<()>(0);
         let shared = Arc::new(Shared {

@@ -89,13 +89,26 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
     let out = recipe.output_size();
     let megapixels = rate * f64::from(out.width) * f64::from(out.height) / 1e6;
 
-    let floor_result = if args.no_floor {
-        None
-    } else {
-        if !args.json {
-            eprintln!("floor: full decode of the same {} images, {threads} thread(s), {} s ...", seen.len(), args.seconds);
+    let floor_result = match (&args.floor_data, args.no_floor) {
+        (_, true) => None,
+        (Some(other), false) => {
+            let (floor_dataset, samples) = floor_dataset(other, dataset.samples())?;
+            if !args.json {
+                eprintln!(
+                    "floor: full decode of the {} images of {}, {threads} thread(s), {} s ...",
+                    samples.len(),
+                    other.display(),
+                    args.seconds
+                );
+            }
+            Some(floor::full_decode(&floor_dataset, &Arc::new(samples), threads, duration)?)
         }
-        Some(floor::full_decode(&dataset, &Arc::new(seen), threads, duration)?)
+        (None, false) => {
+            if !args.json {
+                eprintln!("floor: full decode of the same {} images, {threads} thread(s), {} s ...", seen.len(), args.seconds);
+            }
+            Some(floor::full_decode(&dataset, &Arc::new(seen), threads, duration)?)
+        }
     };
     let floor_rate = floor_result.map(|f| f.images_per_sec());
     let ratio = floor_rate.map(|f| rate / f);
@@ -115,6 +128,7 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
             "batch_size": batch_size.get(),
             "output": [out.height, out.width],
             "dct_scaling": spec.dct_scaling,
+            "floor_data": args.floor_data.as_ref().map_or(manifest.display().to_string(), |p| p.display().to_string()),
         });
         println!("{value}");
     } else {
@@ -138,6 +152,24 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The dataset `--floor-data` names, in the page cache, and all its samples in order. It must
+/// hold as many samples as the benchmarked one (the same images, stored another way).
+fn floor_dataset(path: &std::path::Path, expected: u64) -> anyhow::Result<(Arc<Dataset>, Vec<SampleRef>)> {
+    let manifest = if path.is_dir() { path.join(MANIFEST_FILE) } else { path.to_path_buf() };
+    let dataset = Dataset::open(&manifest).with_context(|| format!("cannot open --floor-data {}", manifest.display()))?;
+    if dataset.samples() != expected {
+        bail!(
+            "--floor-data {} has {} samples and --data has {expected}: pass the same images stored another way",
+            manifest.display(),
+            dataset.samples()
+        );
+    }
+    warm_page_cache(&dataset);
+    let table = dataset.table();
+    let samples = (0..dataset.samples()).map(|i| table.locate(i)).collect();
+    Ok((Arc::new(dataset), samples))
 }
 
 /// Read every shard once so that neither run pays for the disk.

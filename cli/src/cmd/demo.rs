@@ -38,6 +38,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         threads: std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN),
         prefix: "demo".into(),
         overwrite: true,
+        rewrite_jpeg: Some(stoker_worker::make_seekable_for_pack),
     };
     let started = Instant::now();
     let summary = pack_with_progress(&options)?;

@@ -4,7 +4,7 @@ use std::num::NonZeroUsize;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use stoker_common::shard::pack::{PackOptions, PackSummary, pack};
+use stoker_common::shard::pack::{PackOptions, PackSummary, RewriteJpeg, pack};
 
 use crate::args::PackArgs;
 use crate::progress;
@@ -19,6 +19,7 @@ pub(crate) fn run(args: PackArgs) -> anyhow::Result<ExitCode> {
         threads,
         prefix: args.prefix,
         overwrite: args.force,
+        rewrite_jpeg: (!args.verbatim).then_some(stoker_worker::make_seekable_for_pack as RewriteJpeg),
     };
     let summary = pack_with_progress(&options)?;
     print_summary(&summary);
@@ -49,6 +50,12 @@ pub(crate) fn print_summary(summary: &PackSummary) {
         manifest.bytes() as f64 / 1048576.0,
         summary.manifest_path.display()
     );
+    if summary.rewritten_jpegs + summary.verbatim_jpegs > 0 {
+        println!(
+            "{} JPEGs re-encoded losslessly with restart markers (workers decode only a crop's part of them); {} stored as they are (progressive-only features, damaged, or not baseline-transformable)",
+            summary.rewritten_jpegs, summary.verbatim_jpegs
+        );
+    }
     if summary.skipped_files > 0 {
         println!("skipped {} files in class folders that are not images", summary.skipped_files);
     }

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
+use stoker_common::shard::{IndexPolicy, Shard};
 
 fn stoker(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_stoker")).args(args).output().unwrap_or_else(|error| panic!("failed to run stoker: {error}"))
@@ -53,6 +54,54 @@ fn inspect_json_of_packed_shards_agrees_with_tarfile_and_webdataset() {
         checked += 1;
     }
     assert!(checked >= 2, "expected several shards, checked {checked}");
+}
+
+/// Every `.jpg` member of the shards in `folder`, by key.
+fn jpeg_members(folder: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut members = Vec::new();
+    for entry in std::fs::read_dir(folder).unwrap_or_else(|error| panic!("{error}")) {
+        let path = entry.unwrap_or_else(|error| panic!("{error}")).path();
+        if path.extension().is_none_or(|extension| extension != "tar") {
+            continue;
+        }
+        let shard = Shard::open(&path, IndexPolicy::LoadOrBuildInMemory).unwrap_or_else(|error| panic!("{error}"));
+        for index in 0..shard.len() {
+            let sample = shard.sample(index).unwrap_or_else(|| panic!("sample {index}"));
+            if let Some(jpeg) = sample.member("jpg") {
+                members.push((sample.key().to_owned(), jpeg.to_vec()));
+            }
+        }
+    }
+    members.sort();
+    members
+}
+
+#[test]
+fn pack_reencodes_jpegs_losslessly_and_verbatim_keeps_their_bytes() {
+    let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
+    let images = dir.path().join("images");
+    write_image_folder(&images, SampleDataSpec { classes: 2, images_per_class: 30, seed: 5 }).unwrap_or_else(|error| panic!("{error}"));
+    let (seekable, verbatim) = (dir.path().join("seekable"), dir.path().join("verbatim"));
+    let default = stoker(&["pack", "--input", path_str(&images), "--output", path_str(&seekable)]);
+    assert!(default.status.success(), "{}", text(&default));
+    // The sample generator writes every 25th image as a PNG: 58 JPEGs, 2 PNGs.
+    assert!(text(&default).contains("58 JPEGs re-encoded losslessly with restart markers"), "{}", text(&default));
+    let kept = stoker(&["pack", "--input", path_str(&images), "--output", path_str(&verbatim), "--verbatim"]);
+    assert!(kept.status.success(), "{}", text(&kept));
+    assert!(!text(&kept).contains("re-encoded"), "{}", text(&kept));
+
+    let (seekable, verbatim) = (jpeg_members(&seekable), jpeg_members(&verbatim));
+    assert_eq!(seekable.len(), 58);
+    for ((key, reencoded), (same_key, original)) in seekable.iter().zip(&verbatim) {
+        assert_eq!(key, same_key);
+        let (class, stem) = key.split_once('/').unwrap_or_else(|| panic!("key {key}"));
+        let file = std::fs::read(images.join(class).join(format!("{stem}.jpg"))).unwrap_or_else(|error| panic!("{error}"));
+        assert!(original == &file, "{key}: --verbatim changed the bytes");
+        assert!(reencoded != original, "{key}: not re-encoded");
+        // A decoder other than libjpeg-turbo sees the same pixels: the DCT coefficients are kept.
+        let decode = |bytes: &[u8]| image::load_from_memory(bytes).unwrap_or_else(|error| panic!("{key}: {error}")).to_rgb8();
+        assert!(decode(reencoded) == decode(original), "{key}: pixels differ");
+    }
 }
 
 #[test]

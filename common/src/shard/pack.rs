@@ -35,7 +35,14 @@ pub struct PackOptions {
     pub prefix: String,
     /// Replace a dataset already in `output`.
     pub overwrite: bool,
+    /// Applied to every `.jpg` before it is stored: `Some(bytes)` stores those bytes instead
+    /// (the worker's lossless re-encoding with restart markers), `None` stores the file as
+    /// it is. `None` here stores every file byte for byte.
+    pub rewrite_jpeg: Option<RewriteJpeg>,
 }
+
+/// A lossless JPEG re-encoding applied while packing (see [`PackOptions::rewrite_jpeg`]).
+pub type RewriteJpeg = fn(&[u8]) -> Option<Vec<u8>>;
 
 /// How far packing has got.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -59,6 +66,10 @@ pub struct PackSummary {
     pub manifest_path: PathBuf,
     /// Files in class folders that are not images (skipped).
     pub skipped_files: u64,
+    /// JPEGs stored as [`PackOptions::rewrite_jpeg`] rewrote them.
+    pub rewritten_jpegs: u64,
+    /// JPEGs the rewrite left as they were.
+    pub verbatim_jpegs: u64,
 }
 
 /// One image to pack.
@@ -89,9 +100,13 @@ pub fn pack(options: &PackOptions, progress: &mut dyn FnMut(PackProgress)) -> Re
     let mut shards = Vec::new();
     let mut writer: Option<(PathBuf, TarWriter<BufWriter<File>>)> = None;
     let round_len = options.threads.get() * 16;
+    let (mut rewritten_jpegs, mut verbatim_jpegs) = (0, 0);
     for round in folder.files.chunks(round_len) {
-        let contents = read_parallel(round, options.threads)?;
-        for (file, data) in round.iter().zip(contents) {
+        let contents = read_parallel(round, options.threads, options.rewrite_jpeg)?;
+        for (file, (data, rewritten)) in round.iter().zip(contents) {
+            if options.rewrite_jpeg.is_some() && file.extension == "jpg" {
+                *if rewritten { &mut rewritten_jpegs } else { &mut verbatim_jpegs } += 1;
+            }
             let label = file.label.to_string();
             let image_name = format!("{}.{}", file.key, file.extension);
             let label_name = format!("{}.cls", file.key);
@@ -123,7 +138,7 @@ pub fn pack(options: &PackOptions, progress: &mut dyn FnMut(PackProgress)) -> Re
     let manifest = Manifest { version: MANIFEST_VERSION, shards, classes: folder.classes };
     let manifest_path = options.output.join(MANIFEST_FILE);
     manifest.save(&manifest_path)?;
-    Ok(PackSummary { manifest, manifest_path, skipped_files: folder.skipped_files })
+    Ok(PackSummary { manifest, manifest_path, skipped_files: folder.skipped_files, rewritten_jpegs, verbatim_jpegs })
 }
 
 fn scan_image_folder(root: &Path) -> Result<ImageFolder, ShardError> {
@@ -207,8 +222,13 @@ fn prepare_output(output: &Path, overwrite: bool) -> Result<(), ShardError> {
     Ok(())
 }
 
-/// Read `files` with up to `threads` threads, returning contents in order.
-fn read_parallel(files: &[ImageFile], threads: NonZeroUsize) -> Result<Vec<Vec<u8>>, ShardError> {
+/// Read `files` with up to `threads` threads (rewriting JPEGs there), returning contents in
+/// order, each with whether the rewrite replaced it.
+fn read_parallel(
+    files: &[ImageFile],
+    threads: NonZeroUsize,
+    rewrite_jpeg: Option<RewriteJpeg>,
+) -> Result<Vec<(Vec<u8>, bool)>, ShardError> {
     let per_thread = files.len().div_ceil(threads.get()).max(1);
     std::thread::scope(|scope| {
         let handles: Vec<_> = files
@@ -223,7 +243,8 @@ fn read_parallel(files: &[ImageFile], threads: NonZeroUsize) -> Result<Vec<Vec<u
                             if data.len() as u64 != file.size {
                                 tracing::warn!(path = %file.path.display(), "image changed size while packing");
                             }
-                            Ok(data)
+                            let rewritten = rewrite_jpeg.filter(|_| file.extension == "jpg").and_then(|rewrite| rewrite(&data));
+                            Ok(rewritten.map_or((data, false), |bytes| (bytes, true)))
                         })
                         .collect::<Result<Vec<_>, ShardError>>()
                 })

@@ -8,6 +8,7 @@ fn options(input: &Path, output: &Path, shard_size: u64) -> PackOptions {
         threads: NonZeroUsize::new(2).unwrap_or(NonZeroUsize::MIN),
         prefix: "train".into(),
         overwrite: false,
+        rewrite_jpeg: None,
     }
 }
 

@@ -3,10 +3,14 @@
 
 mod fallback;
 mod jpeg;
+mod restart;
+mod transcode;
 
 use stoker_common::transform::Interpolation;
 
 use self::jpeg::{JpegDecoder, JpegHeader, Region, align_to_mcu, scaled};
+use self::restart::{Intervals, Layout};
+pub use self::transcode::{make_seekable, make_seekable_for_pack};
 use crate::error::DecodeError;
 
 /// A header read from an image member.
@@ -78,6 +82,9 @@ pub(crate) enum Edges {
 pub(crate) struct Decoder {
     jpeg: JpegDecoder,
     max_pixels: u64,
+    /// Restart intervals of the image being decoded, and the band JPEG cut from them.
+    intervals: Intervals,
+    band: Vec<u8>,
 }
 
 const JPEG_MAGIC: [u8; 3] = [0xff, 0xd8, 0xff];
@@ -87,7 +94,7 @@ impl Decoder {
     pub(crate) fn new(max_pixels: u64) -> Result<Self, DecodeError> {
         let mut jpeg = JpegDecoder::new()?;
         jpeg.set_limits(max_pixels)?;
-        Ok(Self { jpeg, max_pixels })
+        Ok(Self { jpeg, max_pixels, intervals: Intervals::default(), band: Vec::new() })
     }
 
     /// Read the header and refuse empty or oversized images before anything is allocated.
@@ -154,7 +161,7 @@ impl Decoder {
         let x1 = clamp_ceil(scaled_box.left + scaled_box.width + margin_x, full_w).max(x0 + 1);
         let y1 = clamp_ceil(scaled_box.top + scaled_box.height + margin_y, full_h).max(y0 + 1);
         let region = Region { x: x0, y: y0, width: x1 - x0, height: y1 - y0 };
-        self.jpeg.decode(data, header, num, region, out)?;
+        self.decode_region(data, header, num, region, out)?;
         let in_region = SourceBox { left: scaled_box.left - f64::from(x0), top: scaled_box.top - f64::from(y0), ..scaled_box };
         let mut decoded = whole(region.width, region.height, in_region, edges);
         decoded.scale_num = num;
@@ -181,6 +188,25 @@ fn whole(width: u32, height: u32, want: SourceBox, edges: Edges) -> Decoded {
 }
 
 impl Decoder {
+    /// Decode `region` (scaled by `num / 8`): from the band of restart intervals it covers
+    /// when the JPEG has them, else from the whole file with a cropping region.
+    fn decode_region(&mut self, data: &[u8], header: &JpegHeader, num: u32, region: Region, out: &mut Vec<u8>) -> Result<(), DecodeError> {
+        let rect = [region.x, region.y, region.width, region.height];
+        if let Some(band) = Layout::parse(data).and_then(|layout| layout.band(data, num, rect, &mut self.intervals, &mut self.band)) {
+            let inner = Region { x: region.x - band.left * num / 8, y: region.y - band.top * num / 8, ..region };
+            let decoded =
+                self.jpeg.read_header(&self.band).and_then(|band_header| self.jpeg.decode(&self.band, &band_header, num, inner, out));
+            if decoded.is_ok() {
+                return Ok(());
+            }
+            // A band that libjpeg refuses (damaged data behind well-formed markers): decode
+            // the file as it is, so the sample fails or warns exactly as it would without
+            // restart markers.
+            self.jpeg.read_header(data)?;
+        }
+        self.jpeg.decode(data, header, num, region, out)
+    }
+
     /// Decode a whole JPEG at full scale (the benchmark floor).
     pub(crate) fn decode_full(&mut self, data: &[u8], probe: &Probe, out: &mut Vec<u8>) -> Result<(), DecodeError> {
         let Probe::Jpeg(header) = probe else { return Err(DecodeError::Other("not a JPEG".to_owned())) };

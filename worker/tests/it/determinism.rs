@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use stoker_common::ids::{Epoch, Rank, Step};
 use stoker_common::plan::{EpochPlan, PlanSpec, Shuffle, Tail};
-use stoker_common::transform::{FloatDtype, OutputLayout, Transform, TransformSpec};
+use stoker_common::transform::{FloatDtype, Interpolation, OutputLayout, Size, Transform, TransformSpec};
 use stoker_worker::{BatchRequest, Dataset, Pipeline, PipelineConfig};
 
-use crate::fixtures::packed_dataset;
+use crate::fixtures::{packed_dataset, packed_dataset_verbatim};
 
 /// (checksum, images, labels, keys, replaced) of every batch of 2 ranks × all steps of epoch 1.
 type Digest = Vec<(u64, Vec<u8>, Vec<i64>, Vec<String>, Vec<u32>)>;
@@ -70,6 +70,28 @@ fn batches_are_identical_across_runs_threads_and_buffers() {
     assert_eq!((keys.len(), total), (36, 36));
     assert!(reference.iter().all(|b| b.4.is_empty()), "no sample was replaced");
     assert!(reference.iter().flat_map(|b| &b.2).all(|l| (0..3).contains(l)), "labels are the class indexes");
+}
+
+#[test]
+fn restart_markers_change_no_byte_of_any_batch() {
+    // `stoker pack` re-encodes JPEGs with restart markers and workers then decode only the
+    // intervals a crop covers; the batches must equal those of the files stored as they are.
+    let (seekable, verbatim) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let seekable = Arc::new(Dataset::open(&packed_dataset(seekable.path(), 3, 12, &[])).expect("open"));
+    let verbatim = Arc::new(Dataset::open(&packed_dataset_verbatim(verbatim.path(), 3, 12)).expect("open"));
+    for size in [64, 160] {
+        for dct_scaling in [true, false] {
+            let mut spec = TransformSpec::imagenet_train(size);
+            spec.dct_scaling = dct_scaling;
+            let expected = run(&verbatim, &spec, 2, 2);
+            assert!(run(&seekable, &spec, 2, 2) == expected, "size {size}, dct_scaling {dct_scaling}: batches differ");
+        }
+    }
+    let spec = TransformSpec::new(vec![
+        Transform::Resize { shorter_side: 72, interpolation: Interpolation::Bilinear },
+        Transform::CenterCrop { size: Size { height: 64, width: 64 } },
+    ]);
+    assert!(run(&seekable, &spec, 1, 1) == run(&verbatim, &spec, 1, 1), "Resize + CenterCrop: batches differ");
 }
 
 #[test]

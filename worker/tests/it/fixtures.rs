@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use stoker_common::plan::prng::SplitMix64;
-use stoker_common::shard::pack::{PackOptions, pack};
+use stoker_common::shard::pack::{PackOptions, RewriteJpeg, pack};
 use turbojpeg::{Image, PixelFormat, Subsamp};
 
 /// A textured RGB image.
@@ -52,8 +52,18 @@ pub(crate) fn varied_jpegs(count: usize) -> Vec<(usize, usize, Vec<u8>)> {
 }
 
 /// Write an ImageFolder of `classes` × `per_class` JPEGs (plus `extra` files by name) and pack
-/// it into `dir/shards`; returns the manifest path.
+/// it into `dir/shards` as `stoker pack` does (JPEGs re-encoded with restart markers); returns
+/// the manifest path.
 pub(crate) fn packed_dataset(dir: &Path, classes: usize, per_class: usize, extra: &[(&str, &[u8])]) -> PathBuf {
+    pack_dataset(dir, classes, per_class, extra, Some(stoker_worker::make_seekable_for_pack))
+}
+
+/// [`packed_dataset`] with every file stored byte for byte (`stoker pack --verbatim`).
+pub(crate) fn packed_dataset_verbatim(dir: &Path, classes: usize, per_class: usize) -> PathBuf {
+    pack_dataset(dir, classes, per_class, &[], None)
+}
+
+fn pack_dataset(dir: &Path, classes: usize, per_class: usize, extra: &[(&str, &[u8])], rewrite_jpeg: Option<RewriteJpeg>) -> PathBuf {
     let input = dir.join("images");
     for class in 0..classes {
         let folder = input.join(format!("class{class}"));
@@ -77,6 +87,7 @@ pub(crate) fn packed_dataset(dir: &Path, classes: usize, per_class: usize, extra
         threads: std::num::NonZeroUsize::MIN.saturating_add(1),
         prefix: "shard".to_owned(),
         overwrite: false,
+        rewrite_jpeg,
     };
     pack(&options, &mut |_| {}).expect("pack");
     output.join("manifest.json")
