@@ -270,6 +270,11 @@ pub(crate) struct BenchPipelineArgs {
     /// Seconds to run the pipeline; the floor runs as long.
     #[arg(long, default_value_t = 10.0)]
     pub(crate) seconds: f64,
+    /// Turns the pipeline and the floor take, alternating, in those seconds (a slow spell of a
+    /// shared machine then falls on both; each turn starts a fresh pipeline where the last
+    /// stopped, and its clock starts at its first batch).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) rounds: u32,
     /// A TransformSpec as JSON instead of RandomResizedCrop(size) + RandomHorizontalFlip, e.g.
     /// '{"transforms": [{"type": "Resize", "shorter_side": 256}, {"type": "CenterCrop", "size": 224}]}'.
     #[arg(long, value_name = "JSON")]

@@ -30,6 +30,16 @@ impl FloorResult {
     pub fn images_per_sec(&self) -> f64 {
         self.images as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+
+    /// Two runs as one (a benchmark that takes turns with the floor).
+    pub fn add(&self, other: &Self) -> Self {
+        Self {
+            images: self.images + other.images,
+            pixels: self.pixels + other.pixels,
+            failed: self.failed + other.failed,
+            elapsed: self.elapsed + other.elapsed,
+        }
+    }
 }
 
 /// Decode `samples` fully (JPEG members only, as RGB) on `threads` threads, cycling through

@@ -3,6 +3,7 @@
 use std::num::NonZeroU32;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -40,76 +41,45 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
     tracing::debug!(checksum, "page cache warmed");
 
     let plan_spec = PlanSpec { seed: args.seed, world_size: NonZeroU32::MIN, batch_size, shuffle: Shuffle::default(), tail: Tail::Partial };
-    let table = dataset.table();
-    let requests = (0u64..).flat_map(move |epoch| {
-        let plan = Arc::new(EpochPlan::new(Arc::clone(&table), plan_spec, Epoch(epoch)));
-        (0..plan.steps()).map(move |step| BatchRequest { plan: Arc::clone(&plan), rank: Rank(0), step: Step(step) })
-    });
     let config = PipelineConfig { threads, in_flight: threads + 2, batch_size: batch_size.get() as usize };
+    let floor_source = match (&args.floor_data, args.no_floor) {
+        (Some(other), false) => Some(floor_dataset(other, dataset.samples())?),
+        _ => None,
+    };
+    let rounds = args.rounds.max(1);
+    let slice = Duration::from_secs_f64(args.seconds / f64::from(rounds));
     if !args.json {
-        eprintln!("pipeline: {threads} thread(s), batches of {batch_size}, {} s ...", args.seconds);
-    }
-    let mut pipeline = Pipeline::start(Arc::clone(&dataset), &spec, config, requests)?;
-    let stats = pipeline.stats();
-    let duration = Duration::from_secs_f64(args.seconds);
-    let mut seen: Vec<SampleRef> = Vec::new();
-    let (mut images, mut started) = (0u64, None::<Instant>);
-    let mut counted_from = (0u64, 0u64);
-    let mut plan = EpochPlan::new(dataset.table(), plan_spec, Epoch(0));
-    for batch in pipeline.by_ref() {
-        let batch = batch?;
-        // One plan per epoch, not per batch: this loop is the consumer the pipeline waits on.
-        if plan.epoch() != batch.epoch {
-            plan = EpochPlan::new(dataset.table(), plan_spec, batch.epoch);
-        }
-        seen.extend(plan.batch(batch.rank, batch.step).map(|p| p.sample));
-        // The clock starts at the first batch, so buffer allocation and thread start-up do not count.
-        let Some(start) = started else {
-            started = Some(Instant::now());
-            counted_from = (
-                stats.decoded_pixels.load(std::sync::atomic::Ordering::Relaxed),
-                stats.source_pixels.load(std::sync::atomic::Ordering::Relaxed),
-            );
-            continue;
+        let floor = match (&args.floor_data, args.no_floor) {
+            (_, true) => "no floor".to_owned(),
+            (Some(other), false) => format!("floor: full decode of the images of {}", other.display()),
+            (None, false) => "floor: full decode of the same images".to_owned(),
         };
-        images += batch.len() as u64;
-        if start.elapsed() >= duration {
-            break;
-        }
+        eprintln!(
+            "pipeline: {threads} thread(s), batches of {batch_size}, {} s in {rounds} rounds, each followed by as long of the {floor} ...",
+            args.seconds
+        );
     }
-    let elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
-    let decoded = stats.decoded_pixels.load(std::sync::atomic::Ordering::Relaxed) - counted_from.0;
-    let source = stats.source_pixels.load(std::sync::atomic::Ordering::Relaxed) - counted_from.1;
-    let replaced = stats.replaced.load(std::sync::atomic::Ordering::Relaxed);
-    drop(pipeline);
+    // Pipeline and floor take turns, so that a slow spell of a shared machine falls on both.
+    let (mut measured, mut floor_total) = (Slice::default(), None::<floor::FloorResult>);
+    for _ in 0..rounds {
+        let round = pipeline_slice(&dataset, &spec, config, plan_spec, measured.batches, slice)?;
+        if !args.no_floor {
+            let result = match &floor_source {
+                Some((other, samples)) => floor::full_decode(other, samples, threads, slice)?,
+                None => floor::full_decode(&dataset, &Arc::new(round.seen.clone()), threads, slice)?,
+            };
+            floor_total = Some(floor_total.map_or(result, |total| total.add(&result)));
+        }
+        measured.add(round);
+    }
+    let Slice { images, elapsed, decoded, source, replaced, .. } = measured;
     if images == 0 {
-        bail!("the pipeline made only one batch in {} s: use a longer --seconds or a smaller --batch-size", args.seconds);
+        bail!("the pipeline made only one batch per round in {} s: use a longer --seconds or a smaller --batch-size", args.seconds);
     }
     let rate = images as f64 / elapsed.as_secs_f64();
     let out = recipe.output_size();
     let megapixels = rate * f64::from(out.width) * f64::from(out.height) / 1e6;
-
-    let floor_result = match (&args.floor_data, args.no_floor) {
-        (_, true) => None,
-        (Some(other), false) => {
-            let (floor_dataset, samples) = floor_dataset(other, dataset.samples())?;
-            if !args.json {
-                eprintln!(
-                    "floor: full decode of the {} images of {}, {threads} thread(s), {} s ...",
-                    samples.len(),
-                    other.display(),
-                    args.seconds
-                );
-            }
-            Some(floor::full_decode(&floor_dataset, &Arc::new(samples), threads, duration)?)
-        }
-        (None, false) => {
-            if !args.json {
-                eprintln!("floor: full decode of the same {} images, {threads} thread(s), {} s ...", seen.len(), args.seconds);
-            }
-            Some(floor::full_decode(&dataset, &Arc::new(seen), threads, duration)?)
-        }
-    };
+    let floor_result = floor_total;
     let floor_rate = floor_result.map(|f| f.images_per_sec());
     let ratio = floor_rate.map(|f| rate / f);
     let decoded_fraction = decoded as f64 / source.max(1) as f64;
@@ -128,6 +98,7 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
             "batch_size": batch_size.get(),
             "output": [out.height, out.width],
             "dct_scaling": spec.dct_scaling,
+            "rounds": rounds,
             "floor_data": args.floor_data.as_ref().map_or(manifest.display().to_string(), |p| p.display().to_string()),
         });
         println!("{value}");
@@ -154,9 +125,82 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// What one turn of the pipeline made.
+#[derive(Default)]
+struct Slice {
+    /// Batches taken (where the next turn starts).
+    batches: u64,
+    images: u64,
+    elapsed: Duration,
+    decoded: u64,
+    source: u64,
+    replaced: u64,
+    /// The samples of the batches taken, for the floor.
+    seen: Vec<SampleRef>,
+}
+
+impl Slice {
+    fn add(&mut self, other: Self) {
+        self.batches += other.batches;
+        self.images += other.images;
+        self.elapsed += other.elapsed;
+        self.decoded += other.decoded;
+        self.source += other.source;
+        self.replaced += other.replaced;
+    }
+}
+
+/// Run a fresh pipeline from batch `first_batch` of the endless sequence of epochs for
+/// `duration`, counting from its first batch (so thread start-up and buffer allocation do not
+/// count), then stop it.
+fn pipeline_slice(
+    dataset: &Arc<Dataset>,
+    spec: &TransformSpec,
+    config: PipelineConfig,
+    plan_spec: PlanSpec,
+    first_batch: u64,
+    duration: Duration,
+) -> anyhow::Result<Slice> {
+    let table = dataset.table();
+    let requests = (0u64..)
+        .flat_map(move |epoch| {
+            let plan = Arc::new(EpochPlan::new(Arc::clone(&table), plan_spec, Epoch(epoch)));
+            (0..plan.steps()).map(move |step| BatchRequest { plan: Arc::clone(&plan), rank: Rank(0), step: Step(step) })
+        })
+        .skip(first_batch as usize);
+    let mut pipeline = Pipeline::start(Arc::clone(dataset), spec, config, requests)?;
+    let stats = pipeline.stats();
+    let mut slice = Slice::default();
+    let (mut started, mut counted_from) = (None::<Instant>, (0u64, 0u64));
+    let mut plan = EpochPlan::new(dataset.table(), plan_spec, Epoch(0));
+    for batch in pipeline.by_ref() {
+        let batch = batch?;
+        slice.batches += 1;
+        // One plan per epoch, not per batch: this loop is the consumer the pipeline waits on.
+        if plan.epoch() != batch.epoch {
+            plan = EpochPlan::new(dataset.table(), plan_spec, batch.epoch);
+        }
+        slice.seen.extend(plan.batch(batch.rank, batch.step).map(|p| p.sample));
+        let Some(start) = started else {
+            started = Some(Instant::now());
+            counted_from = (stats.decoded_pixels.load(Ordering::Relaxed), stats.source_pixels.load(Ordering::Relaxed));
+            continue;
+        };
+        slice.images += batch.len() as u64;
+        if start.elapsed() >= duration {
+            break;
+        }
+    }
+    slice.elapsed = started.map_or(Duration::ZERO, |s| s.elapsed());
+    slice.decoded = stats.decoded_pixels.load(Ordering::Relaxed) - counted_from.0;
+    slice.source = stats.source_pixels.load(Ordering::Relaxed) - counted_from.1;
+    slice.replaced = stats.replaced.load(Ordering::Relaxed);
+    Ok(slice)
+}
+
 /// The dataset `--floor-data` names, in the page cache, and all its samples in order. It must
 /// hold as many samples as the benchmarked one (the same images, stored another way).
-fn floor_dataset(path: &std::path::Path, expected: u64) -> anyhow::Result<(Arc<Dataset>, Vec<SampleRef>)> {
+fn floor_dataset(path: &std::path::Path, expected: u64) -> anyhow::Result<(Arc<Dataset>, Arc<Vec<SampleRef>>)> {
     let manifest = if path.is_dir() { path.join(MANIFEST_FILE) } else { path.to_path_buf() };
     let dataset = Dataset::open(&manifest).with_context(|| format!("cannot open --floor-data {}", manifest.display()))?;
     if dataset.samples() != expected {
@@ -169,7 +213,7 @@ fn floor_dataset(path: &std::path::Path, expected: u64) -> anyhow::Result<(Arc<D
     warm_page_cache(&dataset);
     let table = dataset.table();
     let samples = (0..dataset.samples()).map(|i| table.locate(i)).collect();
-    Ok((Arc::new(dataset), samples))
+    Ok((Arc::new(dataset), Arc::new(samples)))
 }
 
 /// Read every shard once so that neither run pays for the disk.

@@ -1,5 +1,7 @@
 //! Integration tests of the `stoker` binary, in one test binary (STYLE G13).
 
 mod bench_delivery;
+mod bench_pipeline;
 mod pack_inspect;
 mod process_faults;
+mod support;

@@ -1,22 +1,12 @@
 //! `stoker pack` / `index` / `inspect` as a user runs them: the real binary, real files.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
 use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
 use stoker_common::shard::{IndexPolicy, Shard};
 
-fn stoker(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_stoker")).args(args).output().unwrap_or_else(|error| panic!("failed to run stoker: {error}"))
-}
-
-fn text(output: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
-}
-
-fn path_str(path: &Path) -> &str {
-    path.to_str().unwrap_or_else(|| panic!("non-UTF-8 temp path"))
-}
+use crate::support::{path_str, stoker, text};
 
 fn packed_sample(dir: &Path, shard_size: &str) -> PathBuf {
     let images = dir.join("images");
