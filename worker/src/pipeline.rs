@@ -384,9 +384,13 @@ fn make_one(shared: &Shared, maker: &mut SampleMaker, job: &Job, slot: usize, ou
             tracing::warn!(shard = %shard.display(), key, %error, "undecodable sample replaced by a black image");
         }
         OnError::Fail => {
-            shared.stop.store(true, Ordering::Release);
-            // Only the first error is read; later ones must not block a thread on a full queue.
-            let _ = done.try_send(Err(PipelineError::BadSample { shard, key, source: error }));
+            // The thread that stops the pipeline reports, waiting for room if it must: batches
+            // already in `done` would otherwise make the error vanish (and, the pipeline being
+            // stopped, nothing else would ever arrive). Later errors are not sent; dropping the
+            // pipeline drains `done`, so this send cannot outlive it.
+            if !shared.stop.swap(true, Ordering::AcqRel) {
+                let _ = done.send(Err(PipelineError::BadSample { shard, key, source: error }));
+            }
         }
     }
 }
