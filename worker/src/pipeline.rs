@@ -137,6 +137,10 @@ struct Shared {
 type Done = Sender<Result<(u64, Batch), PipelineError>>;
 
 /// A running pipeline; iterate it for batches in request order.
+///
+/// Dropping it stops the threads and waits for them. The feeder stops at its next request or
+/// buffer, so a pipeline fed from a channel that stays open and empty must have that channel
+/// closed before (or while) it is dropped, or the drop waits for it.
 pub struct Pipeline {
     done: Receiver<Result<(u64, Batch), PipelineError>>,
     pending: BTreeMap<u64, Batch>,

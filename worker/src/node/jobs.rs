@@ -99,12 +99,18 @@ impl JobPipeline {
 
 /// Pair each finished batch with its lease, in request order, and pass it on. After the
 /// pipeline ends, every lease still waiting gets the failure.
-fn hand_over(pipeline: Pipeline, metas: &Receiver<Meta>, out: &mpsc::Sender<Made>, dead: &AtomicBool) {
+///
+/// The pipeline is dropped last, on purpose: dropping it joins its feeder, which may be waiting
+/// for the next request on a channel that only closes when the node drops this job's
+/// [`JobPipeline`]. Failing the queued leases first is what lets their chunks be reported.
+fn hand_over(mut pipeline: Pipeline, metas: &Receiver<Meta>, out: &mpsc::Sender<Made>, dead: &AtomicBool) {
     let mut failure_opt = None;
-    for result in pipeline {
+    for result in pipeline.by_ref() {
         let Ok(meta) = metas.recv() else { return };
         if let Err(error) = &result {
             failure_opt = Some(error.to_string());
+            // Before the error goes out: the dispatcher, on seeing it, drops dead pipelines.
+            dead.store(true, Ordering::Release);
         }
         if out.blocking_send((meta, result)).is_err() {
             return;
@@ -112,9 +118,95 @@ fn hand_over(pipeline: Pipeline, metas: &Receiver<Meta>, out: &mpsc::Sender<Made
     }
     dead.store(true, Ordering::Release);
     let message = failure_opt.unwrap_or_else(|| "the pipeline stopped".to_owned());
+    // Ends when the node drops the JobPipeline (and with it the senders).
     for meta in metas.iter() {
         if out.blocking_send((meta, Err(PipelineError::Start(message.clone())))).is_err() {
             return;
         }
+    }
+    drop(pipeline);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::{NonZeroU32, NonZeroUsize};
+    use std::time::{Duration, Instant};
+
+    use stoker_common::ids::{Epoch, JobId, LeaseId, Rank, Step};
+    use stoker_common::plan::{PlanSpec, Shuffle, Tail};
+    use stoker_common::proto::{Chunk, ChunkGrant, JobSpec};
+    use stoker_common::shard::pack::{PackOptions, pack};
+    use stoker_common::transform::{OnError, TransformSpec};
+    use tokio::sync::mpsc;
+
+    use super::{JobPipeline, Meta};
+    use crate::Dataset;
+    use crate::error::PipelineError;
+
+    /// A dataset of `count` members that are not images.
+    fn undecodable_dataset(dir: &std::path::Path, count: usize) -> Dataset {
+        let class = dir.join("images").join("class0");
+        std::fs::create_dir_all(&class).expect("class folder");
+        for index in 0..count {
+            std::fs::write(class.join(format!("img{index:03}.jpg")), b"this is not a JPEG").expect("member");
+        }
+        let options = PackOptions {
+            input: dir.join("images"),
+            output: dir.join("shards"),
+            shard_size: 1 << 20,
+            threads: NonZeroUsize::MIN,
+            prefix: "shard".to_owned(),
+            overwrite: true,
+            rewrite_jpeg: None,
+        };
+        pack(&options, &mut |_| {}).expect("pack");
+        Dataset::open(&dir.join("shards").join("manifest.json")).expect("open")
+    }
+
+    /// Regression: the pipeline's feeder had taken every request and waited for more when the
+    /// bad sample stopped it; hand_over then dropped the pipeline (joining the feeder, which
+    /// waited on a channel this JobPipeline keeps open) before failing the lease's other
+    /// batches. The lease never completed, so the job never failed.
+    #[test]
+    fn an_on_error_fail_sample_fails_every_queued_batch_while_the_job_pipeline_lives() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let dataset = std::sync::Arc::new(undecodable_dataset(dir.path(), 16));
+        let mut transforms = TransformSpec::imagenet_train(16);
+        transforms.on_error = OnError::Fail;
+        let plan = PlanSpec {
+            seed: 3,
+            world_size: NonZeroU32::MIN,
+            batch_size: NonZeroU32::new(4).expect("4"),
+            shuffle: Shuffle::None,
+            tail: Tail::Drop,
+        };
+        let chunk = Chunk { job: JobId(1), epoch: Epoch(0), start: 0, first_step: Step(0), rank: Rank(0), steps: 4 };
+        let spec = JobSpec {
+            name: "job".to_owned(),
+            dataset: "bad".to_owned(),
+            plan,
+            transforms: serde_json::to_string(&transforms).expect("json"),
+            prefetch: 8,
+        };
+        let grant = ChunkGrant { lease: LeaseId(7), chunk, spec, manifest: String::new() };
+        let (out, mut made) = mpsc::channel(16);
+        // Buffers for every step: the feeder takes all four requests and waits for a fifth.
+        let pipeline = JobPipeline::start(dataset, &grant, 1, 8, out).expect("start");
+        let meta = Meta { lease: grant.lease, job: chunk.job, start: 0 };
+        assert!(pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut results = Vec::new();
+        while results.len() < 4 && Instant::now() < deadline {
+            match made.try_recv() {
+                Ok((meta, result)) => results.push((meta.lease, result)),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        assert_eq!(results.len(), 4, "only {} of the lease's 4 batches came back: {results:?}", results.len());
+        assert!(results.iter().all(|(lease, result)| *lease == LeaseId(7) && result.is_err()), "{results:?}");
+        assert!(matches!(&results[0].1, Err(PipelineError::BadSample { .. })), "{:?}", results[0].1);
+        assert!(pipeline.is_dead());
+        // Dropping the JobPipeline closes its channels, so the pipeline's threads end.
+        drop(pipeline);
     }
 }
