@@ -7,15 +7,84 @@ use stoker_common::transform::{FloatDtype, OutputLayout, Recipe};
 
 /// Mirror packed RGB rows left-right in place.
 pub(crate) fn flip_rows(pixels: &mut [u8], width: usize) {
+    if width == 0 {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("ssse3") {
+        // SAFETY: SSSE3 is present (checked just above).
+        unsafe { flip_rows_ssse3(pixels, width) };
+        return;
+    }
     for row in pixels.chunks_exact_mut(width * 3) {
-        let (mut left, mut right) = (0, width.saturating_sub(1));
-        while left < right {
-            for c in 0..3 {
-                row.swap(left * 3 + c, right * 3 + c);
-            }
-            left += 1;
-            right -= 1;
+        flip_row_scalar(row);
+    }
+}
+
+/// Mirror one packed RGB row, a pixel at a time.
+fn flip_row_scalar(row: &mut [u8]) {
+    let (pixels, _) = row.as_chunks_mut::<3>();
+    pixels.reverse();
+}
+
+/// Pixels per block of the SIMD flip: 16 RGB pixels are three 16-byte lanes.
+#[cfg(target_arch = "x86_64")]
+const BLOCK_PIXELS: usize = 16;
+
+/// `pshufb` masks that mirror a block of 16 RGB pixels: output lane `r` is the OR of input lane
+/// `k` shuffled by `FLIP_MASKS[r][k]` (0x80 selects zero).
+#[cfg(target_arch = "x86_64")]
+const FLIP_MASKS: [[[u8; 16]; 3]; 3] = {
+    let mut masks = [[[0x80u8; 16]; 3]; 3];
+    let mut out = 0;
+    while out < 48 {
+        let source = 3 * (BLOCK_PIXELS - 1 - out / 3) + out % 3;
+        masks[out / 16][source / 16][out % 16] = (source % 16) as u8;
+        out += 1;
+    }
+    masks
+};
+
+/// Mirror rows by swapping mirrored 16-pixel blocks from both ends; the middle, narrower than
+/// two blocks, goes a pixel at a time.
+///
+/// # Safety
+/// The CPU must support SSSE3.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "ssse3")]
+unsafe fn flip_rows_ssse3(pixels: &mut [u8], width: usize) {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_or_si128, _mm_shuffle_epi8, _mm_storeu_si128};
+
+    const BLOCK: usize = 3 * BLOCK_PIXELS;
+    let masks = FLIP_MASKS.map(|lanes| lanes.map(|mask| unsafe { _mm_loadu_si128(mask.as_ptr().cast::<__m128i>()) }));
+    // SAFETY (both closures): `block` is exactly BLOCK = 48 bytes, three unaligned lanes.
+    let load = |block: &[u8; BLOCK]| -> [__m128i; 3] {
+        std::array::from_fn(|k| unsafe { _mm_loadu_si128(block.as_ptr().add(16 * k).cast::<__m128i>()) })
+    };
+    let store = |lanes: [__m128i; 3], block: &mut [u8; BLOCK]| {
+        for (k, lane) in lanes.into_iter().enumerate() {
+            unsafe { _mm_storeu_si128(block.as_mut_ptr().add(16 * k).cast::<__m128i>(), lane) };
         }
+    };
+    let mirror = |lanes: [__m128i; 3]| -> [__m128i; 3] {
+        std::array::from_fn(|r| {
+            let [a, b, c] = [0, 1, 2].map(|k| _mm_shuffle_epi8(lanes[k], masks[r][k]));
+            _mm_or_si128(_mm_or_si128(a, b), c)
+        })
+    };
+    for row in pixels.chunks_exact_mut(width * 3) {
+        let pairs = width / (2 * BLOCK_PIXELS);
+        for pair in 0..pairs {
+            let (head, tail) = row.split_at_mut(row.len() - (pair + 1) * BLOCK);
+            let (Some(left), Some(right)) = (head[pair * BLOCK..].first_chunk_mut::<BLOCK>(), tail.first_chunk_mut::<BLOCK>()) else {
+                unreachable!("two blocks per pair fit in the row");
+            };
+            let (l, r) = (mirror(load(left)), mirror(load(right)));
+            store(r, left);
+            store(l, right);
+        }
+        let middle = pairs * BLOCK..row.len() - pairs * BLOCK;
+        flip_row_scalar(&mut row[middle]);
     }
 }
 
@@ -120,6 +189,25 @@ mod tests {
         let mut px = vec![1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5, 6, 6, 6];
         flip_rows(&mut px, 3);
         assert_eq!(px, vec![3, 3, 3, 2, 2, 2, 1, 1, 1, 6, 6, 6, 5, 5, 5, 4, 4, 4]);
+    }
+
+    /// Every width around the SIMD block sizes (one pair of blocks is 32 pixels), against a
+    /// pixel-by-pixel mirror.
+    #[test]
+    fn flip_matches_a_pixel_by_pixel_mirror_at_every_width() {
+        for width in 0..=100usize {
+            let rows = 3;
+            let original: Vec<u8> = (0..width * rows * 3).map(|i| (i * 7 + width) as u8).collect();
+            let mut flipped = original.clone();
+            flip_rows(&mut flipped, width);
+            for y in 0..rows {
+                for x in 0..width {
+                    let at = |x: usize| (y * width + x) * 3;
+                    let mirrored = at(width - 1 - x);
+                    assert_eq!(flipped[at(x)..at(x) + 3], original[mirrored..mirrored + 3], "width {width}, row {y}, pixel {x}");
+                }
+            }
+        }
     }
 
     fn recipe(normalize: Option<FloatDtype>, layout: OutputLayout) -> Recipe {
