@@ -267,7 +267,8 @@ pub(crate) struct BenchPipelineArgs {
     /// Output side of RandomResizedCrop (ignored with --transforms).
     #[arg(long, default_value_t = 224)]
     pub(crate) size: u32,
-    /// Seconds to run the pipeline; the floor runs as long.
+    /// Seconds to run the pipeline; the floor runs as long (and so do the pipeline and the floor
+    /// with --baseline-threads).
     #[arg(long, default_value_t = 10.0)]
     pub(crate) seconds: f64,
     /// Turns the pipeline and the floor take, alternating, in those seconds (a slow spell of a
@@ -293,6 +294,11 @@ pub(crate) struct BenchPipelineArgs {
     /// decode whole), pass the original files, e.g. the same images as WebDataset shards.
     #[arg(long, value_name = "MANIFEST", conflicts_with = "no_floor")]
     pub(crate) floor_data: Option<PathBuf>,
+    /// Also run the pipeline and the floor with this many threads, in the same turns, and
+    /// report how both scale to --threads (e.g. `--threads 2 --baseline-threads 1`). Measuring
+    /// in turns keeps the drift of a shared machine out of the scaling figure.
+    #[arg(long, value_name = "N")]
+    pub(crate) baseline_threads: Option<usize>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub(crate) json: bool,

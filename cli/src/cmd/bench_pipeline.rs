@@ -46,6 +46,12 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
         (Some(other), false) => Some(floor_dataset(other, dataset.samples())?),
         _ => None,
     };
+    let baseline_opt = match args.baseline_threads {
+        Some(0) => bail!("--baseline-threads must be at least 1"),
+        Some(base) if base == threads => bail!("--baseline-threads {base} is --threads itself: pass a different count to compare"),
+        Some(base) => Some(PipelineConfig { threads: base, in_flight: base + 2, ..config }),
+        None => None,
+    };
     let rounds = args.rounds.max(1);
     let slice = Duration::from_secs_f64(args.seconds / f64::from(rounds));
     if !args.json {
@@ -54,24 +60,23 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
             (Some(other), false) => format!("floor: full decode of the images of {}", other.display()),
             (None, false) => "floor: full decode of the same images".to_owned(),
         };
+        let baseline = baseline_opt.map_or(String::new(), |base| format!("; then the same with {} thread(s)", base.threads));
         eprintln!(
-            "pipeline: {threads} thread(s), batches of {batch_size}, {} s in {rounds} rounds, each followed by as long of the {floor} ...",
+            "pipeline: {threads} thread(s), batches of {batch_size}, {} s in {rounds} rounds, each followed by as long of the {floor}{baseline} ...",
             args.seconds
         );
     }
-    // Pipeline and floor take turns, so that a slow spell of a shared machine falls on both.
-    let (mut measured, mut floor_total) = (Slice::default(), None::<floor::FloorResult>);
+    // Pipeline and floor (and the baseline thread count's) take turns, so that a slow spell of
+    // a shared machine falls on all of them.
+    let turns = Turns { dataset: &dataset, spec: &spec, plan_spec, slice, floor_source: floor_source.as_ref(), no_floor: args.no_floor };
+    let (mut main, mut baseline) = (Measured::default(), Measured::default());
     for _ in 0..rounds {
-        let round = pipeline_slice(&dataset, &spec, config, plan_spec, measured.batches, slice)?;
-        if !args.no_floor {
-            let result = match &floor_source {
-                Some((other, samples)) => floor::full_decode(other, samples, threads, slice)?,
-                None => floor::full_decode(&dataset, &Arc::new(round.seen.clone()), threads, slice)?,
-            };
-            floor_total = Some(floor_total.map_or(result, |total| total.add(&result)));
+        turns.take(config, &mut main)?;
+        if let Some(base_config) = baseline_opt {
+            turns.take(base_config, &mut baseline)?;
         }
-        measured.add(round);
     }
+    let Measured { pipeline: measured, floor: floor_total } = main;
     let Slice { images, elapsed, decoded, source, replaced, .. } = measured;
     if images == 0 {
         bail!("the pipeline made only one batch per round in {} s: use a longer --seconds or a smaller --batch-size", args.seconds);
@@ -83,6 +88,16 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
     let floor_rate = floor_result.map(|f| f.images_per_sec());
     let ratio = floor_rate.map(|f| rate / f);
     let decoded_fraction = decoded as f64 / source.max(1) as f64;
+    let scaling_opt = baseline_opt.map(|base| {
+        let base_rate = baseline.pipeline.images as f64 / baseline.pipeline.elapsed.as_secs_f64().max(f64::MIN_POSITIVE);
+        let base_floor = baseline.floor.map(|f| f.images_per_sec());
+        Scaling {
+            threads: base.threads,
+            rate: base_rate,
+            scaling: rate / base_rate,
+            floor_scaling: floor_rate.zip(base_floor).map(|(f, b)| f / b),
+        }
+    });
     if args.json {
         let value = serde_json::json!({
             "images_per_sec": rate,
@@ -101,6 +116,13 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
             "rounds": rounds,
             "floor_data": args.floor_data.as_ref().map_or(manifest.display().to_string(), |p| p.display().to_string()),
         });
+        let mut value = value;
+        if let Some(scaling) = &scaling_opt {
+            value["baseline_threads"] = scaling.threads.into();
+            value["baseline_images_per_sec"] = scaling.rate.into();
+            value["scaling"] = scaling.scaling.into();
+            value["floor_scaling"] = scaling.floor_scaling.into();
+        }
         println!("{value}");
     } else {
         println!(
@@ -118,11 +140,61 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
             );
             println!("ratio      {ratio:>9.2}x the full-decode floor");
         }
+        if let Some(Scaling { threads: base, rate: base_rate, scaling, floor_scaling }) = scaling_opt {
+            let floor = floor_scaling.map_or(String::new(), |f| format!(" (the floor: {f:.2}x)"));
+            println!("scaling    {scaling:>9.2}x {base} thread(s), which made {base_rate:.1} images/s{floor}");
+        }
         if replaced > 0 {
             println!("replaced   {replaced} undecodable samples with black images (see the warnings above)");
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How --threads compares with --baseline-threads.
+struct Scaling {
+    threads: usize,
+    rate: f64,
+    scaling: f64,
+    floor_scaling: Option<f64>,
+}
+
+/// The pipeline's and the floor's turns at one thread count, summed.
+#[derive(Default)]
+struct Measured {
+    pipeline: Slice,
+    floor: Option<floor::FloorResult>,
+}
+
+/// What every turn shares.
+struct Turns<'a> {
+    dataset: &'a Arc<Dataset>,
+    spec: &'a TransformSpec,
+    plan_spec: PlanSpec,
+    slice: Duration,
+    /// `--floor-data`: another dataset and all its samples.
+    floor_source: Option<&'a (Arc<Dataset>, Arc<Vec<SampleRef>>)>,
+    no_floor: bool,
+}
+
+impl Turns<'_> {
+    /// One turn of the pipeline with `config`, continuing where `into`'s last stopped, then as
+    /// long of the floor (over the images that turn saw, or all of `--floor-data`'s).
+    fn take(&self, config: PipelineConfig, into: &mut Measured) -> anyhow::Result<()> {
+        let round = pipeline_slice(self.dataset, self.spec, config, self.plan_spec, into.pipeline.batches, self.slice)?;
+        if !self.no_floor {
+            let result = match self.floor_source {
+                Some((other, samples)) => floor::full_decode(other, samples, config.threads, self.slice)?,
+                None => {
+                    let seen = round.samples(self.dataset, self.plan_spec);
+                    floor::full_decode(self.dataset, &Arc::new(seen), config.threads, self.slice)?
+                }
+            };
+            into.floor = Some(into.floor.map_or(result, |total| total.add(&result)));
+        }
+        into.pipeline.add(round);
+        Ok(())
+    }
 }
 
 /// What one turn of the pipeline made.
@@ -135,11 +207,27 @@ struct Slice {
     decoded: u64,
     source: u64,
     replaced: u64,
-    /// The samples of the batches taken, for the floor.
-    seen: Vec<SampleRef>,
+    /// The batches taken, for the floor (their samples are looked up after the clock stops:
+    /// planning on the consumer thread would compete with the decode threads).
+    taken: Vec<(Epoch, Step)>,
 }
 
 impl Slice {
+    /// The samples of the batches this turn took, in order.
+    fn samples(&self, dataset: &Dataset, plan_spec: PlanSpec) -> Vec<SampleRef> {
+        let mut plan_opt: Option<EpochPlan> = None;
+        let mut samples = Vec::with_capacity(self.taken.len() * plan_spec.batch_size.get() as usize);
+        for &(epoch, step) in &self.taken {
+            let plan = match plan_opt.take() {
+                Some(plan) if plan.epoch() == epoch => plan,
+                _ => EpochPlan::new(dataset.table(), plan_spec, epoch),
+            };
+            samples.extend(plan.batch(Rank(0), step).map(|p| p.sample));
+            plan_opt = Some(plan);
+        }
+        samples
+    }
+
     fn add(&mut self, other: Self) {
         self.batches += other.batches;
         self.images += other.images;
@@ -172,15 +260,10 @@ fn pipeline_slice(
     let stats = pipeline.stats();
     let mut slice = Slice::default();
     let (mut started, mut counted_from) = (None::<Instant>, (0u64, 0u64));
-    let mut plan = EpochPlan::new(dataset.table(), plan_spec, Epoch(0));
     for batch in pipeline.by_ref() {
         let batch = batch?;
         slice.batches += 1;
-        // One plan per epoch, not per batch: this loop is the consumer the pipeline waits on.
-        if plan.epoch() != batch.epoch {
-            plan = EpochPlan::new(dataset.table(), plan_spec, batch.epoch);
-        }
-        slice.seen.extend(plan.batch(batch.rank, batch.step).map(|p| p.sample));
+        slice.taken.push((batch.epoch, batch.step));
         let Some(start) = started else {
             started = Some(Instant::now());
             counted_from = (stats.decoded_pixels.load(Ordering::Relaxed), stats.source_pixels.load(Ordering::Relaxed));

@@ -38,6 +38,19 @@ fn bench_pipeline_reports_the_pipeline_against_a_floor_in_turns() {
     assert!(other["floor_data"].as_str().is_some_and(|p| p.contains("verbatim")), "{other}");
     assert!(other["floor_images_per_sec"].as_f64().unwrap_or(0.0) > 0.0, "{other}");
 
+    // --baseline-threads: the same turns at another thread count, and how both scale.
+    let two = ["bench", "pipeline", "--threads", "2", "--batch-size", "4", "--size", "64", "--seconds", "1", "--rounds", "2", "--json"];
+    let scaled = report(&[&two[..], &["--data", path_str(&seekable), "--baseline-threads", "1"]].concat());
+    assert_eq!((scaled["threads"].as_u64(), scaled["baseline_threads"].as_u64()), (Some(2), Some(1)), "{scaled}");
+    let number = |key: &str| scaled[key].as_f64().unwrap_or(0.0);
+    for key in ["baseline_images_per_sec", "scaling", "floor_scaling"] {
+        assert!(number(key) > 0.0 && number(key).is_finite(), "{key}: {scaled}");
+    }
+    assert!((number("scaling") - number("images_per_sec") / number("baseline_images_per_sec")).abs() < 1e-9, "{scaled}");
+    assert!(own.get("scaling").is_none(), "no scaling without a baseline: {own}");
+    let same = stoker(&[&two[..], &["--data", path_str(&seekable), "--baseline-threads", "2"]].concat());
+    assert!(!same.status.success() && text(&same).contains("different count"), "{}", text(&same));
+
     // A floor dataset of other images is refused, naming both counts.
     let smaller = dir.path().join("smaller");
     write_image_folder(&smaller.join("in"), SampleDataSpec { classes: 1, images_per_class: 5, seed: 1 })
