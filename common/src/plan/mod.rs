@@ -9,8 +9,10 @@
 //!   augmentation seeds from (seed, epoch, position).
 //!
 //! Memory: a plan holds one integer per window (`shards / k + 1`) beside the shard table (one
-//! integer per shard, i.e. the manifest); locating a sample allocates nothing. No structure
-//! proportional to the number of samples exists anywhere.
+//! integer per shard, i.e. the manifest), and for a windowed shuffle of at most 1,024 shards the
+//! shard order (4 bytes a shard, to spare the permutation's long cycle walk on small domains);
+//! locating a sample allocates nothing. No structure proportional to the number of samples
+//! exists anywhere.
 
 pub mod checkpoint;
 pub mod layout;

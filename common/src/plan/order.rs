@@ -66,9 +66,17 @@ pub(crate) enum EpochOrder {
     Full(Permutation),
 }
 
+/// Up to this many shards, a windowed order keeps its shard sequence (4 bytes a shard). Below
+/// 256 shards the permutation's cycle walk takes ~256/shards encryptions per lookup (64 for
+/// 4 shards, ~1.6 µs), and every sample looks up several.
+const SHARD_SEQUENCE_MAX: u32 = 1024;
+
 #[derive(Clone, Debug)]
 pub(crate) struct WindowedOrder {
     shard_order: Permutation,
+    /// `shard_order` evaluated for every slot, when there are at most [`SHARD_SEQUENCE_MAX`]
+    /// shards; empty otherwise (the plan's memory then stays one integer per window).
+    shard_sequence: Vec<ShardId>,
     window_shards: u32,
     /// `window_starts[w]` = samples in windows `0..w`; one entry per window plus one.
     window_starts: Vec<u64>,
@@ -104,7 +112,9 @@ impl EpochOrder {
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
             Self::Sequential | Self::Full(_) => 0,
-            Self::Windowed(windowed) => windowed.window_starts.capacity() * size_of::<u64>(),
+            Self::Windowed(windowed) => {
+                windowed.window_starts.capacity() * size_of::<u64>() + windowed.shard_sequence.capacity() * size_of::<ShardId>()
+            }
         }
     }
 }
@@ -115,17 +125,31 @@ impl WindowedOrder {
         let shard_order = Permutation::new(u64::from(shards), derive_seed(SeedDomain::ShardOrder, &[seed, epoch.0]));
         let windows = shards.div_ceil(window_shards);
         let mut window_starts = Vec::with_capacity(windows as usize + 1);
+        let keep_sequence = shards <= SHARD_SEQUENCE_MAX;
+        let mut shard_sequence = Vec::with_capacity(if keep_sequence { shards as usize } else { 0 });
         let mut total = 0u64;
         window_starts.push(0);
         for window in 0..windows {
             let first = window * window_shards;
             let last = (first + window_shards).min(shards);
             for slot in first..last {
-                total += table.count(ShardId(shard_order.apply(u64::from(slot)) as u32));
+                let shard = ShardId(shard_order.apply(u64::from(slot)) as u32);
+                if keep_sequence {
+                    shard_sequence.push(shard);
+                }
+                total += table.count(shard);
             }
             window_starts.push(total);
         }
-        Self { shard_order, window_shards, window_starts, seed, epoch }
+        Self { shard_order, shard_sequence, window_shards, window_starts, seed, epoch }
+    }
+
+    /// The shard at `slot` of the epoch's shard order.
+    fn shard_at(&self, slot: u32) -> ShardId {
+        match self.shard_sequence.get(slot as usize) {
+            Some(&shard) => shard,
+            None => ShardId(self.shard_order.apply(u64::from(slot)) as u32),
+        }
     }
 
     fn sample_at(&self, table: &ShardTable, order_index: u64) -> SampleRef {
@@ -137,7 +161,7 @@ impl WindowedOrder {
         let first_slot = window as u32 * self.window_shards;
         let last_slot = (first_slot + self.window_shards).min(table.shards());
         for slot in first_slot..last_slot {
-            let shard = ShardId(self.shard_order.apply(u64::from(slot)) as u32);
+            let shard = self.shard_at(slot);
             let count = table.count(shard);
             if remaining < count {
                 return SampleRef { shard, index: remaining };
@@ -145,5 +169,25 @@ impl WindowedOrder {
             remaining -= count;
         }
         unreachable!("window {window} holds {window_len} samples but its shards hold fewer")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kept shard sequence is only a cache: without it, every position gives the same sample.
+    #[test]
+    fn the_kept_shard_sequence_changes_no_sample() {
+        let counts = (0..40u64).map(|shard| 1 + shard * 7 % 13);
+        let table = ShardTable::new(counts).unwrap_or_else(|error| panic!("{error}"));
+        for (window, seed) in [(1, 3), (3, 4), (8, 5), (64, 6)] {
+            let cached = WindowedOrder::new(&table, window, seed, Epoch(2));
+            assert_eq!(cached.shard_sequence.len(), 40);
+            let computed = WindowedOrder { shard_sequence: Vec::new(), ..cached.clone() };
+            for index in 0..table.samples() {
+                assert_eq!(cached.sample_at(&table, index), computed.sample_at(&table, index), "window {window}, index {index}");
+            }
+        }
     }
 }
