@@ -73,8 +73,10 @@ impl JobPipeline {
         self.dead.load(Ordering::Acquire)
     }
 
-    /// Queue the batches of steps `first..first+steps` of `rank` under `meta`'s lease.
-    pub(crate) fn submit(&self, epoch: Epoch, rank: stoker_common::ids::Rank, first: Step, steps: u32, meta: Meta) -> bool {
+    /// Queue the batches of steps `first..first+steps` of `rank` under `meta`'s lease. Returns
+    /// how many were queued: each of those comes out of the pipeline (made or failed), the
+    /// rest never will (the pipeline stopped meanwhile) and are the caller's to fail.
+    pub(crate) fn submit(&self, epoch: Epoch, rank: stoker_common::ids::Rank, first: Step, steps: u32, meta: Meta) -> u32 {
         let plan = {
             let mut plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if plans.len() > 8 {
@@ -87,13 +89,18 @@ impl JobPipeline {
             )
         };
         let submit = self.submit.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        for step in first.0..first.0 + u64::from(steps) {
-            let request = BatchRequest { plan: Arc::clone(&plan), rank, step: Step(step) };
-            if submit.0.send(request).is_err() || submit.1.send(meta).is_err() {
-                return false;
+        for queued in 0..steps {
+            let request = BatchRequest { plan: Arc::clone(&plan), rank, step: Step(first.0 + u64::from(queued)) };
+            // The meta first: once it is queued, hand_over answers for it even if the request
+            // never reaches the (stopped) pipeline.
+            if submit.1.send(meta).is_err() {
+                return queued;
+            }
+            if submit.0.send(request).is_err() {
+                return queued + 1;
             }
         }
-        true
+        steps
     }
 }
 
@@ -193,7 +200,7 @@ mod tests {
         // Buffers for every step: the feeder takes all four requests and waits for a fifth.
         let pipeline = JobPipeline::start(dataset, &grant, 1, 8, out).expect("start");
         let meta = Meta { lease: grant.lease, job: chunk.job, start: 0 };
-        assert!(pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta));
+        assert_eq!(pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta), 4);
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut results = Vec::new();
         while results.len() < 4 && Instant::now() < deadline {
@@ -206,6 +213,25 @@ mod tests {
         assert!(results.iter().all(|(lease, result)| *lease == LeaseId(7) && result.is_err()), "{results:?}");
         assert!(matches!(&results[0].1, Err(PipelineError::BadSample { .. })), "{:?}", results[0].1);
         assert!(pipeline.is_dead());
+        // A chunk submitted to the stopped pipeline: what submit says it queued comes back
+        // failed, once each (the node fails the rest itself; a batch counted twice would wrap
+        // its outstanding count).
+        let late = Meta { lease: LeaseId(8), ..meta };
+        let queued = pipeline.submit(chunk.epoch, chunk.rank, Step(4), 3, late) as usize;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut late_results = Vec::new();
+        while late_results.len() < queued && Instant::now() < deadline {
+            match made.try_recv() {
+                Ok((meta, result)) => late_results.push((meta.lease, result)),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        while let Ok((meta, result)) = made.try_recv() {
+            late_results.push((meta.lease, result));
+        }
+        assert_eq!(late_results.len(), queued, "{late_results:?}");
+        assert!(late_results.iter().all(|(lease, result)| *lease == LeaseId(8) && result.is_err()), "{late_results:?}");
         // Dropping the JobPipeline closes its channels, so the pipeline's threads end.
         drop(pipeline);
     }

@@ -148,6 +148,7 @@ where
     A: CoordinatorApi,
 {
     let chunk = grant.chunk;
+    debug!(lease = %grant.lease, job = %chunk.job, epoch = %chunk.epoch, rank = %chunk.rank, first_step = %chunk.first_step, steps = chunk.steps, "chunk granted");
     shared
         .leases
         .lock()
@@ -155,15 +156,18 @@ where
         .insert(grant.lease, LeaseState { remaining: chunk.steps, failure_opt: None });
     shared.outstanding.fetch_add(chunk.steps as usize, Ordering::AcqRel);
     let meta = Meta { lease: grant.lease, job: chunk.job, start: chunk.start };
-    let submitted = match job_pipeline(shared, &grant).await {
+    let queued = match job_pipeline(shared, &grant).await {
         Ok(pipeline) => pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta),
         Err(error) => {
             warn!(job = %chunk.job, %error, "cannot start the job's pipeline");
-            false
+            0
         }
     };
-    if !submitted {
-        for _ in 0..chunk.steps {
+    // Each batch ends in exactly one batch_finished: the queued ones through the pipeline,
+    // the rest here. (Failing all of them here when some were queued would count those twice
+    // and wrap `outstanding`, after which this worker never pulls again.)
+    if queued < chunk.steps {
+        for _ in queued..chunk.steps {
             batch_finished(shared, grant.lease, Err(Failure::retry("the worker could not start the job's pipeline")));
         }
     }
@@ -291,7 +295,10 @@ where
     let shared = Arc::clone(shared);
     tokio::spawn(async move {
         let request = match failure_opt {
-            None => ControlRequest::ChunkDone { worker, lease },
+            None => {
+                debug!(%lease, "chunk delivered");
+                ControlRequest::ChunkDone { worker, lease }
+            }
             Some(Failure { reason, fatal: true }) => {
                 error!(%lease, %reason, "chunk cannot be made; the job fails");
                 ControlRequest::ChunkFatal { worker, lease, reason }
