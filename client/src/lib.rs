@@ -12,6 +12,8 @@ pub mod loader;
 mod receive;
 /// The pure reorder/de-duplicate buffer.
 pub mod reorder;
+/// The trainer's attachment and its ordered calls: opens, progress reports, detach.
+mod session;
 
 pub use self::batch::ReceivedBatch;
 pub use self::config::LoaderConfig;

@@ -3,27 +3,28 @@
 //! training loop wants); a small background runtime receives batches and reports progress.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quinn::{Connection, Endpoint};
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, JobId, Rank, SessionId, WorkerId};
+use stoker_common::ids::{Epoch, JobId, Rank, WorkerId};
 use stoker_common::net::{PayloadPool, QuicCoordinator, TlsConfigs, Tuning, client_endpoint};
 use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use stoker_common::transform::Recipe;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::batch::ReceivedBatch;
 use crate::config::LoaderConfig;
 use crate::error::ClientError;
 use crate::receive::{Expect, ReceiveStats, connect_worker, receive_loop};
 use crate::reorder::{Offer, Reorder};
+use crate::session::{Progress, Session, report_progress};
 
 /// Where a trainer stands, for its checkpoint: the job's name and the position consumed.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -36,44 +37,6 @@ pub struct LoaderState {
 
 /// How long a dropped loader waits for the coordinator to acknowledge its detach.
 const DETACH_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// What the progress reporter sends.
-#[derive(Clone, Copy, Debug, PartialEq)]
-struct Progress {
-    epoch: Epoch,
-    start: u64,
-    steps: u64,
-    consumed: u64,
-    wait_seconds: f64,
-}
-
-/// This trainer's attachment: what the coordinator knows it by, and whether a newer trainer of
-/// the same rank has replaced it.
-#[derive(Clone, Debug)]
-struct Session {
-    job: JobId,
-    rank: Rank,
-    session: SessionId,
-    superseded: Arc<AtomicBool>,
-    /// Set when the coordinator says the job failed (`ErrorCode::JobFailed`): its error.
-    failed: Arc<Mutex<Option<RemoteError>>>,
-}
-
-impl Session {
-    fn check(&self) -> Result<(), ClientError> {
-        if self.superseded.load(Ordering::Acquire) {
-            return Err(self.superseded_error());
-        }
-        match self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone() {
-            Some(source) => Err(ClientError::Coordinator { source }),
-            None => Ok(()),
-        }
-    }
-
-    fn superseded_error(&self) -> ClientError {
-        ClientError::Superseded { job: self.job.0, rank: self.rank.0 }
-    }
-}
 
 /// Dials workers as they appear.
 struct Connector {
@@ -209,9 +172,12 @@ impl Loader {
         });
         connector.connect_new(&workers);
         let (progress_tx, progress_rx) = watch::channel(None);
-        let superseded = Arc::new(AtomicBool::new(false));
-        let session = Session { job, rank, session, superseded: Arc::clone(&superseded), failed: Arc::default() };
-        runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, Arc::clone(&connector)));
+        let session = Session::new(job, rank, session);
+        let workers_seen = {
+            let connector = Arc::clone(&connector);
+            move |workers: &[WorkerInfo]| connector.connect_new(workers)
+        };
+        runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, workers_seen));
         info!(%job, %rank, name = %spec.name, workers = workers.len(), "attached");
         Ok(Self {
             runtime,
@@ -328,6 +294,9 @@ impl Loader {
 
     fn open_epoch(&mut self) -> Result<(), ClientError> {
         let plan = Arc::new(self.plan_for(self.epoch)?);
+        // Reports of the previous pass go out before the open, and the progress is the new
+        // run's before the reporter can read it again (see `session`).
+        let _turn = self.runtime.block_on(self.session.turn());
         let start = plan.checkpoint_at_start().position;
         let request = ControlRequest::OpenEpoch { job: self.job, rank: self.rank, epoch: self.epoch, start, session: self.session.session };
         let answer = match call_on_runtime(&self.runtime, &self.coordinator, request) {
@@ -469,10 +438,18 @@ impl Drop for Loader {
         });
         let coordinator = Arc::clone(&self.coordinator);
         let endpoint = self.connector.endpoint.clone();
+        let session = self.session.clone();
         let goodbye = self.runtime.spawn(async move {
-            if let Some(request) = detach {
-                let _ = tokio::time::timeout(DETACH_TIMEOUT, coordinator.call(request)).await;
-            }
+            // After any report in flight; none goes out after it (the coordinator would take the
+            // trainer for alive again).
+            let detached = tokio::time::timeout(DETACH_TIMEOUT, async {
+                let mut turn = session.turn().await;
+                *turn = true;
+                if let Some(request) = detach {
+                    let _ = coordinator.call(request).await;
+                }
+            });
+            let _ = detached.await;
             endpoint.close(0u32.into(), b"loader dropped");
             coordinator.close();
             let _ = tokio::time::timeout(DETACH_TIMEOUT, endpoint.wait_idle()).await;
@@ -486,59 +463,5 @@ impl Iterator for Loader {
 
     fn next(&mut self) -> Option<Self::Item> {
         self.next_batch()
-    }
-}
-
-/// Send the latest progress whenever it changes (coalesced: one report in flight at a time),
-/// and at least every second; connect to workers the answers list.
-async fn report_progress(
-    coordinator: Arc<QuicCoordinator>,
-    session: Session,
-    mut progress_rx: watch::Receiver<Option<Progress>>,
-    connector: Arc<Connector>,
-) {
-    loop {
-        let _ = tokio::time::timeout(Duration::from_secs(1), progress_rx.changed()).await;
-        let progress_opt = *progress_rx.borrow_and_update();
-        let Some(progress) = progress_opt else { continue };
-        let Session { job, rank, .. } = session;
-        let request = ControlRequest::ReportProgress {
-            job,
-            rank,
-            session: session.session,
-            epoch: progress.epoch,
-            start: progress.start,
-            consumed: progress.consumed,
-            wait_seconds: progress.wait_seconds,
-        };
-        match coordinator.call(request).await.and_then(|answer| expect_response!(answer, ProgressRecorded { workers, run_known })) {
-            Ok((workers, run_known)) => {
-                connector.connect_new(&workers);
-                // The coordinator restarted and lost the run while this rank is still inside it
-                // (and has not moved on meanwhile): open it again.
-                let still_current = *progress_rx.borrow() == Some(progress);
-                if !run_known && progress.consumed < progress.steps && still_current {
-                    let reopen =
-                        ControlRequest::OpenEpoch { job, rank, epoch: progress.epoch, start: progress.start, session: session.session };
-                    if let Err(error) = coordinator.call(reopen).await {
-                        debug!(%error, "cannot re-open the epoch");
-                    }
-                }
-            }
-            Err(error) if error.code == ErrorCode::Superseded => {
-                info!(%job, %rank, "another trainer attached as this rank; this loader stops");
-                session.superseded.store(true, Ordering::Release);
-                return;
-            }
-            Err(error) if error.code == ErrorCode::JobFailed => {
-                warn!(%job, %rank, %error, "the job failed; this loader stops");
-                *session.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
-                return;
-            }
-            Err(error) => {
-                debug!(%error, "progress report failed");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        }
     }
 }
