@@ -244,7 +244,8 @@ impl Coordinator {
             .filter_map(|(lease, chunk)| {
                 let spec = inner.state.jobs.get(&chunk.job)?.clone();
                 let manifest = inner.state.datasets.get(&spec.dataset)?.manifest.clone();
-                Some(ChunkGrant { lease, chunk, spec, manifest })
+                let session = inner.sessions.get(&(chunk.job, chunk.rank)).copied().unwrap_or(SessionId(0));
+                Some(ChunkGrant { lease, chunk, spec, manifest, session })
             })
             .collect();
         Ok(ControlResponse::Chunks { grants })

@@ -61,6 +61,11 @@ pub struct ChunkGrant {
     pub spec: JobSpec,
     /// The manifest path of the job's dataset.
     pub manifest: String,
+    /// The newest trainer session of the chunk's (job, rank) when it was granted: its batches
+    /// go to that session's connection or a newer one, never to an older trainer that is still
+    /// connected (the parent of a forked trainer), which would take them and lose the steps.
+    /// `SessionId(0)` when the coordinator knows no session yet (it restarted).
+    pub session: SessionId,
 }
 
 /// A worker as trainers see it.

@@ -3,11 +3,15 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use stoker_client::{Loader, LoaderConfig};
 use stoker_common::ids::Epoch;
+use stoker_common::net::connect;
 use stoker_common::plan::Shuffle;
+use stoker_common::proto::{RemoteError, TrainerHello};
 use stoker_common::transform::{Size, Transform, TransformSpec};
+use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 
 /// What a rank saw of one step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,4 +94,19 @@ pub(crate) fn assert_in_order(seen: &BTreeMap<u32, Vec<Seen>>, steps_per_epoch: 
             assert_eq!(steps, (0..steps_per_epoch).collect::<Vec<_>>(), "rank {rank} epoch {epoch}");
         }
     }
+}
+
+/// Say `hello` to `worker` as a trainer does: the connection (kept open by the caller, as a
+/// trainer keeps it) and the worker's answer.
+pub(crate) async fn trainer_hello(
+    endpoint: &quinn::Endpoint,
+    worker: std::net::SocketAddr,
+    hello: TrainerHello,
+) -> (quinn::Connection, Result<(), RemoteError>) {
+    let connection = connect(endpoint, worker, Duration::from_secs(5)).await.expect("connect");
+    let (mut send, mut recv) = connection.open_bi().await.expect("stream");
+    send.write_all(&wire::encode(&hello, CONTROL_FRAME_LIMIT).expect("encode")).await.expect("write");
+    let _ = send.finish();
+    let answer = wire::read_frame::<Result<(), RemoteError>>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("answer");
+    (connection, answer)
 }

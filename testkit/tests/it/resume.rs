@@ -4,12 +4,15 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use stoker_client::Loader;
-use stoker_common::ids::Epoch;
+use stoker_common::expect_response;
+use stoker_common::ids::{Epoch, Rank};
+use stoker_common::net::{PayloadPool, TlsConfigs, Tuning, client_endpoint, receive_batch};
 use stoker_common::plan::Tail;
+use stoker_common::proto::{ControlRequest, TrainerHello};
 use stoker_testkit::wait_until;
 use tracing::info;
 
-use crate::common::{cluster_with, config_for};
+use crate::common::{cluster_with, config_for, trainer_hello};
 
 /// Both ranks stop after step 3 and new loaders resume from the saved state: the remaining
 /// batches are byte-identical to an uninterrupted run. Resuming the same state with world
@@ -138,4 +141,47 @@ fn the_newest_trainer_of_a_rank_is_the_one_served() {
         Some(Err(stoker_client::ClientError::Superseded { rank: 0, .. })) => {}
         other => panic!("expected Superseded, got {other:?}"),
     }
+}
+
+/// The window of the test above, held open: the new trainer has attached and opened its run,
+/// but its hello has not reached the worker, where the old trainer is still connected. The
+/// grants carry the new session, so the worker waits for it; before, it pushed the new run's
+/// batches to the old trainer, which took them, and those steps never reached the new one.
+#[test]
+fn batches_granted_for_a_new_session_wait_for_it_rather_than_go_to_the_old_trainer() {
+    let cluster = cluster_with(1);
+    let worker = cluster.worker(0).expect("worker").local_addr();
+    let config = config_for(&cluster.loader_config("train", 4), 0, 1);
+    let mut old = Loader::attach(&config).expect("attach");
+    assert_eq!(old.next_batch().expect("a batch").expect("batch").step().0, 0, "the old trainer is connected and served");
+
+    let attach = cluster.call(ControlRequest::Attach { spec: old.spec().clone(), rank: Rank(0) }).expect("attach");
+    let (job, _, _, _, session) = expect_response!(attach, Attached { job, dataset, workers, checkpoint, session }).expect("attached");
+    let open = ControlRequest::OpenEpoch { job, rank: Rank(0), epoch: Epoch(1), start: 0, session };
+    let steps = expect_response!(cluster.call(open).expect("open"), EpochOpened { steps }).expect("opened");
+    let window = u64::from(config.prefetch).min(steps);
+    info!(%session, window, "--- the new trainer opened epoch 1; its hello comes a second later");
+    std::thread::sleep(Duration::from_secs(1));
+
+    let tls = TlsConfigs::insecure().expect("tls");
+    let received: BTreeSet<u64> = cluster.block_on(async {
+        let endpoint = client_endpoint(&tls, worker, Tuning::default()).expect("endpoint");
+        let (connection, answer) = trainer_hello(&endpoint, worker, TrainerHello { job, rank: Rank(0), session }).await;
+        assert_eq!(answer, Ok(()), "the new session is served");
+        let pool = PayloadPool::new(2);
+        let mut received = BTreeSet::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while (received.len() as u64) < window {
+            let Ok(accepted) = tokio::time::timeout_at(deadline, connection.accept_uni()).await else { break };
+            let mut recv = accepted.expect("stream");
+            let (header, _) = receive_batch(&mut recv, &pool, |_| Ok(())).await.expect("batch");
+            assert_eq!((header.job, header.rank), (job, Rank(0)));
+            if header.epoch == Epoch(1) {
+                received.insert(header.step.0);
+            }
+        }
+        received
+    });
+    assert_eq!(received, (0..window).collect(), "every step of the new run's first window reaches the new trainer");
+    drop(old);
 }

@@ -9,6 +9,8 @@ use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
 
+use crate::common::trainer_hello;
+
 type Answer = Result<ControlResponse, RemoteError>;
 
 /// Send raw bytes as one request stream and read the answer frame.
@@ -103,16 +105,9 @@ fn a_worker_refuses_a_malformed_trainer_hello() {
     });
 }
 
-/// Say hello to `worker` as rank 0 of job 1 in `session`: the connection (kept open by the
-/// caller, as a trainer keeps it) and the worker's answer.
+/// Say hello to `worker` as rank 0 of job 1 in `session`.
 async fn hello(endpoint: &quinn::Endpoint, worker: std::net::SocketAddr, session: u64) -> (quinn::Connection, Result<(), RemoteError>) {
-    let connection = connect(endpoint, worker, Duration::from_secs(5)).await.expect("connect");
-    let hello = TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(session) };
-    let (mut send, mut recv) = connection.open_bi().await.expect("stream");
-    send.write_all(&wire::encode(&hello, CONTROL_FRAME_LIMIT).expect("encode")).await.expect("write");
-    let _ = send.finish();
-    let answer = wire::read_frame::<Result<(), RemoteError>>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("answer");
-    (connection, answer)
+    trainer_hello(endpoint, worker, TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(session) }).await
 }
 
 #[test]

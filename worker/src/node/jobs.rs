@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
-use stoker_common::ids::{Epoch, JobId, LeaseId, Step};
+use stoker_common::ids::{Epoch, JobId, LeaseId, SessionId, Step};
 use stoker_common::plan::EpochPlan;
 use stoker_common::proto::ChunkGrant;
 use stoker_common::transform::TransformSpec;
@@ -24,6 +24,8 @@ pub(crate) struct Meta {
     pub(crate) lease: LeaseId,
     pub(crate) job: JobId,
     pub(crate) start: u64,
+    /// The oldest trainer session its batches may go to (the grant's).
+    pub(crate) session: SessionId,
 }
 
 /// A finished (or failed) batch and its lease.
@@ -139,7 +141,7 @@ mod tests {
     use std::num::{NonZeroU32, NonZeroUsize};
     use std::time::{Duration, Instant};
 
-    use stoker_common::ids::{Epoch, JobId, LeaseId, Rank, Step};
+    use stoker_common::ids::{Epoch, JobId, LeaseId, Rank, SessionId, Step};
     use stoker_common::plan::{PlanSpec, Shuffle, Tail};
     use stoker_common::proto::{Chunk, ChunkGrant, JobSpec};
     use stoker_common::shard::pack::{PackOptions, pack};
@@ -195,11 +197,11 @@ mod tests {
             transforms: serde_json::to_string(&transforms).expect("json"),
             prefetch: 8,
         };
-        let grant = ChunkGrant { lease: LeaseId(7), chunk, spec, manifest: String::new() };
+        let grant = ChunkGrant { lease: LeaseId(7), chunk, spec, manifest: String::new(), session: SessionId(1) };
         let (out, mut made) = mpsc::channel(16);
         // Buffers for every step: the feeder takes all four requests and waits for a fifth.
         let pipeline = JobPipeline::start(dataset, &grant, 1, 8, out).expect("start");
-        let meta = Meta { lease: grant.lease, job: chunk.job, start: 0 };
+        let meta = Meta { lease: grant.lease, job: chunk.job, start: 0, session: grant.session };
         assert_eq!(pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta), 4);
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut results = Vec::new();

@@ -155,7 +155,7 @@ where
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .insert(grant.lease, LeaseState { remaining: chunk.steps, failure_opt: None });
     shared.outstanding.fetch_add(chunk.steps as usize, Ordering::AcqRel);
-    let meta = Meta { lease: grant.lease, job: chunk.job, start: chunk.start };
+    let meta = Meta { lease: grant.lease, job: chunk.job, start: chunk.start, session: grant.session };
     let queued = match job_pipeline(shared, &grant).await {
         Ok(pipeline) => pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta),
         Err(error) => {
@@ -241,8 +241,11 @@ async fn deliver<A>(shared: &Shared<A>, meta: Meta, batch: crate::Batch) -> Resu
 where
     A: CoordinatorApi,
 {
-    let Some(connection) = shared.trainers.wait_for(meta.job, batch.rank, shared.config.trainer_patience).await else {
-        return Err(format!("no trainer of {} {} connected within {:?}", meta.job, batch.rank, shared.config.trainer_patience));
+    let Some(connection) = shared.trainers.wait_for(meta.job, batch.rank, meta.session, shared.config.trainer_patience).await else {
+        return Err(format!(
+            "no trainer of {} {} ({} or newer) connected within {:?}",
+            meta.job, batch.rank, meta.session, shared.config.trainer_patience
+        ));
     };
     let header = BatchHeader {
         job: meta.job,

@@ -24,17 +24,24 @@ pub(crate) struct Trainers {
 }
 
 impl Trainers {
-    fn live(&self, job: JobId, rank: Rank) -> Option<Connection> {
+    fn live(&self, job: JobId, rank: Rank, oldest: SessionId) -> Option<Connection> {
         let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        connections.get(&(job, rank)).map(|(_, connection)| connection).filter(|connection| connection.close_reason().is_none()).cloned()
+        connections
+            .get(&(job, rank))
+            .filter(|(session, _)| *session >= oldest)
+            .map(|(_, connection)| connection)
+            .filter(|connection| connection.close_reason().is_none())
+            .cloned()
     }
 
-    /// The connection of (job, rank), waiting up to `patience` for the trainer to connect.
-    pub(crate) async fn wait_for(&self, job: JobId, rank: Rank, patience: Duration) -> Option<Connection> {
+    /// The connection of (job, rank) of session `oldest` or a newer one, waiting up to
+    /// `patience` for it. An older trainer still connected (the parent of a forked trainer,
+    /// whose child's hello has not arrived yet) would take batches its successor needs.
+    pub(crate) async fn wait_for(&self, job: JobId, rank: Rank, oldest: SessionId, patience: Duration) -> Option<Connection> {
         let deadline = tokio::time::Instant::now() + patience;
         loop {
             let changed = self.changed.notified();
-            if let Some(connection) = self.live(job, rank) {
+            if let Some(connection) = self.live(job, rank, oldest) {
                 return Some(connection);
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
