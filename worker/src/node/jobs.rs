@@ -148,7 +148,7 @@ mod tests {
     use stoker_common::transform::{OnError, TransformSpec};
     use tokio::sync::mpsc;
 
-    use super::{JobPipeline, Meta};
+    use super::{JobPipeline, Made, Meta};
     use crate::Dataset;
     use crate::error::PipelineError;
 
@@ -170,6 +170,19 @@ mod tests {
         };
         pack(&options, &mut |_| {}).expect("pack");
         Dataset::open(&dir.join("shards").join("manifest.json")).expect("open")
+    }
+
+    /// Up to `count` results from `made` (their leases), waiting at most 20 s.
+    fn take_made(made: &mut mpsc::Receiver<Made>, count: usize) -> Vec<(LeaseId, Result<crate::Batch, PipelineError>)> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut results = Vec::new();
+        while results.len() < count && Instant::now() < deadline {
+            match made.try_recv() {
+                Ok((meta, result)) => results.push((meta.lease, result)),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+        results
     }
 
     /// Regression: the pipeline's feeder had taken every request and waited for more when the
@@ -203,14 +216,7 @@ mod tests {
         let pipeline = JobPipeline::start(dataset, &grant, 1, 8, out).expect("start");
         let meta = Meta { lease: grant.lease, job: chunk.job, start: 0, session: grant.session };
         assert_eq!(pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta), 4);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut results = Vec::new();
-        while results.len() < 4 && Instant::now() < deadline {
-            match made.try_recv() {
-                Ok((meta, result)) => results.push((meta.lease, result)),
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-        }
+        let results = take_made(&mut made, 4);
         assert_eq!(results.len(), 4, "only {} of the lease's 4 batches came back: {results:?}", results.len());
         assert!(results.iter().all(|(lease, result)| *lease == LeaseId(7) && result.is_err()), "{results:?}");
         assert!(matches!(&results[0].1, Err(PipelineError::BadSample { .. })), "{:?}", results[0].1);
@@ -220,14 +226,7 @@ mod tests {
         // its outstanding count).
         let late = Meta { lease: LeaseId(8), ..meta };
         let queued = pipeline.submit(chunk.epoch, chunk.rank, Step(4), 3, late) as usize;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut late_results = Vec::new();
-        while late_results.len() < queued && Instant::now() < deadline {
-            match made.try_recv() {
-                Ok((meta, result)) => late_results.push((meta.lease, result)),
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-        }
+        let mut late_results = take_made(&mut made, queued);
         std::thread::sleep(Duration::from_millis(100));
         while let Ok((meta, result)) = made.try_recv() {
             late_results.push((meta.lease, result));

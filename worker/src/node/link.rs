@@ -166,10 +166,8 @@ where
     // Each batch ends in exactly one batch_finished: the queued ones through the pipeline,
     // the rest here. (Failing all of them here when some were queued would count those twice
     // and wrap `outstanding`, after which this worker never pulls again.)
-    if queued < chunk.steps {
-        for _ in queued..chunk.steps {
-            batch_finished(shared, grant.lease, Err(Failure::retry("the worker could not start the job's pipeline")));
-        }
+    for _ in queued..chunk.steps {
+        batch_finished(shared, grant.lease, Err(Failure::retry("the worker could not start the job's pipeline")));
     }
 }
 
