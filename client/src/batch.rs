@@ -1,6 +1,6 @@
 //! A batch as the trainer receives it: the verified header and the image bytes.
 
-use stoker_common::ids::{Epoch, Rank, Step};
+use stoker_common::ids::{Epoch, Position, Rank, Step};
 use stoker_common::net::Payload;
 use stoker_common::proto::BatchHeader;
 use stoker_common::transform::{OutputDtype, OutputLayout};
@@ -79,8 +79,28 @@ impl ReceivedBatch {
         &self.header.replaced
     }
 
+    /// Indices of samples that decoded only with warnings (corrupt JPEG data, kept as decoded).
+    pub fn corrupt(&self) -> &[u32] {
+        &self.header.corrupt
+    }
+
+    /// The first position of the run the batch belongs to (0, or a resumed checkpoint's).
+    pub fn start(&self) -> Position {
+        self.header.start
+    }
+
     /// xxh3-64 of the images, as verified on arrival.
     pub fn checksum(&self) -> u64 {
         self.header.checksum
+    }
+}
+
+impl crate::protocol::Delivered for ReceivedBatch {
+    fn run(&self) -> crate::reorder::RunId {
+        (self.header.epoch, self.header.start)
+    }
+
+    fn step(&self) -> Step {
+        self.header.step
     }
 }

@@ -38,11 +38,14 @@ pub struct LoaderConfig {
     pub prefetch: u32,
     /// How long to wait for one batch before giving up.
     pub batch_timeout: Duration,
+    /// How long to wait for a step before telling the coordinator it is missing (so that a
+    /// batch lost after delivery is made again instead of waited for until the timeout).
+    pub nack_after: Duration,
 }
 
 impl LoaderConfig {
     /// Defaults: RandomResizedCrop(224) + RandomHorizontalFlip, window shuffle, tail `drop`,
-    /// seed 0, prefetch 8, a 5-minute batch timeout.
+    /// seed 0, prefetch 8, a 5-minute batch timeout, missing steps reported after 1 s.
     pub fn new(coordinator: SocketAddr, dataset: impl Into<String>, batch_size: u32) -> Self {
         Self {
             coordinator,
@@ -57,6 +60,7 @@ impl LoaderConfig {
             transforms: TransformSpec::imagenet_train(224),
             prefetch: 8,
             batch_timeout: Duration::from_secs(300),
+            nack_after: Duration::from_secs(1),
         }
     }
 

@@ -22,8 +22,8 @@ use tracing::{debug, info};
 use crate::batch::ReceivedBatch;
 use crate::config::LoaderConfig;
 use crate::error::ClientError;
-use crate::receive::{Expect, ReceiveStats, connect_worker, receive_loop};
-use crate::reorder::{Offer, Reorder};
+use crate::protocol::{Offered, Open, TrainerProtocol};
+use crate::receive::{Expect, PlanBook, ReceiveStats, connect_worker, receive_loop};
 use crate::session::{Progress, Session, report_progress};
 
 /// Where a trainer stands, for its checkpoint: the job's name and the position consumed.
@@ -62,14 +62,15 @@ impl Connector {
             let this = Arc::clone(self);
             let worker = *worker;
             tokio::spawn(async move {
-                match connect_worker(&this.endpoint, worker, this.expect).await {
+                match connect_worker(&this.endpoint, worker, &this.expect).await {
                     Ok(connection) => {
                         debug!(worker = %worker.id, addr = %worker.addr, "connected to worker");
                         this.connected
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .insert(worker.id, Some(connection.clone()));
-                        receive_loop(connection, this.expect, this.batches_tx.clone(), Arc::clone(&this.stats), this.pool.clone()).await;
+                        receive_loop(connection, this.expect.clone(), this.batches_tx.clone(), Arc::clone(&this.stats), this.pool.clone())
+                            .await;
                     }
                     Err(error) => {
                         debug!(worker = %worker.id, %error, "cannot connect to worker");
@@ -81,16 +82,14 @@ impl Connector {
     }
 }
 
-struct Current {
-    plan: Arc<EpochPlan>,
-    reorder: Reorder<ReceivedBatch>,
-    yielded_opt: Option<stoker_common::ids::Step>,
-}
-
-/// A trainer rank's loader.
-pub struct Loader {
+/// A trainer rank's loader, calling the coordinator through `A` (QUIC unless a test gives
+/// another [`CoordinatorApi`]).
+pub struct Loader<A = QuicCoordinator>
+where
+    A: CoordinatorApi,
+{
     runtime: Runtime,
-    coordinator: Arc<QuicCoordinator>,
+    coordinator: Arc<A>,
     job: JobId,
     rank: Rank,
     session: Session,
@@ -98,14 +97,13 @@ pub struct Loader {
     spec: JobSpec,
     table: Arc<ShardTable>,
     batches_rx: mpsc::UnboundedReceiver<ReceivedBatch>,
-    /// Batches of runs this rank has not opened yet (the next epoch, made while this rank was
-    /// finishing the current one). Bounded by the job's flow window.
-    early: Vec<ReceivedBatch>,
     stats: Arc<ReceiveStats>,
     progress_tx: watch::Sender<Option<Progress>>,
+    protocol: TrainerProtocol<ReceivedBatch>,
     epoch: Epoch,
     resume_opt: Option<Checkpoint>,
-    current_opt: Option<Current>,
+    /// The plan of the open pass's run; `None` until the epoch is opened.
+    plan_opt: Option<Arc<EpochPlan>>,
     finished: bool,
     waited: Duration,
     batch_timeout: Duration,
@@ -114,6 +112,8 @@ pub struct Loader {
 }
 
 /// What [`Loader::next_within`] found.
+// Returned once per batch: moving the header is cheaper than boxing it (an allocation each).
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Next {
     /// The next batch of the epoch.
@@ -124,7 +124,10 @@ pub enum Next {
     Waiting,
 }
 
-impl std::fmt::Debug for Loader {
+impl<A> std::fmt::Debug for Loader<A>
+where
+    A: CoordinatorApi,
+{
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter
             .debug_struct("Loader")
@@ -135,34 +138,64 @@ impl std::fmt::Debug for Loader {
     }
 }
 
-impl Loader {
+fn new_runtime() -> Result<Runtime, ClientError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("stoker-client")
+        .enable_all()
+        .build()
+        .map_err(|error| ClientError::Runtime { message: error.to_string() })
+}
+
+impl Loader<QuicCoordinator> {
     /// Attach to the job `config` describes (creating it if this is its first trainer) and
     /// connect to the workers.
     pub fn attach(config: &LoaderConfig) -> Result<Self, ClientError> {
+        let runtime = new_runtime()?;
+        let tls = TlsConfigs::insecure()?;
+        let coordinator = {
+            let _guard = runtime.enter();
+            QuicCoordinator::new(config.coordinator, &tls)?
+        };
+        Self::attach_on(config, runtime, Arc::new(coordinator), &tls)
+    }
+}
+
+impl<A> Loader<A>
+where
+    A: CoordinatorApi,
+{
+    /// [`Loader::attach`] with another way to call the coordinator (workers are still reached
+    /// over QUIC).
+    pub fn attach_with(config: &LoaderConfig, coordinator: A) -> Result<Self, ClientError> {
+        let runtime = new_runtime()?;
+        let tls = TlsConfigs::insecure()?;
+        Self::attach_on(config, runtime, Arc::new(coordinator), &tls)
+    }
+
+    fn attach_on(config: &LoaderConfig, runtime: Runtime, coordinator: Arc<A>, tls: &TlsConfigs) -> Result<Self, ClientError> {
         let (rank, _) = config.rank_and_world_size()?;
         let spec = config.job_spec()?;
         let sample_bytes =
             Recipe::new(&config.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?.sample_bytes();
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("stoker-client")
-            .enable_all()
-            .build()
-            .map_err(|error| ClientError::Runtime { message: error.to_string() })?;
         let _guard = runtime.enter();
-        let tls = TlsConfigs::insecure()?;
-        let coordinator = Arc::new(QuicCoordinator::new(config.coordinator, &tls)?);
         let answer = call_on_runtime(&runtime, &coordinator, ControlRequest::Attach { spec: spec.clone(), rank })?;
         let (job, dataset, workers, _checkpoint, session) =
             expect_response!(answer, Attached { job, dataset, workers, checkpoint, session })?;
         let table = Arc::new(
             ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| ClientError::Config { message: error.to_string() })?,
         );
-        let expect = Expect { job, rank, session, max_payload: u64::from(spec.plan.batch_size.get()) * sample_bytes as u64 };
+        let expect = Expect {
+            job,
+            rank,
+            session,
+            max_payload: u64::from(spec.plan.batch_size.get()) * sample_bytes as u64,
+            plans: Arc::new(PlanBook::new(Arc::clone(&table), spec.plan, dataset.version)),
+        };
         let (batches_tx, batches_rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ReceiveStats::default());
         let connector = Arc::new(Connector {
-            endpoint: client_endpoint(&tls, config.coordinator, Tuning::default())?,
+            endpoint: client_endpoint(tls, config.coordinator, Tuning::default())?,
             expect,
             connected: Mutex::new(HashMap::new()),
             batches_tx,
@@ -179,6 +212,7 @@ impl Loader {
         };
         runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, workers_seen));
         info!(%job, %rank, name = %spec.name, workers = workers.len(), "attached");
+        drop(_guard);
         Ok(Self {
             runtime,
             coordinator,
@@ -189,12 +223,12 @@ impl Loader {
             spec,
             table,
             batches_rx,
-            early: Vec::new(),
             stats,
             progress_tx,
+            protocol: TrainerProtocol::new(config.nack_after),
             epoch: Epoch(0),
             resume_opt: None,
-            current_opt: None,
+            plan_opt: None,
             finished: false,
             waited: Duration::ZERO,
             batch_timeout: config.batch_timeout,
@@ -218,9 +252,11 @@ impl Loader {
     }
 
     /// Iterate `epoch` next (from its start, or from the resumed position if `resume` named it).
+    /// Batches already received are kept for when their run is opened.
     pub fn set_epoch(&mut self, epoch: Epoch) {
         self.epoch = epoch;
-        self.current_opt = None;
+        self.protocol.close();
+        self.plan_opt = None;
         self.finished = false;
         self.deadline_opt = None;
     }
@@ -239,10 +275,10 @@ impl Loader {
 
     /// Where this rank stands: every step before it has been yielded.
     pub fn state(&self) -> Result<LoaderState, ClientError> {
-        let checkpoint = match &self.current_opt {
-            Some(current) => match current.yielded_opt {
-                Some(step) => current.plan.checkpoint_after(step),
-                None => current.plan.checkpoint_at_start(),
+        let checkpoint = match &self.plan_opt {
+            Some(plan) => match self.protocol.yielded() {
+                Some(step) => plan.checkpoint_after(step),
+                None => plan.checkpoint_at_start(),
             },
             None => self.plan_for(self.epoch)?.checkpoint_at_start(),
         };
@@ -251,8 +287,8 @@ impl Loader {
 
     /// Steps in the current epoch (from the resumed position, if resuming).
     pub fn len(&self) -> Result<u64, ClientError> {
-        match &self.current_opt {
-            Some(current) => Ok(current.plan.steps()),
+        match &self.plan_opt {
+            Some(plan) => Ok(plan.steps()),
             None => Ok(self.plan_for(self.epoch)?.steps()),
         }
     }
@@ -275,13 +311,12 @@ impl Loader {
     /// Batches received and not yet yielded: waiting for earlier steps, queued from the
     /// network, or early ones of the next epoch. The flow window bounds it.
     pub fn buffered_batches(&self) -> usize {
-        let waiting = self.current_opt.as_ref().map_or(0, |current| current.reorder.waiting());
-        waiting + self.batches_rx.len() + self.early.len()
+        self.protocol.buffered() + self.batches_rx.len()
     }
 
     /// Duplicates dropped in the current epoch.
     pub fn duplicates(&self) -> u64 {
-        self.current_opt.as_ref().map_or(0, |current| current.reorder.duplicates())
+        self.protocol.duplicates()
     }
 
     fn plan_for(&self, epoch: Epoch) -> Result<EpochPlan, ClientError> {
@@ -292,47 +327,68 @@ impl Loader {
         }
     }
 
+    /// Open a new pass over the epoch's run: the coordinator makes every step this rank does
+    /// not hold, whatever it delivered before.
     fn open_epoch(&mut self) -> Result<(), ClientError> {
         let plan = Arc::new(self.plan_for(self.epoch)?);
+        // Batches already here count as held, so they are not made again.
+        while let Ok(batch) = self.batches_rx.try_recv() {
+            self.protocol.offer(batch);
+        }
         // Reports of the previous pass go out before the open, and the progress is the new
-        // run's before the reporter can read it again (see `session`).
+        // pass's before the reporter can read it again (see `session`).
         let _turn = self.runtime.block_on(self.session.turn());
-        let start = plan.checkpoint_at_start().position;
-        let request = ControlRequest::OpenEpoch { job: self.job, rank: self.rank, epoch: self.epoch, start, session: self.session.session };
+        let Open { run: (epoch, start), pass, consumed, holding } = self.protocol.open((self.epoch, plan.start()), plan.steps());
+        let request = ControlRequest::OpenEpoch {
+            job: self.job,
+            rank: self.rank,
+            epoch,
+            start,
+            session: self.session.session,
+            pass,
+            consumed,
+            holding,
+        };
         let answer = match call_on_runtime(&self.runtime, &self.coordinator, request) {
             Err(error) if error.code == ErrorCode::Superseded => {
                 self.session.superseded.store(true, Ordering::Release);
+                self.protocol.close();
                 return Err(self.session.superseded_error());
             }
-            answer => answer?,
+            answer => answer,
         };
-        let steps = expect_response!(answer, EpochOpened { steps })?;
+        let opened =
+            answer.map_err(ClientError::from).and_then(|answer| expect_response!(answer, EpochOpened { steps }).map_err(ClientError::from));
+        let steps = match opened {
+            Ok(steps) => steps,
+            Err(error) => {
+                // Not opened: the next call opens a new pass.
+                self.protocol.close();
+                return Err(error);
+            }
+        };
         if steps != plan.steps() {
+            self.protocol.close();
             return Err(ClientError::Config {
                 message: format!("the coordinator plans {steps} steps, this trainer {}: the dataset changed under the job", plan.steps()),
             });
         }
-        let mut reorder = Reorder::new((self.epoch, start), steps);
-        let epoch = self.epoch;
-        for batch in std::mem::take(&mut self.early) {
-            let run = (batch.epoch(), batch.header.start);
-            if run == (epoch, start) {
-                let _ = reorder.offer(run, batch.step(), batch);
-            } else if batch.epoch() > epoch {
-                self.early.push(batch);
-            }
-        }
-        self.current_opt = Some(Current { reorder, plan, yielded_opt: None });
-        self.report(0);
+        self.plan_opt = Some(plan);
+        self.report();
         Ok(())
     }
 
-    fn report(&self, consumed: u64) {
-        let Some(current) = &self.current_opt else { return };
-        let start = current.plan.checkpoint_at_start().position;
-        let progress =
-            Progress { epoch: self.epoch, start, steps: current.plan.steps(), consumed, wait_seconds: self.waited.as_secs_f64() };
-        let _ = self.progress_tx.send(Some(progress));
+    /// Hand the reporter the rank's standing, if it changed.
+    fn report(&self) {
+        let Some(report) = self.protocol.report(Instant::now()) else { return };
+        let progress = Progress { report, wait_seconds: self.waited.as_secs_f64() };
+        self.progress_tx.send_if_modified(|latest| {
+            let changed = latest.as_ref().is_none_or(|latest| latest.report != progress.report);
+            if changed {
+                *latest = Some(progress);
+            }
+            changed
+        });
     }
 
     /// The next batch of the epoch, `None` at its end (the next call starts the epoch again,
@@ -355,38 +411,36 @@ impl Loader {
     pub fn next_within(&mut self, slice: Duration) -> Result<Next, ClientError> {
         if self.finished {
             self.finished = false;
-            self.current_opt = None;
+            self.protocol.close();
+            self.plan_opt = None;
             return Ok(Next::EndOfEpoch);
         }
         self.session.check()?;
-        if self.current_opt.is_none() {
+        if self.plan_opt.is_none() {
             self.open_epoch()?;
         }
         let slice_end = Instant::now() + slice;
         loop {
-            let Some(current) = self.current_opt.as_mut() else { return Ok(Next::EndOfEpoch) };
-            if current.reorder.is_done() {
+            if self.protocol.is_done() {
                 self.finished = false;
-                self.current_opt = None;
+                self.protocol.close();
+                self.plan_opt = None;
                 return Ok(Next::EndOfEpoch);
             }
-            if let Some((step, batch)) = current.reorder.pop() {
-                current.yielded_opt = Some(step);
+            if let Some((_, batch)) = self.protocol.pop() {
                 self.deadline_opt = None;
-                let done = current.reorder.is_done();
-                self.report(step.0 + 1);
-                if done {
-                    self.finished = true;
-                }
+                self.report();
+                self.finished = self.protocol.is_done();
                 return Ok(Next::Batch(batch));
             }
             let waiting_since = Instant::now();
+            self.protocol.waiting(waiting_since);
             let deadline = *self.deadline_opt.get_or_insert(waiting_since + self.batch_timeout);
             if waiting_since >= deadline {
                 self.deadline_opt = None;
                 return Err(ClientError::Timeout {
                     epoch: self.epoch.0,
-                    step: current.reorder.next_step().0,
+                    step: self.protocol.next_step().map_or(0, |step| step.0),
                     seconds: self.batch_timeout.as_secs_f64(),
                 });
             }
@@ -394,23 +448,20 @@ impl Loader {
                 self.session.check()?;
                 return Ok(Next::Waiting);
             }
-            let remaining = deadline.min(slice_end).saturating_duration_since(waiting_since);
+            // Wake when the steps waited for are due to be reported missing, too.
+            let nack_due = self.protocol.nack_due().filter(|due| *due > waiting_since);
+            let wake = nack_due.map_or(deadline.min(slice_end), |due| due.min(deadline).min(slice_end));
+            let remaining = wake.saturating_duration_since(waiting_since);
             let received = self.runtime.block_on(async { tokio::time::timeout(remaining, self.batches_rx.recv()).await });
             self.waited += waiting_since.elapsed();
-            let Some(current) = self.current_opt.as_mut() else { return Ok(Next::EndOfEpoch) };
             match received {
-                Ok(Some(batch)) => {
-                    let run = (batch.epoch(), batch.header.start);
-                    let later = batch.epoch() > self.epoch;
-                    match current.reorder.offer(run, batch.step(), batch) {
-                        Offer::Kept => {}
-                        Offer::Duplicate => debug!(rank = %self.rank, "duplicate batch dropped"),
-                        Offer::Foreign(batch) if later => self.early.push(batch),
-                        Offer::Foreign(_) => debug!(rank = %self.rank, "batch of a past run dropped"),
-                    }
-                }
+                Ok(Some(batch)) => match self.protocol.offer(batch) {
+                    Offered::Kept | Offered::Early => {}
+                    Offered::Duplicate => debug!(rank = %self.rank, "duplicate batch dropped"),
+                    Offered::Dropped => debug!(rank = %self.rank, "batch of a past run dropped"),
+                },
                 Ok(None) => return Err(ClientError::Runtime { message: "the receive side stopped".to_owned() }),
-                Err(_) => {}
+                Err(_) => self.report(),
             }
         }
     }
@@ -420,13 +471,19 @@ impl Loader {
 /// ids from a thread-local RNG, and a process forked from a trainer (a PyTorch DataLoader
 /// worker) shares its parent's main-thread RNG state: connecting from the main thread in both
 /// would give both connections the same ids. Runtime threads are new in every process.
-fn call_on_runtime(runtime: &Runtime, coordinator: &Arc<QuicCoordinator>, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
+fn call_on_runtime<A>(runtime: &Runtime, coordinator: &Arc<A>, request: ControlRequest) -> Result<ControlResponse, RemoteError>
+where
+    A: CoordinatorApi,
+{
     let coordinator = Arc::clone(coordinator);
     let call = runtime.spawn(async move { coordinator.call(request).await });
     runtime.block_on(call).unwrap_or_else(|error| Err(RemoteError::new(ErrorCode::Internal, format!("coordinator call failed: {error}"))))
 }
 
-impl Drop for Loader {
+impl<A> Drop for Loader<A>
+where
+    A: CoordinatorApi,
+{
     /// Tell the coordinator this rank's trainer stopped and close the worker connections
     /// (best effort, briefly), so workers stop making batches nobody will take and see the
     /// pushes in flight fail at once rather than at the idle timeout.
@@ -458,7 +515,10 @@ impl Drop for Loader {
     }
 }
 
-impl Iterator for Loader {
+impl<A> Iterator for Loader<A>
+where
+    A: CoordinatorApi,
+{
     type Item = Result<ReceivedBatch, ClientError>;
 
     fn next(&mut self) -> Option<Self::Item> {

@@ -1,13 +1,15 @@
 //! Receiving batches from one worker: the trainer dials the worker, says which (job, rank) it
 //! is, then accepts one unidirectional stream per batch and verifies each before handing it on.
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
-use stoker_common::ids::{JobId, Rank, SessionId};
+use stoker_common::ids::{Epoch, JobId, Position, Rank, SessionId};
 use stoker_common::net::{NetError, PayloadPool, call, connect, receive_batch};
+use stoker_common::plan::{EpochPlan, PlanSpec, ShardTable};
 use stoker_common::proto::{BatchHeader, TrainerHello, WorkerInfo};
 use stoker_common::wire::{BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
 use tokio::sync::mpsc;
@@ -16,7 +18,7 @@ use tracing::{debug, warn};
 use crate::batch::ReceivedBatch;
 
 /// What a batch for this trainer must look like.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Expect {
     pub(crate) job: JobId,
     pub(crate) rank: Rank,
@@ -24,6 +26,58 @@ pub(crate) struct Expect {
     pub(crate) session: SessionId,
     /// Largest payload: a full batch of the job's sample size.
     pub(crate) max_payload: u64,
+    /// The job's own plans, to check each batch's samples against.
+    pub(crate) plans: Arc<PlanBook>,
+}
+
+/// The job's epoch plans as this trainer computes them, to verify that a batch holds the
+/// samples its step must hold: its header's plan digest is compared with this plan's, and
+/// its dataset version with the job's. A worker that planned from another manifest (rewritten
+/// in place, different on its host) or for another job under a reused id is refused.
+#[derive(Debug)]
+pub(crate) struct PlanBook {
+    table: Arc<ShardTable>,
+    spec: PlanSpec,
+    dataset_version: u64,
+    plans: Mutex<HashMap<(Epoch, Position), Arc<EpochPlan>>>,
+}
+
+impl PlanBook {
+    pub(crate) fn new(table: Arc<ShardTable>, spec: PlanSpec, dataset_version: u64) -> Self {
+        Self { table, spec, dataset_version, plans: Mutex::new(HashMap::new()) }
+    }
+
+    /// Whether `header` holds what this trainer's plan puts at its step.
+    fn check(&self, header: &BatchHeader) -> Result<(), String> {
+        if self.dataset_version != 0 && header.dataset_version != self.dataset_version {
+            return Err(format!(
+                "batch made from dataset version {:016x}, the job's is {:016x}: the worker read another manifest",
+                header.dataset_version, self.dataset_version
+            ));
+        }
+        if header.start.0 > self.table.samples() {
+            return Err(format!("batch of a run starting at {} past the epoch's {} samples", header.start, self.table.samples()));
+        }
+        let plan = {
+            let mut plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if plans.len() > 8 {
+                plans.clear();
+            }
+            let plan = plans
+                .entry((header.epoch, header.start))
+                .or_insert_with(|| Arc::new(EpochPlan::starting_at(Arc::clone(&self.table), self.spec, header.epoch, header.start)));
+            Arc::clone(plan)
+        };
+        let planned = plan.layout().batch_len(header.rank, header.step);
+        if u64::from(header.shape[0]) != u64::from(planned) {
+            return Err(format!("{} holds {} samples, the plan {planned}", header.step, header.shape[0]));
+        }
+        let digest = plan.batch_digest(header.dataset_version, header.rank, header.step);
+        if header.plan_digest != digest {
+            return Err(format!("{} of {} holds other samples than this trainer's plan (digest mismatch)", header.step, header.epoch));
+        }
+        Ok(())
+    }
 }
 
 /// Counters of the receive side.
@@ -34,7 +88,7 @@ pub(crate) struct ReceiveStats {
 }
 
 /// Dial `worker` and introduce ourselves.
-pub(crate) async fn connect_worker(endpoint: &Endpoint, worker: WorkerInfo, expect: Expect) -> Result<Connection, NetError> {
+pub(crate) async fn connect_worker(endpoint: &Endpoint, worker: WorkerInfo, expect: &Expect) -> Result<Connection, NetError> {
     let connection = connect(endpoint, worker.addr, Duration::from_secs(5)).await?;
     let hello = TrainerHello { job: expect.job, rank: expect.rank, session: expect.session };
     call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await?;
@@ -58,9 +112,9 @@ pub(crate) async fn receive_loop(
                 return;
             }
         };
-        let (batches_tx, stats, pool) = (batches_tx.clone(), Arc::clone(&stats), pool.clone());
+        let (batches_tx, stats, pool, expect) = (batches_tx.clone(), Arc::clone(&stats), pool.clone(), expect.clone());
         tokio::spawn(async move {
-            match receive_batch(&mut recv, &pool, |header| check_header(header, expect)).await {
+            match receive_batch(&mut recv, &pool, |header| check_header(header, &expect)).await {
                 Ok((header, payload)) => {
                     stats.received.fetch_add(1, Ordering::AcqRel);
                     let _ = batches_tx.send(ReceivedBatch { header, payload });
@@ -75,8 +129,9 @@ pub(crate) async fn receive_loop(
     }
 }
 
-/// A header is for this trainer, and its sizes agree with each other and with the job.
-fn check_header(header: &BatchHeader, expect: Expect) -> Result<(), String> {
+/// A header is for this trainer, its sizes agree with each other and with the job, and it
+/// holds the samples this trainer's plan puts at its step.
+fn check_header(header: &BatchHeader, expect: &Expect) -> Result<(), String> {
     if header.job != expect.job || header.rank != expect.rank {
         return Err(format!("batch for {} {} reached {} {}", header.job, header.rank, expect.job, expect.rank));
     }
@@ -89,42 +144,68 @@ fn check_header(header: &BatchHeader, expect: Expect) -> Result<(), String> {
         ));
     }
     let samples = header.shape[0] as usize;
-    if header.labels.len() != samples || header.keys.len() != samples || header.replaced.iter().any(|&index| index as usize >= samples) {
-        return Err(format!("labels/keys/replaced do not match the {samples} samples of the shape"));
+    let out_of_range = |indices: &[u32]| indices.iter().any(|&index| index as usize >= samples);
+    if header.labels.len() != samples || header.keys.len() != samples || out_of_range(&header.replaced) || out_of_range(&header.corrupt) {
+        return Err(format!("labels/keys/replaced/corrupt do not match the {samples} samples of the shape"));
     }
-    Ok(())
+    expect.plans.check(header)
 }
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU32;
+
     use stoker_common::ids::{Epoch, Step};
+    use stoker_common::plan::{Shuffle, Tail};
     use stoker_common::transform::{OutputDtype, OutputLayout};
 
     use super::*;
 
+    const VERSION: u64 = 77;
+
+    fn plans() -> Arc<PlanBook> {
+        let spec = PlanSpec {
+            seed: 1,
+            world_size: NonZeroU32::MIN,
+            batch_size: NonZeroU32::new(2).expect("2"),
+            shuffle: Shuffle::Full,
+            tail: Tail::Drop,
+        };
+        let table = Arc::new(ShardTable::new([3, 5]).expect("table"));
+        Arc::new(PlanBook::new(table, spec, VERSION))
+    }
+
+    fn expect() -> Expect {
+        Expect { job: JobId(1), rank: Rank(0), session: SessionId(1), max_payload: 1000, plans: plans() }
+    }
+
+    /// Step 1 of epoch 0 as a worker with the same manifest and plan makes it.
     fn header() -> BatchHeader {
+        let book = plans();
+        let plan = EpochPlan::new(Arc::clone(&book.table), book.spec, Epoch(0));
         BatchHeader {
             job: JobId(1),
             epoch: Epoch(0),
-            start: 0,
+            start: Position(0),
             rank: Rank(0),
-            step: Step(0),
+            step: Step(1),
             shape: [2, 4, 4, 3],
             dtype: OutputDtype::U8,
             layout: OutputLayout::Nhwc,
             labels: vec![0, 1],
             keys: vec!["a".into(), "b".into()],
             replaced: vec![],
+            corrupt: vec![],
+            dataset_version: VERSION,
+            plan_digest: plan.batch_digest(VERSION, Rank(0), Step(1)),
             payload_len: 96,
             checksum: 0,
         }
     }
 
-    const EXPECT: Expect = Expect { job: JobId(1), rank: Rank(0), session: SessionId(1), max_payload: 1000 };
-
     #[test]
     fn a_consistent_header_passes() {
-        assert_eq!(check_header(&header(), EXPECT), Ok(()));
+        assert_eq!(check_header(&header(), &expect()), Ok(()));
     }
 
     #[test]
@@ -143,11 +224,18 @@ mod tests {
             ),
             ("missing key", Box::new(|h| h.keys.pop().map(drop).unwrap_or_default())),
             ("replaced out of range", Box::new(|h| h.replaced = vec![2])),
+            ("corrupt out of range", Box::new(|h| h.corrupt = vec![5])),
+            // Issue 15, item 8: a batch made from another manifest or another plan.
+            ("another dataset version", Box::new(|h| h.dataset_version = VERSION + 1)),
+            ("another step's samples", Box::new(|h| h.step = Step(2))),
+            ("another epoch's samples", Box::new(|h| h.epoch = Epoch(1))),
+            ("another run's samples", Box::new(|h| h.start = Position(2))),
+            ("a forged digest", Box::new(|h| h.plan_digest ^= 1)),
         ];
         for (name, mutate) in cases {
             let mut bad = header();
             mutate(&mut bad);
-            assert!(check_header(&bad, EXPECT).is_err(), "{name}");
+            assert!(check_header(&bad, &expect()).is_err(), "{name}");
         }
     }
 }

@@ -4,10 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use stoker_common::ids::{Epoch, Step};
+use stoker_common::ids::{Epoch, Position, Step};
 
-/// Which run a batch belongs to: (epoch, start position).
-pub type RunId = (Epoch, u64);
+/// Which run a batch belongs to: (epoch, start position). Runs order by epoch, then start.
+pub type RunId = (Epoch, Position);
 
 /// Steps of one run waiting to be yielded.
 #[derive(Debug)]
@@ -72,6 +72,28 @@ impl<B> Reorder<B> {
         self.waiting.len()
     }
 
+    /// The steps of the batches waiting, in order.
+    pub fn waiting_steps(&self) -> impl Iterator<Item = Step> + '_ {
+        self.waiting.keys().map(|&step| Step(step))
+    }
+
+    /// The steps not yet here that block the batches waiting: the next step, and every gap
+    /// below the last batch waiting.
+    pub fn missing_steps(&self) -> impl Iterator<Item = Step> + '_ {
+        let last = self.waiting.keys().next_back().copied().unwrap_or(self.next);
+        (self.next..=last.max(self.next)).filter(|step| *step < self.steps && !self.waiting.contains_key(step)).map(Step)
+    }
+
+    /// Steps in the run.
+    pub fn steps(&self) -> u64 {
+        self.steps
+    }
+
+    /// The batches waiting, taken out (the buffer is being left).
+    pub fn into_waiting(self) -> impl Iterator<Item = B> {
+        self.waiting.into_values()
+    }
+
     /// Duplicates dropped so far.
     pub fn duplicates(&self) -> u64 {
         self.duplicates
@@ -84,7 +106,7 @@ mod tests {
 
     use super::*;
 
-    const RUN: RunId = (Epoch(1), 0);
+    const RUN: RunId = (Epoch(1), Position(0));
 
     proptest! {
         /// Whatever the arrival order and however many copies arrive, every step comes out
@@ -113,12 +135,31 @@ mod tests {
     #[test]
     fn another_runs_batches_are_foreign() {
         let mut reorder = Reorder::new(RUN, 3);
-        assert_eq!(reorder.offer((Epoch(0), 0), Step(0), ()), Offer::Foreign(()));
-        assert_eq!(reorder.offer((Epoch(1), 64), Step(0), ()), Offer::Foreign(()));
+        assert_eq!(reorder.offer((Epoch(0), Position(0)), Step(0), ()), Offer::Foreign(()));
+        assert_eq!(reorder.offer((Epoch(1), Position(64)), Step(0), ()), Offer::Foreign(()));
         assert_eq!(reorder.offer(RUN, Step(3), ()), Offer::Foreign(()));
         assert_eq!(reorder.offer(RUN, Step(1), ()), Offer::Kept);
         assert_eq!(reorder.offer(RUN, Step(1), ()), Offer::Duplicate);
         assert!(reorder.pop().is_none(), "step 0 has not arrived");
         assert_eq!(reorder.waiting(), 1);
+        assert_eq!(reorder.missing_steps().collect::<Vec<_>>(), vec![Step(0)]);
+    }
+
+    #[test]
+    fn the_missing_steps_are_the_next_and_the_gaps_below_the_last_batch_held() {
+        let mut reorder = Reorder::new(RUN, 10);
+        assert_eq!(reorder.missing_steps().collect::<Vec<_>>(), vec![Step(0)], "nothing held: the next step");
+        for step in [1, 4, 5] {
+            let _ = reorder.offer(RUN, Step(step), ());
+        }
+        assert_eq!(reorder.missing_steps().collect::<Vec<_>>(), vec![Step(0), Step(2), Step(3)]);
+        let _ = reorder.offer(RUN, Step(0), ());
+        while reorder.pop().is_some() {}
+        assert_eq!(reorder.next_step(), Step(2));
+        assert_eq!(reorder.missing_steps().collect::<Vec<_>>(), vec![Step(2), Step(3)]);
+        let mut done = Reorder::new(RUN, 1);
+        let _ = done.offer(RUN, Step(0), ());
+        let _ = done.pop();
+        assert_eq!(done.missing_steps().count(), 0, "a finished run misses nothing");
     }
 }

@@ -9,6 +9,11 @@
 //! trainer would wait for them forever. A report that arrived after the detach would make the
 //! coordinator think the trainer is back, and workers would make batches for nobody. So each
 //! such call takes this session's turn, and a report reads its value only once it has the turn.
+//!
+//! The turn orders the calls as the trainer sends them, not as the coordinator receives them:
+//! a report that timed out here gave up its turn but may still reach the coordinator later.
+//! So every call also names its pass ([`crate::protocol`]), and the coordinator ignores a report
+//! of an older pass than the last one it saw opened.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,20 +21,18 @@ use std::time::Duration;
 
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, JobId, Rank, SessionId};
+use stoker_common::ids::{JobId, Rank, SessionId};
 use stoker_common::proto::{ControlRequest, ErrorCode, RemoteError, WorkerInfo};
 use tokio::sync::{OwnedMutexGuard, watch};
 use tracing::{debug, info, warn};
 
 use crate::error::ClientError;
+use crate::protocol::Report;
 
 /// What the progress reporter sends.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Progress {
-    pub(crate) epoch: Epoch,
-    pub(crate) start: u64,
-    pub(crate) steps: u64,
-    pub(crate) consumed: u64,
+    pub(crate) report: Report,
     pub(crate) wait_seconds: f64,
 }
 
@@ -96,25 +99,37 @@ pub(crate) async fn report_progress<A>(
         if *turn {
             return;
         }
-        let Some(progress) = *progress_rx.borrow_and_update() else { continue };
+        let Some(progress) = progress_rx.borrow_and_update().clone() else { continue };
+        let Report { run: (epoch, start), pass, steps, consumed, missing } = progress.report.clone();
         let request = ControlRequest::ReportProgress {
             job,
             rank,
             session: session.session,
-            epoch: progress.epoch,
-            start: progress.start,
-            consumed: progress.consumed,
+            epoch,
+            start,
+            consumed,
             wait_seconds: progress.wait_seconds,
+            pass,
+            missing,
         };
         match coordinator.call(request).await.and_then(|answer| expect_response!(answer, ProgressRecorded { workers, run_known })) {
             Ok((workers, run_known)) => {
                 workers_seen(&workers);
                 // The coordinator restarted and lost the run while this rank is still inside it
-                // (and has not moved on meanwhile): open it again.
-                let still_current = *progress_rx.borrow() == Some(progress);
-                if !run_known && progress.consumed < progress.steps && still_current {
-                    let reopen =
-                        ControlRequest::OpenEpoch { job, rank, epoch: progress.epoch, start: progress.start, session: session.session };
+                // (and has not moved on meanwhile): open the same pass again, from where the
+                // rank stands. Batches it holds are not named, so a few may be made twice.
+                let still_current = progress_rx.borrow().as_ref().is_some_and(|latest| latest.report.pass == pass);
+                if !run_known && consumed < steps && still_current {
+                    let reopen = ControlRequest::OpenEpoch {
+                        job,
+                        rank,
+                        epoch,
+                        start,
+                        session: session.session,
+                        pass,
+                        consumed,
+                        holding: Vec::new(),
+                    };
                     if let Err(error) = coordinator.call(reopen).await {
                         debug!(%error, "cannot re-open the epoch");
                     }
@@ -143,6 +158,7 @@ pub(crate) async fn report_progress<A>(
 mod tests {
     use std::time::Instant;
 
+    use stoker_common::ids::{Epoch, Pass, Position};
     use stoker_common::proto::ControlResponse;
     use tokio::sync::Notify;
 
@@ -177,7 +193,8 @@ mod tests {
     }
 
     fn progress(consumed: u64) -> Option<Progress> {
-        Some(Progress { epoch: Epoch(0), start: 0, steps: 12, consumed, wait_seconds: 0.0 })
+        let report = Report { run: (Epoch(0), Position(0)), pass: Pass(1), steps: 12, consumed, missing: Vec::new() };
+        Some(Progress { report, wait_seconds: 0.0 })
     }
 
     type Reporting = (Arc<SlowCoordinator>, Session, watch::Sender<Option<Progress>>, tokio::task::JoinHandle<()>);
@@ -213,7 +230,16 @@ mod tests {
         progress_tx.send_replace(progress(12));
         {
             let _turn = session.turn().await;
-            let open = ControlRequest::OpenEpoch { job: JobId(1), rank: Rank(0), epoch: Epoch(0), start: 0, session: SessionId(1) };
+            let open = ControlRequest::OpenEpoch {
+                job: JobId(1),
+                rank: Rank(0),
+                epoch: Epoch(0),
+                start: Position(0),
+                session: SessionId(1),
+                pass: Pass(2),
+                consumed: 0,
+                holding: Vec::new(),
+            };
             coordinator.call(open).await.expect("open");
             progress_tx.send_replace(progress(0));
         }

@@ -11,6 +11,9 @@ pub trait CoordinatorApi: Send + Sync + 'static {
     /// Send `request`, wait for its answer. Transport failures come back as
     /// [`ErrorCode::Unavailable`] errors, so callers decide on retry from the code alone.
     fn call(&self, request: ControlRequest) -> impl Future<Output = Result<ControlResponse, RemoteError>> + Send;
+
+    /// Let go of connections (a trainer or worker stopping); calls after it may fail.
+    fn close(&self) {}
 }
 
 /// Take the fields of the response variant `$variant` or fail with an internal error naming

@@ -6,6 +6,14 @@
 //! fn wants_rank(_rank: Rank) {}
 //! wants_rank(Step(3));
 //! ```
+//!
+//! Nor can a step be taken for a sample position:
+//!
+//! ```compile_fail
+//! use stoker_common::ids::{Position, Step};
+//! fn wants_position(_position: Position) {}
+//! wants_position(Step(3));
+//! ```
 
 use std::fmt;
 
@@ -42,6 +50,11 @@ id_newtype!(
     /// Data-parallel rank of a trainer process, `0..world_size`.
     Rank(u32), "rank-"
 );
+id_newtype!(
+    /// Global position of a sample in an epoch's order (DESIGN §4): rank r's batch at step s
+    /// of a run starting at `start` holds positions `start + s*W*B + r*B + i`. Not a step.
+    Position(u64), "position-"
+);
 
 id_newtype!(
     /// A training job, numbered by the coordinator when its first trainer attaches.
@@ -61,6 +74,12 @@ id_newtype!(
     /// same rank (a restart) gets a new session, and the old one's requests are refused.
     SessionId(u64), "session-"
 );
+id_newtype!(
+    /// One opening of a run by a trainer session, counted from 1 by the trainer. Every
+    /// progress report names the pass it belongs to, so a report that arrives after the next
+    /// opening (late, or sent again) is recognised as stale and ignored.
+    Pass(u64), "pass-"
+);
 
 #[cfg(test)]
 mod tests {
@@ -75,6 +94,8 @@ mod tests {
         assert_eq!(JobId(1).to_string(), "job-1");
         assert_eq!(WorkerId(2).to_string(), "worker-2");
         assert_eq!(LeaseId(4).to_string(), "lease-4");
+        assert_eq!(Position(9).to_string(), "position-9");
+        assert_eq!(Pass(2).to_string(), "pass-2");
     }
 
     #[test]

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::CoordinatorError;
+use crate::scheduler::SchedulerConfig;
 
 /// How a coordinator runs.
 #[derive(Clone, Debug)]
@@ -12,6 +13,13 @@ pub struct CoordinatorConfig {
     pub data_dir: PathBuf,
     /// A lease not renewed for this long expires; a worker silent this long is dead.
     pub lease_ttl: Duration,
+    /// A lease none of whose batches was finished for this long expires even though its worker
+    /// still lists it (the worker is stuck: a hung dataset open or decode, a delivery that
+    /// never completes). Longer than the time one batch may take to make and deliver.
+    pub lease_stall: Duration,
+    /// A step a trainer reports missing is made again if it was delivered at least this long
+    /// ago.
+    pub missing_grace: Duration,
     /// How often workers heartbeat (a third of the TTL or less is sensible).
     pub heartbeat: Duration,
     /// Steps per chunk of work.
@@ -24,12 +32,15 @@ pub struct CoordinatorConfig {
 }
 
 impl CoordinatorConfig {
-    /// Defaults for `data_dir`: 3 s leases, 500 ms heartbeats, 2-step chunks, 500 ms retry delay,
-    /// 5 s trainer TTL.
+    /// Defaults for `data_dir`: 3 s leases that stall after 60 s without progress, 500 ms
+    /// heartbeats, 2-step chunks, 500 ms retry delay, 5 s trainer TTL, 1 s grace for steps
+    /// reported missing.
     pub fn new(data_dir: PathBuf) -> Self {
         Self {
             data_dir,
             lease_ttl: Duration::from_secs(3),
+            lease_stall: Duration::from_secs(60),
+            missing_grace: Duration::from_secs(1),
             heartbeat: Duration::from_millis(500),
             chunk_steps: 2,
             retry_delay: Duration::from_millis(500),
@@ -52,6 +63,26 @@ impl CoordinatorConfig {
         if self.chunk_steps == 0 {
             return Err(CoordinatorError::Config { message: "chunk steps must be at least 1".to_owned() });
         }
+        if self.lease_stall <= self.lease_ttl {
+            return Err(CoordinatorError::Config {
+                message: format!(
+                    "the lease stall timeout ({:?}) must be longer than the lease TTL ({:?}): it is how long one batch may take",
+                    self.lease_stall, self.lease_ttl
+                ),
+            });
+        }
         Ok(self)
+    }
+
+    /// The scheduler's share of the settings.
+    pub fn scheduler(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            lease_ttl: self.lease_ttl,
+            lease_stall: self.lease_stall,
+            chunk_steps: self.chunk_steps,
+            retry_delay: self.retry_delay,
+            trainer_ttl: self.trainer_ttl,
+            missing_grace: self.missing_grace,
+        }
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use stoker_common::api::CoordinatorApi;
-use stoker_common::ids::{JobId, Rank, SessionId, Step};
+use stoker_common::ids::{JobId, Rank, SessionId, Step, WorkerId};
 use stoker_common::plan::{EpochPlan, ShardTable};
 use stoker_common::proto::{
     ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, ErrorCode, JobSpec, JobStatus, RankStatus, RemoteError,
@@ -18,7 +18,7 @@ use stoker_common::transform::{Recipe, TransformSpec};
 
 use crate::config::CoordinatorConfig;
 use crate::error::CoordinatorError;
-use crate::scheduler::{Refusal, RunKey, Scheduler, SchedulerConfig};
+use crate::scheduler::{Opening, Refusal, Reporting, RunKey, RunShape, Scheduler, SeatRefusal};
 use crate::state::{Applied, ClusterState, Command};
 use crate::store::Store;
 
@@ -28,9 +28,6 @@ struct Inner {
     scheduler: Scheduler,
     plans: BTreeMap<RunKey, Arc<EpochPlan>>,
     ranks: BTreeMap<(JobId, Rank), RankStatus>,
-    /// The newest session of each attached rank (not durable: after a restart, the first
-    /// session heard from is adopted).
-    sessions: BTreeMap<(JobId, Rank), SessionId>,
     next_session: u64,
     /// Jobs that cannot go on (an `on_error=fail` sample), with the worker's reason. Not durable,
     /// and a new `Attach` clears it: a restarted trainer (the data fixed) tries again.
@@ -63,6 +60,13 @@ fn refused(refusal: Refusal) -> RemoteError {
         Refusal::UnknownWorker(worker) => {
             not_found(format!("{worker} is not registered (the coordinator restarted or declared it dead): register again"))
         }
+        Refusal::Seat(SeatRefusal::Superseded { job, rank, session }) => RemoteError::new(
+            ErrorCode::Superseded,
+            format!("another trainer attached as {rank} of {job} since this one ({session}); only the newest is served"),
+        ),
+        Refusal::Seat(SeatRefusal::Stale { pass, current }) => {
+            RemoteError::new(ErrorCode::Stale, format!("{pass} is older than {current}, which this trainer opened since: ignored"))
+        }
     }
 }
 
@@ -72,26 +76,30 @@ impl Coordinator {
         let config = config.validate()?;
         let (store, state) = Store::open(&config.data_dir)?;
         let id_base = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |elapsed| elapsed.as_millis() as u64 * 1000);
-        let scheduler = Scheduler::new(
-            SchedulerConfig {
-                lease_ttl: config.lease_ttl,
-                chunk_steps: config.chunk_steps,
-                retry_delay: config.retry_delay,
-                trainer_ttl: config.trainer_ttl,
-            },
-            id_base,
-        );
+        Ok(Self::with_store(config, advertised, store, state, id_base))
+    }
+
+    /// A coordinator whose state lives in memory only, starting from `state`, with ids from
+    /// `id_base` (for simulations and tests: the protocol model drives it with a simulated
+    /// clock, and "restarts" it by building a new one from the old one's durable state).
+    pub fn in_memory(config: CoordinatorConfig, state: ClusterState, id_base: u64) -> Result<Self, CoordinatorError> {
+        let config = config.validate()?;
+        let (store, _) = Store::in_memory();
+        Ok(Self::with_store(config, "in-memory".to_owned(), store, state, id_base))
+    }
+
+    fn with_store(config: CoordinatorConfig, advertised: String, store: Store, state: ClusterState, id_base: u64) -> Self {
+        let scheduler = Scheduler::new(config.scheduler(), id_base);
         let inner = Inner {
             state,
             store,
             scheduler,
             plans: BTreeMap::new(),
             ranks: BTreeMap::new(),
-            sessions: BTreeMap::new(),
             next_session: id_base,
             failed: BTreeMap::new(),
         };
-        Ok(Self { inner: Mutex::new(inner), config, advertised })
+        Self { inner: Mutex::new(inner), config, advertised }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -112,18 +120,22 @@ impl Coordinator {
                 Ok(ControlResponse::Datasets { datasets: self.lock().state.datasets.values().cloned().collect() })
             }
             ControlRequest::Attach { spec, rank } => self.attach(spec, rank, now),
-            ControlRequest::OpenEpoch { job, rank, epoch, start, session } => {
+            ControlRequest::OpenEpoch { job, rank, epoch, start, session, pass, consumed, holding } => {
                 let mut inner = self.lock();
-                inner.check_session(job, rank, session)?;
+                inner.check_job(job, rank)?;
+                inner.scheduler.check_session(job, rank, session).map_err(refused)?;
                 inner.check_not_failed(job)?;
-                let steps = inner.open_run(RunKey { job, epoch, start }, rank, now)?;
+                let opening = Opening { session, pass, consumed, holding };
+                let steps = inner.open_run(RunKey { job, epoch, start }, rank, &opening, now)?;
                 Ok(ControlResponse::EpochOpened { steps })
             }
-            ControlRequest::ReportProgress { job, rank, epoch, start, consumed, wait_seconds, session } => {
+            ControlRequest::ReportProgress { job, rank, epoch, start, consumed, wait_seconds, session, pass, missing } => {
                 let mut inner = self.lock();
-                inner.check_session(job, rank, session)?;
+                inner.check_job(job, rank)?;
+                inner.scheduler.check_session(job, rank, session).map_err(refused)?;
                 inner.check_not_failed(job)?;
-                let run_known = inner.record_progress(RunKey { job, epoch, start }, rank, consumed, wait_seconds, now)?;
+                let reporting = Reporting { session, pass, consumed, missing };
+                let run_known = inner.record_progress(RunKey { job, epoch, start }, rank, &reporting, wait_seconds, now)?;
                 Ok(ControlResponse::ProgressRecorded { workers: inner.scheduler.alive_workers(now), run_known })
             }
             ControlRequest::RegisterWorker { addr, threads } => {
@@ -135,12 +147,13 @@ impl Coordinator {
                 })
             }
             ControlRequest::Heartbeat { worker, leases, images } => {
-                let revoked = self.lock().scheduler.heartbeat(worker, &leases, images, now).map_err(refused)?;
-                Ok(ControlResponse::HeartbeatAck { revoked })
+                let mut inner = self.lock();
+                let revoked = inner.scheduler.heartbeat(worker, &leases, images, now).map_err(refused)?;
+                Ok(ControlResponse::HeartbeatAck { revoked, live_jobs: inner.scheduler.live_jobs(now) })
             }
             ControlRequest::PullChunks { worker, max } => self.pull(worker, max, now),
             ControlRequest::ChunkDone { worker, lease } => {
-                self.lock().scheduler.chunk_done(worker, lease);
+                self.lock().scheduler.chunk_done(worker, lease, now);
                 Ok(ControlResponse::Ack)
             }
             ControlRequest::ChunkFailed { worker, lease, reason } => {
@@ -163,8 +176,8 @@ impl Coordinator {
             ControlRequest::Status => Ok(ControlResponse::Status { status: self.status(now) }),
             ControlRequest::Detach { job, rank, session } => {
                 let mut inner = self.lock();
-                inner.check_session(job, rank, session)?;
-                inner.scheduler.trainer_left(job, rank);
+                inner.check_job(job, rank)?;
+                inner.scheduler.detach(job, rank, session).map_err(refused)?;
                 tracing::info!(%job, %rank, %session, "trainer detached");
                 Ok(ControlResponse::Ack)
             }
@@ -180,11 +193,12 @@ impl Coordinator {
         let path = path.canonicalize().map_err(|error| {
             invalid(format!("cannot open {}: {error} (give a manifest.json, or the folder `stoker pack` wrote)", path.display()))
         })?;
-        let loaded = Manifest::load(&path).map_err(|error| invalid(error.to_string()))?;
+        let (loaded, version) = Manifest::load_versioned(&path).map_err(|error| invalid(error.to_string()))?;
         let dataset = DatasetInfo {
             name,
             manifest: path.to_string_lossy().into_owned(),
             shard_counts: loaded.shards.iter().map(|shard| shard.samples).collect(),
+            version,
         };
         ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| invalid(error.to_string()))?;
         let mut inner = self.lock();
@@ -197,14 +211,24 @@ impl Coordinator {
     fn attach(&self, spec: JobSpec, rank: Rank, now: Instant) -> Result<ControlResponse, RemoteError> {
         validate_spec(&spec, rank)?;
         let mut inner = self.lock();
-        let Some(dataset) = inner.state.datasets.get(&spec.dataset).cloned() else {
+        let Some(current) = inner.state.datasets.get(&spec.dataset).cloned() else {
             return Err(not_found(format!(
                 "dataset {:?} is not registered: add it with `stoker dataset add {} PATH`",
                 spec.dataset, spec.dataset
             )));
         };
         let job = match inner.state.job_named(&spec.name) {
-            Some((id, existing)) if *existing == spec => id,
+            Some((id, existing)) if *existing == spec => {
+                if let Some(bound) = inner.state.job_dataset(id).filter(|bound| bound.version != current.version) {
+                    return Err(invalid(format!(
+                        "job {:?} was made for dataset {:?} as it was when the job started (manifest {}, version {:016x}); \
+                         the name now stands for other data (manifest {}, version {:016x}), and the job's checkpoints and \
+                         plans refer to the old one: give this run another job name to train on the new data",
+                        spec.name, spec.dataset, bound.manifest, bound.version, current.manifest, current.version
+                    )));
+                }
+                id
+            }
             Some((_, existing)) => {
                 return Err(invalid(format!(
                     "job {:?} exists with another spec ({}); attach every rank with the same spec, or pick another job name",
@@ -227,25 +251,25 @@ impl Coordinator {
             tracing::info!(%job, %reason, "a trainer attached to a failed job: trying again");
         }
         let checkpoint = inner.state.checkpoints.get(&job).copied();
+        let dataset = inner.state.job_dataset(job).cloned().unwrap_or(current);
         let session = SessionId(inner.next_session);
         inner.next_session += 1;
-        inner.scheduler.trainer_seen(job, rank, now);
-        if inner.sessions.insert((job, rank), session).is_some() {
+        if inner.scheduler.attach(job, rank, session, now) {
             tracing::info!(%job, %rank, %session, "rank attached again; the earlier trainer is no longer served");
         }
         Ok(ControlResponse::Attached { job, dataset, workers: inner.scheduler.alive_workers(now), checkpoint, session })
     }
 
-    fn pull(&self, worker: stoker_common::ids::WorkerId, max: u32, now: Instant) -> Result<ControlResponse, RemoteError> {
+    fn pull(&self, worker: WorkerId, max: u32, now: Instant) -> Result<ControlResponse, RemoteError> {
         let mut inner = self.lock();
         let granted = inner.scheduler.pull(worker, max, now).map_err(refused)?;
         let grants = granted
             .into_iter()
             .filter_map(|(lease, chunk)| {
                 let spec = inner.state.jobs.get(&chunk.job)?.clone();
-                let manifest = inner.state.datasets.get(&spec.dataset)?.manifest.clone();
-                let session = inner.sessions.get(&(chunk.job, chunk.rank)).copied().unwrap_or(SessionId(0));
-                Some(ChunkGrant { lease, chunk, spec, manifest, session })
+                let dataset = inner.state.job_dataset(chunk.job)?;
+                let session = inner.scheduler.session_of(chunk.job, chunk.rank).unwrap_or(SessionId(0));
+                Some(ChunkGrant { lease, chunk, spec, manifest: dataset.manifest.clone(), dataset_version: dataset.version, session })
             })
             .collect();
         Ok(ControlResponse::Chunks { grants })
@@ -262,7 +286,7 @@ impl Coordinator {
                 JobStatus {
                     id: *id,
                     spec: spec.clone(),
-                    chunks_queued: counts.queued,
+                    steps_queued: counts.queued,
                     chunks_leased: counts.leased,
                     ranks: inner.ranks.range((*id, Rank(0))..=(*id, Rank(u32::MAX))).map(|(_, status)| *status).collect(),
                 }
@@ -288,23 +312,15 @@ impl Coordinator {
 }
 
 impl Inner {
-    /// Refuse a trainer whose rank has been attached again since (the newest trainer of a rank
-    /// is the one served); adopt an unknown session (this coordinator restarted since).
-    fn check_session(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), RemoteError> {
-        if !self.state.jobs.contains_key(&job) {
+    /// Refuse a trainer's request for a job that does not exist or a rank outside it.
+    fn check_job(&self, job: JobId, rank: Rank) -> Result<(), RemoteError> {
+        let Some(spec) = self.state.jobs.get(&job) else {
             return Err(not_found(format!("{job} does not exist: attach first")));
+        };
+        if rank.0 >= spec.plan.world_size.get() {
+            return Err(invalid(format!("{rank} is outside world size {}", spec.plan.world_size)));
         }
-        match self.sessions.entry((job, rank)) {
-            std::collections::btree_map::Entry::Occupied(newest) if *newest.get() != session => Err(RemoteError::new(
-                ErrorCode::Superseded,
-                format!("another trainer attached as {rank} of {job} since this one ({session}); only the newest is served"),
-            )),
-            std::collections::btree_map::Entry::Occupied(_) => Ok(()),
-            std::collections::btree_map::Entry::Vacant(entry) => {
-                entry.insert(session);
-                Ok(())
-            }
-        }
+        Ok(())
     }
 
     /// Refuse the requests of a failed job's trainers, with the reason it failed.
@@ -315,26 +331,24 @@ impl Inner {
         }
     }
 
-    fn open_run(&mut self, key: RunKey, rank: Rank, now: Instant) -> Result<u64, RemoteError> {
+    fn open_run(&mut self, key: RunKey, rank: Rank, opening: &Opening, now: Instant) -> Result<u64, RemoteError> {
         let Some(spec) = self.state.jobs.get(&key.job) else {
             return Err(not_found(format!("{} does not exist: attach first", key.job)));
         };
-        if rank.0 >= spec.plan.world_size.get() {
-            return Err(invalid(format!("{rank} is outside world size {}", spec.plan.world_size)));
-        }
         let plan = match self.plans.get(&key) {
             Some(plan) => Arc::clone(plan),
             None => {
                 let dataset =
-                    self.state.datasets.get(&spec.dataset).ok_or_else(|| not_found(format!("dataset {:?} was removed", spec.dataset)))?;
+                    self.state.job_dataset(key.job).ok_or_else(|| not_found(format!("dataset {:?} was removed", spec.dataset)))?;
                 let table = ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| invalid(error.to_string()))?;
-                if key.start > table.samples() {
-                    return Err(invalid(format!("start position {} is past the epoch's {} samples", key.start, table.samples())));
+                if key.start.0 > table.samples() {
+                    return Err(invalid(format!("start {} is past the epoch's {} samples", key.start, table.samples())));
                 }
                 Arc::new(EpochPlan::starting_at(Arc::new(table), spec.plan, key.epoch, key.start))
             }
         };
-        self.scheduler.open_run(key, rank, plan.steps(), spec.plan.world_size.get(), spec.prefetch, now);
+        let shape = RunShape { steps: plan.steps(), world_size: spec.plan.world_size.get(), prefetch: spec.prefetch };
+        self.scheduler.open_run(key, rank, opening, shape, now).map_err(refused)?;
         self.plans.insert(key, Arc::clone(&plan));
         let status = self.ranks.entry((key.job, rank)).or_insert(RankStatus {
             rank,
@@ -344,7 +358,7 @@ impl Inner {
             wait_seconds: 0.0,
         });
         status.epoch = key.epoch;
-        status.consumed = Step(0);
+        status.consumed = Step(opening.consumed);
         status.steps = plan.steps();
         Ok(plan.steps())
     }
@@ -352,14 +366,20 @@ impl Inner {
     /// Record a rank's progress; `false` if the run is unknown (finished, or lost in a
     /// coordinator restart: a rank still inside it opens it again). A late report of a
     /// finished run must not re-create it, so unknown runs are never opened here.
-    fn record_progress(&mut self, key: RunKey, rank: Rank, consumed: u64, wait_seconds: f64, now: Instant) -> Result<bool, RemoteError> {
+    fn record_progress(
+        &mut self,
+        key: RunKey,
+        rank: Rank,
+        reporting: &Reporting,
+        wait_seconds: f64,
+        now: Instant,
+    ) -> Result<bool, RemoteError> {
+        let recorded = self.scheduler.record_progress(key, rank, reporting, now).map_err(refused)?;
+        let Some(slowest) = recorded.slowest_opt else { return Ok(recorded.run_known) };
         if let Some(status) = self.ranks.get_mut(&(key.job, rank)).filter(|status| status.epoch == key.epoch) {
-            status.consumed = Step(consumed);
+            status.consumed = Step(reporting.consumed);
             status.wait_seconds = wait_seconds;
         }
-        let Some(slowest) = self.scheduler.record_progress(key, rank, consumed, now) else {
-            return Ok(false);
-        };
         let Some(plan) = self.plans.get(&key) else { return Ok(true) };
         if slowest == 0 {
             return Ok(true);

@@ -25,9 +25,15 @@ struct LogEntry {
     command: Command,
 }
 
-/// The command log and snapshot of one data directory.
+/// The command log and snapshot of one data directory, or nothing (in memory: for tests and
+/// simulations that must not touch the disk).
 #[derive(Debug)]
 pub struct Store {
+    files_opt: Option<Files>,
+}
+
+#[derive(Debug)]
+struct Files {
     dir: PathBuf,
     log: File,
     entries: u64,
@@ -64,11 +70,23 @@ impl Store {
             log.set_len(good_bytes).map_err(io_error("cannot truncate", &log_path))?;
         }
         info!(dir = %dir.display(), datasets = state.datasets.len(), jobs = state.jobs.len(), entries, "state loaded");
-        Ok((Self { dir: dir.to_path_buf(), log, entries }, state))
+        Ok((Self { files_opt: Some(Files { dir: dir.to_path_buf(), log, entries }) }, state))
+    }
+
+    /// A store that keeps nothing: the state lives as long as the process.
+    pub fn in_memory() -> (Self, ClusterState) {
+        (Self { files_opt: None }, ClusterState::new())
     }
 
     /// Log `command`, then apply it to `state`.
     pub fn commit(&mut self, state: &mut ClusterState, command: Command) -> Result<Applied, CoordinatorError> {
+        let Some(files) = &mut self.files_opt else { return Ok(state.apply(command)) };
+        files.commit(state, command)
+    }
+}
+
+impl Files {
+    fn commit(&mut self, state: &mut ClusterState, command: Command) -> Result<Applied, CoordinatorError> {
         let mut line = serde_json::to_vec(&LogEntry { version: STATE_VERSION, command: command.clone() })
             .map_err(|error| CoordinatorError::Internal { message: format!("cannot serialise a command: {error}") })?;
         line.push(b'\n');
@@ -151,7 +169,9 @@ mod tests {
     use super::*;
 
     fn dataset(name: &str) -> Command {
-        Command::AddDataset { dataset: DatasetInfo { name: name.to_owned(), manifest: "/m.json".to_owned(), shard_counts: vec![1] } }
+        Command::AddDataset {
+            dataset: DatasetInfo { name: name.to_owned(), manifest: "/m.json".to_owned(), shard_counts: vec![1], version: 1 },
+        }
     }
 
     #[test]
@@ -186,7 +206,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let (mut store, mut state) = Store::open(dir.path()).expect("opens");
         store.commit(&mut state, dataset("a")).expect("commits");
-        store.compact(&state).expect("compacts");
+        store.files_opt.as_mut().expect("files").compact(&state).expect("compacts");
         store.commit(&mut state, dataset("b")).expect("commits");
         drop(store);
         let (_, reopened) = Store::open(dir.path()).expect("reopens");

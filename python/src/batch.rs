@@ -9,8 +9,8 @@ use stoker_client::ReceivedBatch;
 use stoker_common::net::Payload;
 use stoker_common::transform::{FloatDtype, OutputDtype, OutputLayout};
 
-/// `(images_u8_flat, shape, dtype, layout, labels, keys, epoch, step, rank, replaced, checksum)`:
-/// the order `stoker/batch.py` unpacks.
+/// `(images_u8_flat, shape, dtype, layout, labels, keys, epoch, step, rank, replaced, checksum,
+/// corrupt)`: the order `stoker/batch.py` unpacks.
 pub(crate) fn to_python(py: Python<'_>, batch: ReceivedBatch) -> PyResult<Bound<'_, PyTuple>> {
     let (header, payload) = batch.into_parts();
     let dtype = match header.dtype {
@@ -25,7 +25,7 @@ pub(crate) fn to_python(py: Python<'_>, batch: ReceivedBatch) -> PyResult<Bound<
     let images = payload_array(py, payload)?;
     let labels = header.labels.into_pyarray(py);
     let shape = PyTuple::new(py, header.shape)?;
-    let items: [Bound<'_, PyAny>; 11] = [
+    let items: [Bound<'_, PyAny>; 12] = [
         images.into_any(),
         shape.into_any(),
         dtype.into_pyobject(py)?.into_any(),
@@ -37,6 +37,7 @@ pub(crate) fn to_python(py: Python<'_>, batch: ReceivedBatch) -> PyResult<Bound<
         header.rank.0.into_pyobject(py)?.into_any(),
         header.replaced.into_pyobject(py)?.into_any(),
         header.checksum.into_pyobject(py)?.into_any(),
+        header.corrupt.into_pyobject(py)?.into_any(),
     ];
     PyTuple::new(py, items)
 }

@@ -44,7 +44,7 @@ pub(crate) fn to_py(error: ClientError) -> PyErr {
             ErrorCode::InvalidArgument | ErrorCode::NotFound => ConfigError::new_err(message),
             ErrorCode::Unavailable | ErrorCode::VersionMismatch | ErrorCode::NotLeader { .. } => ConnectionError::new_err(message),
             ErrorCode::Timeout => TimeoutError::new_err(message),
-            ErrorCode::Internal | ErrorCode::Superseded | ErrorCode::JobFailed => StokerError::new_err(message),
+            ErrorCode::Internal | ErrorCode::Superseded | ErrorCode::JobFailed | ErrorCode::Stale => StokerError::new_err(message),
         },
     }
 }

@@ -25,6 +25,7 @@ RawBatch = Tuple[
     int,  # rank
     List[int],  # replaced sample indices
     int,  # xxh3-64 of the images
+    List[int],  # corrupt (decoded with warnings) sample indices
 ]
 
 class NativeLoader:

@@ -14,12 +14,13 @@ class Batch:
     ``images`` is ``[B, H, W, 3]`` (NHWC, the default) or ``[B, 3, H, W]`` (NCHW), uint8 unless
     the job normalises on the workers; ``labels`` is int64 ``[B]`` (-1 where a sample has no
     label). Both are views of the received buffers, not copies. ``replaced`` lists the indices of
-    samples that could not be decoded and were replaced by black images.
+    samples that could not be decoded and were replaced by black images; ``corrupt`` those whose
+    JPEG data was damaged but still decoded (libjpeg warned; parts may be gray), kept as decoded.
 
     A batch unpacks like a pair: ``images, labels = batch``.
     """
 
-    __slots__ = ("images", "labels", "keys", "epoch", "step", "rank", "replaced", "checksum", "layout")
+    __slots__ = ("images", "labels", "keys", "epoch", "step", "rank", "replaced", "checksum", "layout", "corrupt")
 
     def __init__(
         self,
@@ -32,6 +33,7 @@ class Batch:
         replaced: List[int],
         checksum: int,
         layout: str,
+        corrupt: List[int],
     ) -> None:
         self.images = images
         self.labels = labels
@@ -42,17 +44,18 @@ class Batch:
         self.replaced = replaced
         self.checksum = checksum
         self.layout = layout
+        self.corrupt = corrupt
 
     @classmethod
     def _from_native(cls, raw: Tuple[Any, ...], output: str) -> "Batch":
-        flat, shape, dtype, layout, labels, keys, epoch, step, rank, replaced, checksum = raw
+        flat, shape, dtype, layout, labels, keys, epoch, step, rank, replaced, checksum, corrupt = raw
         images = flat.view(np.dtype(dtype)).reshape(shape)
         if output == "torch":
             import torch
 
             images = torch.from_numpy(images)
             labels = torch.from_numpy(labels)
-        return cls(images, labels, keys, epoch, step, rank, replaced, checksum, layout)
+        return cls(images, labels, keys, epoch, step, rank, replaced, checksum, layout, corrupt)
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -3,7 +3,7 @@
 //! storages — fixed when the pipeline starts — bounds the pipeline's memory, and a consumer
 //! that holds on to batches stops the pipeline instead of growing it.
 
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU8;
 
 use crossbeam_channel::Sender;
 use stoker_common::ids::{Epoch, Rank, Step};
@@ -20,9 +20,16 @@ pub(crate) struct BatchStorage {
     pub(crate) key_ends: Vec<u32>,
     /// Slots whose image was replaced by black.
     pub(crate) replaced: Vec<u32>,
-    /// Per-slot "replaced" flags the decode threads set.
-    pub(crate) slot_flags: Vec<AtomicBool>,
+    /// Slots whose image decoded only with warnings (corrupt data), kept as decoded.
+    pub(crate) corrupt: Vec<u32>,
+    /// Per-slot flags the decode threads set: [`SLOT_REPLACED`], [`SLOT_CORRUPT`].
+    pub(crate) slot_flags: Vec<AtomicU8>,
 }
+
+/// A slot's image was replaced by black.
+pub(crate) const SLOT_REPLACED: u8 = 1;
+/// A slot's image decoded with warnings.
+pub(crate) const SLOT_CORRUPT: u8 = 2;
 
 impl BatchStorage {
     /// Storage for batches of up to `batch_size` samples of `sample_bytes` each. The image
@@ -34,7 +41,8 @@ impl BatchStorage {
             key_text: String::with_capacity(batch_size * 32),
             key_ends: Vec::with_capacity(batch_size),
             replaced: Vec::with_capacity(batch_size),
-            slot_flags: (0..batch_size).map(|_| AtomicBool::new(false)).collect(),
+            corrupt: Vec::new(),
+            slot_flags: (0..batch_size).map(|_| AtomicU8::new(0)).collect(),
         }
     }
 
@@ -43,6 +51,7 @@ impl BatchStorage {
         self.key_text.clear();
         self.key_ends.clear();
         self.replaced.clear();
+        self.corrupt.clear();
     }
 }
 
@@ -111,6 +120,11 @@ impl Batch {
     /// Slots whose image could not be decoded and is black.
     pub fn replaced(&self) -> &[u32] {
         &self.storage().replaced
+    }
+
+    /// Slots whose image decoded only with libjpeg warnings (corrupt data; kept as decoded).
+    pub fn corrupt(&self) -> &[u32] {
+        &self.storage().corrupt
     }
 }
 

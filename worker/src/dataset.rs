@@ -23,6 +23,8 @@ pub const NO_LABEL: i64 = -1;
 #[derive(Debug)]
 pub struct Dataset {
     manifest_path: PathBuf,
+    /// The manifest's version (hash of its bytes).
+    version: u64,
     shards: Vec<Shard>,
     table: Arc<ShardTable>,
     classes: Vec<String>,
@@ -32,7 +34,17 @@ impl Dataset {
     /// Open every shard listed in the manifest at `path` (building missing indexes and writing
     /// them beside the shards when the directory is writable).
     pub fn open(path: &Path) -> Result<Self, PipelineError> {
-        let manifest = Manifest::load(path)?;
+        Self::open_version(path, 0)
+    }
+
+    /// [`Dataset::open`], refusing (before any shard is opened) a manifest whose version is
+    /// not `expected` (0: any): the file was rewritten since the job was created, or this host
+    /// has another file at that path.
+    pub fn open_version(path: &Path, expected: u64) -> Result<Self, PipelineError> {
+        let (manifest, version) = Manifest::load_versioned(path)?;
+        if expected != 0 && version != expected {
+            return Err(PipelineError::ManifestChanged { path: path.to_path_buf(), expected, found: version });
+        }
         let dir = path.parent().unwrap_or_else(|| Path::new("."));
         let mut shards = Vec::with_capacity(manifest.shards.len());
         for entry in &manifest.shards {
@@ -47,7 +59,12 @@ impl Dataset {
             shards.push(shard);
         }
         let table = Arc::new(manifest.shard_table().map_err(|e| PipelineError::Start(e.to_string()))?);
-        Ok(Self { manifest_path: path.to_path_buf(), shards, table, classes: manifest.classes })
+        Ok(Self { manifest_path: path.to_path_buf(), version, shards, table, classes: manifest.classes })
+    }
+
+    /// The manifest's version: the xxh3-64 of its bytes.
+    pub fn version(&self) -> u64 {
+        self.version
     }
 
     /// The manifest this dataset was opened from.

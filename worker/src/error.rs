@@ -43,11 +43,33 @@ pub enum DecodeError {
     /// Resizing failed (a bug: the geometry is validated before).
     #[error("resize failed: {0}")]
     Resize(String),
+    /// libjpeg decoded the image only with a warning (corrupt data), and the job's
+    /// `on_error=fail` does not accept that.
+    #[error("corrupt JPEG data ({warning}); on_error=fail refuses images libjpeg had to repair")]
+    Corrupt {
+        /// libjpeg's warning.
+        warning: String,
+    },
 }
 
 /// The pipeline stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum PipelineError {
+    /// The manifest at the job's path is not the one the job was created with.
+    #[error(
+        "the manifest {} is not the one its job was created with (version {found:016x} here, {expected:016x} for the job): \
+         it was rewritten, or this host has another file at that path; put the original back, or add the new data as a \
+         dataset and start a new job",
+        .path.display()
+    )]
+    ManifestChanged {
+        /// The manifest.
+        path: PathBuf,
+        /// The job's version.
+        expected: u64,
+        /// This file's.
+        found: u64,
+    },
     /// A shard of the manifest cannot be opened.
     #[error(transparent)]
     Shard(#[from] ShardError),

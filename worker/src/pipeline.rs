@@ -18,7 +18,7 @@
 use std::cell::UnsafeCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, bounded, select};
@@ -26,7 +26,7 @@ use stoker_common::ids::{Rank, Step};
 use stoker_common::plan::{EpochPlan, PlannedSample};
 use stoker_common::transform::{OnError, Recipe, TransformSpec};
 
-use crate::batch::{Batch, BatchStorage};
+use crate::batch::{Batch, BatchStorage, SLOT_CORRUPT, SLOT_REPLACED};
 use crate::dataset::{Dataset, IMAGE_EXTENSIONS_TEXT, image_member, label};
 use crate::error::{DecodeError, PipelineError};
 use crate::sample::SampleMaker;
@@ -60,6 +60,8 @@ pub struct PipelineStats {
     pub samples: AtomicU64,
     /// Samples replaced by a black image.
     pub replaced: AtomicU64,
+    /// Samples that decoded only with libjpeg warnings (corrupt data), kept as decoded.
+    pub corrupt: AtomicU64,
     /// Pixels decoded (after DCT scaling and cropping).
     pub decoded_pixels: AtomicU64,
     /// Pixels the sources have in total (what a full decode would produce).
@@ -80,7 +82,7 @@ struct Job {
     slot_bytes: usize,
     images: *mut u8,
     storage: UnsafeCell<Option<BatchStorage>>,
-    flags: *const AtomicBool,
+    flags: *const AtomicU8,
     remaining: AtomicUsize,
 }
 
@@ -108,7 +110,7 @@ impl Job {
         unsafe { std::slice::from_raw_parts_mut(self.images.add(slot * self.slot_bytes), self.slot_bytes) }
     }
 
-    fn flag(&self, slot: usize) -> &AtomicBool {
+    fn flag(&self, slot: usize) -> &AtomicU8 {
         assert!(slot < self.len, "slot {slot} of a batch of {}", self.len);
         // SAFETY: in bounds; the flags live in `storage`, which outlives every task's use.
         unsafe { &*self.flags.add(slot) }
@@ -310,7 +312,7 @@ fn feed(
             storage.key_text.push_str(sample.as_ref().map_or("", |s| s.key()));
             storage.key_ends.push(u32::try_from(storage.key_text.len()).unwrap_or(u32::MAX));
         }
-        storage.slot_flags.iter_mut().for_each(|f| *f.get_mut() = false);
+        storage.slot_flags.iter_mut().for_each(|f| *f.get_mut() = 0);
         let flags = storage.slot_flags.as_ptr();
         let images = storage.images.as_mut_ptr();
         let job = Arc::new(Job {
@@ -370,7 +372,22 @@ fn make_one(shared: &Shared, maker: &mut SampleMaker, job: &Job, slot: usize, ou
         },
         _ => Err(DecodeError::NoImage { looked_for: IMAGE_EXTENSIONS_TEXT }),
     };
+    let shard = || planned.map(|p| shared.dataset.shard_path(p.sample.shard).to_path_buf()).unwrap_or_default();
+    let key = || sample.as_ref().map(|s| s.key().to_owned()).unwrap_or_default();
     let error = match result {
+        Ok(report) if report.warned => {
+            stats.decoded_pixels.fetch_add(report.decoded_pixels, Ordering::Relaxed);
+            stats.corrupt.fetch_add(1, Ordering::Relaxed);
+            job.flag(slot).fetch_or(SLOT_CORRUPT, Ordering::Relaxed);
+            let warning = maker.last_warning().to_owned();
+            match shared.recipe.on_error {
+                OnError::Replace => {
+                    tracing::warn!(shard = %shard().display(), key = key(), %warning, "corrupt JPEG data: sample kept as decoded and flagged");
+                    return;
+                }
+                OnError::Fail => DecodeError::Corrupt { warning },
+            }
+        }
         Ok(report) => {
             stats.decoded_pixels.fetch_add(report.decoded_pixels, Ordering::Relaxed);
             stats.source_pixels.fetch_add(u64::from(report.source_size.0) * u64::from(report.source_size.1), Ordering::Relaxed);
@@ -379,10 +396,9 @@ fn make_one(shared: &Shared, maker: &mut SampleMaker, job: &Job, slot: usize, ou
         Err(error) => error,
     };
     maker.black(out);
-    job.flag(slot).store(true, Ordering::Relaxed);
+    job.flag(slot).fetch_or(SLOT_REPLACED, Ordering::Relaxed);
     stats.replaced.fetch_add(1, Ordering::Relaxed);
-    let shard = planned.map(|p| shared.dataset.shard_path(p.sample.shard).to_path_buf()).unwrap_or_default();
-    let key = sample.map(|s| s.key().to_owned()).unwrap_or_default();
+    let (shard, key) = (shard(), key());
     match shared.recipe.on_error {
         OnError::Replace => {
             tracing::warn!(shard = %shard.display(), key, %error, "undecodable sample replaced by a black image");
@@ -406,8 +422,11 @@ fn finish(shared: &Shared, job: &Job, done: &Done) {
     let Some(mut storage) = (unsafe { job.take_storage() }) else { return };
     let image_bytes = job.len * job.slot_bytes;
     for slot in 0..job.len {
-        if *storage.slot_flags[slot].get_mut() {
+        let flags = *storage.slot_flags[slot].get_mut();
+        if flags & SLOT_REPLACED != 0 {
             storage.replaced.push(slot as u32);
+        } else if flags & SLOT_CORRUPT != 0 {
+            storage.corrupt.push(slot as u32);
         }
     }
     let checksum = xxhash_rust::xxh3::xxh3_64(&storage.images[..image_bytes]);

@@ -20,6 +20,9 @@ pub struct SampleReport {
     pub scale_num: u32,
     /// Pixels decoded (the region, after scaling).
     pub decoded_pixels: u64,
+    /// libjpeg warned: the data is corrupt but gave an image (parts may be gray);
+    /// [`SampleMaker::last_warning`] says what.
+    pub warned: bool,
 }
 
 /// A decode thread's state: decoder, resizer and scratch buffers.
@@ -46,6 +49,11 @@ impl SampleMaker {
             staging: Vec::new(),
             patch: Vec::new(),
         })
+    }
+
+    /// libjpeg's warning for the last sample made with [`SampleReport::warned`].
+    pub fn last_warning(&self) -> &str {
+        self.decoder.last_warning()
     }
 
     /// The recipe this maker runs.
@@ -113,6 +121,7 @@ impl SampleMaker {
             geometry,
             scale_num: decoded.scale_num,
             decoded_pixels: u64::from(decoded.width) * u64::from(decoded.height),
+            warned: decoded.warned,
         })
     }
 

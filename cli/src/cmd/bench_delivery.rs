@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use stoker_common::ids::{Epoch, JobId, Rank, Step};
+use stoker_common::ids::{Epoch, JobId, Position, Rank, Step};
 use stoker_common::net::{PayloadPool, TlsConfigs, Tuning, client_endpoint, connect, receive_batch, send_batch, server_endpoint};
 use stoker_common::proto::BatchHeader;
 use stoker_common::transform::{OutputDtype, OutputLayout};
@@ -25,6 +25,8 @@ use crate::args::BenchDeliveryArgs;
 
 /// Batches a worker has in flight to one trainer at once (its default `in_flight` is 4).
 const IN_FLIGHT: usize = 4;
+/// A batch not acknowledged within this long fails the benchmark's send (as a worker's would).
+const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One way of moving batches, and how it is measured.
 #[derive(Clone, Debug)]
@@ -124,7 +126,7 @@ fn bench_header(batch_size: u32, size: u32) -> BatchHeader {
     BatchHeader {
         job: JobId(1),
         epoch: Epoch(0),
-        start: 0,
+        start: Position(0),
         rank: Rank(0),
         step: Step(0),
         shape: [batch_size, size, size, 3],
@@ -133,6 +135,9 @@ fn bench_header(batch_size: u32, size: u32) -> BatchHeader {
         labels: (0..samples as i64).collect(),
         keys: (0..samples).map(|index| format!("train/{index:08}")).collect(),
         replaced: Vec::new(),
+        corrupt: Vec::new(),
+        dataset_version: 0,
+        plan_digest: 0,
         payload_len: u64::from(batch_size) * u64::from(size) * u64::from(size) * 3,
         checksum: 0,
     }
@@ -334,7 +339,7 @@ fn start_quic(
                     while pushes.len() < IN_FLIGHT {
                         let (connection, header) = (connection.clone(), header.clone());
                         let payload = if copy_send { Bytes::copy_from_slice(&payload) } else { payload.clone() };
-                        pushes.spawn(async move { send_batch(&connection, &header, payload).await });
+                        pushes.spawn(async move { send_batch(&connection, &header, payload, SEND_TIMEOUT).await });
                     }
                     if let Some(result) = pushes.join_next().await {
                         result??;

@@ -29,13 +29,13 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     }
     for job in &status.jobs {
         println!(
-            "\n{} {:?}: dataset {}, {} ranks x batch {}, chunks queued {} leased {}",
+            "\n{} {:?}: dataset {}, {} ranks x batch {}, steps queued {}, chunks leased {}",
             job.id,
             job.spec.name,
             job.spec.dataset,
             job.spec.plan.world_size,
             job.spec.plan.batch_size,
-            job.chunks_queued,
+            job.steps_queued,
             job.chunks_leased
         );
         println!("  RANK  EPOCH   STEP / STEPS   WAITED (s)");
@@ -56,7 +56,7 @@ fn json(status: &ClusterStatus) -> serde_json::Value {
         })).collect::<Vec<_>>(),
         "jobs": status.jobs.iter().map(|j| serde_json::json!({
             "id": j.id.0, "name": j.spec.name, "dataset": j.spec.dataset, "world_size": j.spec.plan.world_size.get(),
-            "batch_size": j.spec.plan.batch_size.get(), "chunks_queued": j.chunks_queued, "chunks_leased": j.chunks_leased,
+            "batch_size": j.spec.plan.batch_size.get(), "steps_queued": j.steps_queued, "chunks_leased": j.chunks_leased,
             "ranks": j.ranks.iter().map(|r| serde_json::json!({
                 "rank": r.rank.0, "epoch": r.epoch.0, "step": r.consumed.0, "steps": r.steps, "wait_seconds": r.wait_seconds,
             })).collect::<Vec<_>>(),

@@ -50,11 +50,6 @@ impl QuicCoordinator {
             Err(_) => Err(NetError::Timeout { addr: self.addr, seconds: CALL_TIMEOUT.as_secs_f64() }),
         }
     }
-
-    /// Close the connection (the endpoint stays usable).
-    pub fn close(&self) {
-        self.endpoint.close(0u32.into(), b"bye");
-    }
 }
 
 impl CoordinatorApi for QuicCoordinator {
@@ -64,5 +59,10 @@ impl CoordinatorApi for QuicCoordinator {
             NetError::VersionMismatch { .. } => RemoteError::new(ErrorCode::VersionMismatch, error.to_string()),
             other => RemoteError::new(ErrorCode::Unavailable, format!("coordinator {}: {other}", self.addr)),
         })
+    }
+
+    /// Close the connection and the endpoint.
+    fn close(&self) {
+        self.endpoint.close(0u32.into(), b"bye");
     }
 }

@@ -3,6 +3,8 @@
 //! into a pooled buffer and verifies the checksum. `stoker bench delivery` measures exactly
 //! these two functions.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use quinn::{Connection, RecvStream};
 
@@ -28,6 +30,13 @@ pub enum DeliveryError {
     /// The trainer stopped the stream instead of acknowledging it.
     #[error("the trainer refused the batch (code {0})")]
     Refused(quinn::VarInt),
+    /// The trainer did not acknowledge the whole batch in time (it stopped reading, or the
+    /// path is too slow): the stream was reset.
+    #[error("the trainer did not acknowledge the batch within {seconds:.0} s")]
+    TimedOut {
+        /// The timeout.
+        seconds: f64,
+    },
     /// The connection failed before the trainer acknowledged every byte.
     #[error("delivery not acknowledged: {0}")]
     NotAcknowledged(#[source] quinn::StoppedError),
@@ -50,21 +59,34 @@ pub enum DeliveryError {
 }
 
 /// Send `header` and `payload` on a new stream and wait until the peer acknowledged every
-/// byte and the stream's end: delivered means in the trainer's QUIC stack.
+/// byte and the stream's end: delivered means in the trainer's QUIC stack. Gives up after
+/// `timeout` (resetting the stream), so a trainer that stops reading cannot hold the sender.
 ///
 /// The payload is handed to quinn as it is, not copied into its send buffer (a copy cost a
 /// third of the sender's CPU, and fresh pages for every batch); quinn drops its reference as
 /// the bytes are acknowledged, and whatever owns the memory (a worker's pooled batch) is
 /// freed with the last reference.
-pub async fn send_batch(connection: &Connection, header: &BatchHeader, payload: Bytes) -> Result<(), DeliveryError> {
-    let mut send = connection.open_uni().await.map_err(DeliveryError::Open)?;
+pub async fn send_batch(connection: &Connection, header: &BatchHeader, payload: Bytes, timeout: Duration) -> Result<(), DeliveryError> {
+    let timed_out = || DeliveryError::TimedOut { seconds: timeout.as_secs_f64() };
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut send = tokio::time::timeout_at(deadline, connection.open_uni()).await.map_err(|_| timed_out())?.map_err(DeliveryError::Open)?;
     let frame = wire::encode(header, BATCH_HEADER_LIMIT).map_err(DeliveryError::Header)?;
-    send.write_all_chunks(&mut [Bytes::from(frame), payload]).await.map_err(DeliveryError::Write)?;
-    send.finish().map_err(DeliveryError::Finish)?;
-    match send.stopped().await {
-        Ok(None) => Ok(()),
-        Ok(Some(code)) => Err(DeliveryError::Refused(code)),
-        Err(error) => Err(DeliveryError::NotAcknowledged(error)),
+    let sent = tokio::time::timeout_at(deadline, async {
+        send.write_all_chunks(&mut [Bytes::from(frame), payload]).await.map_err(DeliveryError::Write)?;
+        send.finish().map_err(DeliveryError::Finish)?;
+        match send.stopped().await {
+            Ok(None) => Ok(()),
+            Ok(Some(code)) => Err(DeliveryError::Refused(code)),
+            Err(error) => Err(DeliveryError::NotAcknowledged(error)),
+        }
+    })
+    .await;
+    match sent {
+        Ok(result) => result,
+        Err(_) => {
+            let _ = send.reset(0u32.into());
+            Err(timed_out())
+        }
     }
 }
 

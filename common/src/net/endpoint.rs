@@ -202,7 +202,7 @@ pub(crate) fn connection_error(addr: SocketAddr, source: ConnectionError) -> Net
         _ => None,
     };
     if code_opt == Some(alpn_refused) {
-        return NetError::VersionMismatch { addr, protocol: "stoker/1" };
+        return NetError::VersionMismatch { addr, protocol: crate::proto::ALPN_TEXT };
     }
     NetError::Connection { addr, source }
 }

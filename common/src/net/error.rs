@@ -24,7 +24,7 @@ pub enum NetError {
         /// quinn's reason.
         source: quinn::ConnectionError,
     },
-    /// The peer does not speak this protocol version (ALPN `stoker/1`).
+    /// The peer does not speak this protocol version (ALPN [`crate::proto::ALPN_TEXT`]).
     #[error("{addr} does not speak {protocol}: is it a Stoker node of the same version?")]
     VersionMismatch {
         /// The peer.

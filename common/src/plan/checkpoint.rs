@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::Epoch;
+use crate::ids::{Epoch, Position};
 
 /// Version of the checkpoint format; bump when a field's meaning changes.
 pub const CHECKPOINT_VERSION: u32 = 1;
@@ -20,7 +20,7 @@ pub struct Checkpoint {
     /// The epoch in progress.
     pub epoch: Epoch,
     /// Positions `0..position` are consumed.
-    pub position: u64,
+    pub position: Position,
     /// Fingerprint of the sample order the positions refer to.
     pub order_fingerprint: u64,
 }

@@ -33,7 +33,7 @@ pub use self::order::Shuffle;
 use self::prng::{SeedDomain, derive_seed, mix64};
 pub use self::shard_table::{SampleRef, ShardTable};
 use crate::error::PlanError;
-use crate::ids::{Epoch, Rank, Step};
+use crate::ids::{Epoch, Position, Rank, Step};
 
 /// Everything that decides an epoch's plan besides the dataset and the epoch number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -78,7 +78,7 @@ pub struct EpochPlan {
 impl EpochPlan {
     /// The plan of `epoch` from its beginning.
     pub fn new(table: Arc<ShardTable>, spec: PlanSpec, epoch: Epoch) -> Self {
-        Self::starting_at(table, spec, epoch, 0)
+        Self::starting_at(table, spec, epoch, Position(0))
     }
 
     /// The plan of the rest of a checkpoint's epoch, cut for `spec`'s world size, batch size
@@ -96,8 +96,8 @@ impl EpochPlan {
 
     /// The plan of `epoch` from position `start` (what [`EpochPlan::resume`] builds once the
     /// checkpoint is checked; coordinators and workers that already agreed on `start` use it).
-    pub fn starting_at(table: Arc<ShardTable>, spec: PlanSpec, epoch: Epoch, start: u64) -> Self {
-        let layout = Layout::new(table.samples(), start, spec.world_size, spec.batch_size, spec.tail);
+    pub fn starting_at(table: Arc<ShardTable>, spec: PlanSpec, epoch: Epoch, start: Position) -> Self {
+        let layout = Layout::new(table.samples(), start.0, spec.world_size, spec.batch_size, spec.tail);
         let order = EpochOrder::new(&table, spec.shuffle, spec.seed, epoch);
         Self { table, spec, epoch, layout, order }
     }
@@ -105,6 +105,11 @@ impl EpochPlan {
     /// The epoch planned.
     pub fn epoch(&self) -> Epoch {
         self.epoch
+    }
+
+    /// The first position of this plan: 0, or a resumed checkpoint's.
+    pub fn start(&self) -> Position {
+        Position(self.layout.start())
     }
 
     /// The spec planned with.
@@ -150,7 +155,7 @@ impl EpochPlan {
         Checkpoint {
             version: CHECKPOINT_VERSION,
             epoch: self.epoch,
-            position: self.layout.position_after(step),
+            position: Position(self.layout.position_after(step)),
             order_fingerprint: order_fingerprint(&self.table, &self.spec),
         }
     }
@@ -160,9 +165,25 @@ impl EpochPlan {
         Checkpoint {
             version: CHECKPOINT_VERSION,
             epoch: self.epoch,
-            position: self.layout.start(),
+            position: Position(self.layout.start()),
             order_fingerprint: order_fingerprint(&self.table, &self.spec),
         }
+    }
+
+    /// A fingerprint of what `rank`'s batch at `step` must hold: the dataset's version, the
+    /// run, and every sample's place in the dataset with its augmentation seed. Workers send it
+    /// in the batch header and trainers compare it with their own plan's, so a batch made from
+    /// another manifest or another plan (a dataset changed under its job, a job id reused
+    /// after the coordinator lost its state) is refused instead of trained on. Cheap: no
+    /// sample is read, only the plan evaluated (~0.1 µs a sample).
+    pub fn batch_digest(&self, dataset_version: u64, rank: Rank, step: Step) -> u64 {
+        let mut digest = mix64(dataset_version ^ mix64(self.epoch.0 ^ mix64(self.layout.start() ^ mix64(u64::from(rank.0)))));
+        digest = mix64(digest ^ step.0);
+        for planned in self.batch(rank, step) {
+            let place = (u64::from(planned.sample.shard.0) << 40) ^ planned.sample.index;
+            digest = mix64(digest ^ mix64(place ^ mix64(planned.augment_seed)));
+        }
+        digest
     }
 
     /// With window shuffle, where each window starts in the epoch's sample order (one entry

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Epoch, JobId, Rank, SessionId, Step};
+use crate::ids::{Epoch, JobId, Position, Rank, SessionId, Step};
 use crate::transform::{OutputDtype, OutputLayout};
 
 /// First frame of a trainer's connection to a worker: which (job, rank) it wants batches for,
@@ -27,7 +27,7 @@ pub struct BatchHeader {
     /// The epoch.
     pub epoch: Epoch,
     /// First position of the epoch's plan (0, or a resumed checkpoint's position).
-    pub start: u64,
+    pub start: Position,
     /// The rank the batch is for.
     pub rank: Rank,
     /// The step.
@@ -44,6 +44,13 @@ pub struct BatchHeader {
     pub keys: Vec<String>,
     /// Indices of samples replaced by black images because they failed to decode.
     pub replaced: Vec<u32>,
+    /// Indices of samples that decoded only with libjpeg warnings (corrupt data: parts of the
+    /// image may be gray); kept as decoded.
+    pub corrupt: Vec<u32>,
+    /// The version of the dataset the batch was made from (its manifest's hash).
+    pub dataset_version: u64,
+    /// [`crate::plan::EpochPlan::batch_digest`] of the plan the worker made the batch from.
+    pub plan_digest: u64,
     /// Bytes of payload after the header.
     pub payload_len: u64,
     /// xxh3-64 of the payload.

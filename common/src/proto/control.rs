@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Epoch, JobId, LeaseId, Rank, SessionId, Step, WorkerId};
+use crate::ids::{Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
 use crate::plan::{Checkpoint, PlanSpec};
 
 /// A dataset registered with the coordinator.
@@ -16,6 +16,12 @@ pub struct DatasetInfo {
     pub manifest: String,
     /// Samples per shard, in manifest order (what the epoch plan needs).
     pub shard_counts: Vec<u64>,
+    /// xxh3-64 of the manifest's bytes when it was added: the dataset's version. A job is bound
+    /// to the version it was created with; workers refuse to make its batches from a manifest
+    /// with other bytes, and trainers check every batch header against it. 0 for a dataset
+    /// registered before versions existed (not checked).
+    #[serde(default)]
+    pub version: u64,
 }
 
 /// What a job is: the trainers of one job attach with the same spec.
@@ -41,7 +47,7 @@ pub struct Chunk {
     /// The epoch.
     pub epoch: Epoch,
     /// First position of the epoch's plan (0, or a resumed checkpoint's position).
-    pub start: u64,
+    pub start: Position,
     /// First step.
     pub first_step: Step,
     /// The rank.
@@ -61,11 +67,25 @@ pub struct ChunkGrant {
     pub spec: JobSpec,
     /// The manifest path of the job's dataset.
     pub manifest: String,
+    /// The version (manifest hash) of the dataset the job was created with: the worker makes
+    /// nothing from a manifest whose bytes hash otherwise (rewritten in place, or another
+    /// file on this host).
+    pub dataset_version: u64,
     /// The newest trainer session of the chunk's (job, rank) when it was granted: its batches
     /// go to that session's connection or a newer one, never to an older trainer that is still
     /// connected (the parent of a forked trainer), which would take them and lose the steps.
     /// `SessionId(0)` when the coordinator knows no session yet (it restarted).
     pub session: SessionId,
+}
+
+/// A lease in a heartbeat: how many of its batches the worker has finished (made and
+/// delivered, or failed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseProgress {
+    /// The lease.
+    pub lease: LeaseId,
+    /// Its batches finished so far.
+    pub finished: u32,
 }
 
 /// A worker as trainers see it.
@@ -96,7 +116,11 @@ pub enum ControlRequest {
         /// The trainer's rank.
         rank: Rank,
     },
-    /// A rank is about to iterate `epoch` from position `start`; queues its work.
+    /// A rank is about to iterate `epoch` from position `start`: it needs every step of the
+    /// run from `consumed` on except the ones it `holding`s, whatever was delivered before
+    /// (to it or to an earlier trainer of the rank). A new `pass` starts the rank's progress
+    /// in the run afresh; an open of the pass the coordinator already has is a repeat and
+    /// changes nothing; an open of an older pass is stale and ignored.
     OpenEpoch {
         /// The job.
         job: JobId,
@@ -105,11 +129,21 @@ pub enum ControlRequest {
         /// The epoch.
         epoch: Epoch,
         /// First position (0, or the checkpoint's on resume).
-        start: u64,
+        start: Position,
         /// The session `Attached` gave this trainer.
         session: SessionId,
+        /// This opening's number in the session (1, 2, ...).
+        pass: Pass,
+        /// Steps already consumed in this pass (0 for a new pass; more when the trainer opens
+        /// its pass again after the coordinator lost the run).
+        consumed: u64,
+        /// Steps the trainer already holds (batches that arrived early), at most the job's
+        /// flow window: they are not made again.
+        holding: Vec<Step>,
     },
-    /// A rank has consumed steps `0..consumed` of an epoch (coalesced; cheap).
+    /// A rank has consumed steps `0..consumed` of an epoch (coalesced; cheap), and has
+    /// waited so long for the `missing` steps that they must have been lost after delivery:
+    /// the coordinator makes those again.
     ReportProgress {
         /// The job.
         job: JobId,
@@ -118,13 +152,18 @@ pub enum ControlRequest {
         /// The epoch.
         epoch: Epoch,
         /// First position of the epoch's plan.
-        start: u64,
+        start: Position,
         /// Steps consumed.
         consumed: u64,
         /// Total seconds this rank has waited for data (the data stall).
         wait_seconds: f64,
         /// The session `Attached` gave this trainer.
         session: SessionId,
+        /// The opening this report belongs to; reports of an older pass are ignored.
+        pass: Pass,
+        /// Steps the trainer has been waiting for (the next one, and gaps before batches it
+        /// already holds), sent once it has waited a while; at most the flow window.
+        missing: Vec<Step>,
     },
     /// A worker joins; trainers will connect to `addr`.
     RegisterWorker {
@@ -133,12 +172,14 @@ pub enum ControlRequest {
         /// Decode threads (for status).
         threads: u32,
     },
-    /// A worker is alive and still holds `leases`.
+    /// A worker is alive and still holds `leases`. A lease is renewed only while its batches
+    /// get finished: one that has made no progress for the coordinator's stall timeout (a
+    /// hung dataset open, a hung decode, a delivery that never completes) expires anyway.
     Heartbeat {
         /// The worker.
         worker: WorkerId,
-        /// Leases it is working on.
-        leases: Vec<LeaseId>,
+        /// Leases it is working on, with their progress.
+        leases: Vec<LeaseProgress>,
         /// Images it has made since it started.
         images: u64,
     },
@@ -247,9 +288,12 @@ pub enum ControlResponse {
     },
     /// Heartbeat taken.
     HeartbeatAck {
-        /// Leases of the heartbeat the coordinator no longer holds for this worker (expired and
-        /// granted again): stop working on them.
+        /// Leases of the heartbeat the coordinator no longer holds for this worker (expired,
+        /// stalled, granted again): stop working on them.
         revoked: Vec<LeaseId>,
+        /// Jobs that may still need work (a run open, or a trainer attached): a worker releases
+        /// the pipelines of other jobs (threads, batch buffers, mapped shards).
+        live_jobs: Vec<JobId>,
     },
     /// Granted chunks (possibly none).
     Chunks {
@@ -300,8 +344,8 @@ pub struct JobStatus {
     pub id: JobId,
     /// Spec.
     pub spec: JobSpec,
-    /// Chunks waiting for a worker.
-    pub chunks_queued: u32,
+    /// Steps (of all ranks) waiting for a worker.
+    pub steps_queued: u32,
     /// Chunks leased.
     pub chunks_leased: u32,
     /// Ranks that have reported.

@@ -31,6 +31,9 @@ pub enum ErrorCode {
     /// The job cannot go on: a sample fails to decode and its transforms say `on_error=fail`.
     /// The message names the shard and the key. Appended last: earlier codes keep their tags.
     JobFailed,
+    /// The request belongs to an earlier pass of this trainer than one the coordinator has
+    /// already seen (it arrived late, or twice): it was ignored.
+    Stale,
 }
 
 /// An error returned by a remote peer.
@@ -66,6 +69,7 @@ impl fmt::Display for RemoteError {
             ErrorCode::Internal => "internal error",
             ErrorCode::Superseded => "superseded",
             ErrorCode::JobFailed => "job failed",
+            ErrorCode::Stale => "stale",
         };
         write!(formatter, "{kind}: {}", self.message)
     }

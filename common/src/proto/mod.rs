@@ -15,15 +15,23 @@ pub mod error_code;
 
 pub use self::batch::{BatchHeader, TrainerHello};
 pub use self::control::{
-    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, JobSpec, JobStatus, RankStatus, WorkerInfo,
-    WorkerStatus,
+    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, JobSpec, JobStatus, LeaseProgress, RankStatus,
+    WorkerInfo, WorkerStatus,
 };
 pub use self::error_code::{ErrorCode, RemoteError};
 
 /// Version of the wire protocol. Bump it whenever a type in this module changes its encoding
 /// (a field added, removed or reordered, a variant added anywhere but at the end): bincode
 /// has no field names, so peers of different versions must not talk. The ALPN carries it.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// * 1: the first protocol.
+/// * 2: passes and `missing` steps (a trainer asks for lost steps again), lease progress in
+///   heartbeats, live jobs in heartbeat answers, dataset versions in grants and batch
+///   headers, plan digests and `corrupt` samples in batch headers, `ChunkGrant.session`.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// The TLS ALPN of this protocol version, as text (for messages).
+pub const ALPN_TEXT: &str = "stoker/2";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
-pub const ALPN: &[u8] = b"stoker/1";
+pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

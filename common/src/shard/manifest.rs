@@ -56,8 +56,16 @@ pub enum ShardLocation {
 impl Manifest {
     /// Read and check `path`.
     pub fn load(path: &Path) -> Result<Self, ShardError> {
+        Self::load_versioned(path).map(|(manifest, _)| manifest)
+    }
+
+    /// Read and check `path`; also return its version: the xxh3-64 of the bytes read (never 0,
+    /// which means "unversioned"). Coordinators bind jobs to it and workers compare it, so a
+    /// manifest rewritten in place or differing between hosts is noticed.
+    pub fn load_versioned(path: &Path) -> Result<(Self, u64), ShardError> {
         let bad = |reason: String| ShardError::BadManifest { path: path.to_path_buf(), reason };
         let text = std::fs::read_to_string(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+        let version = xxhash_rust::xxh3::xxh3_64(text.as_bytes()).max(1);
         let manifest: Self = serde_json::from_str(&text).map_err(|error| bad(format!("not a valid manifest: {error}")))?;
         if manifest.version > MANIFEST_VERSION {
             return Err(bad(format!("version {} is newer than this build reads ({MANIFEST_VERSION}): upgrade stoker", manifest.version)));
@@ -65,7 +73,7 @@ impl Manifest {
         for shard in &manifest.shards {
             parse_uri(&shard.uri).map_err(|error| bad(error.to_string()))?;
         }
-        Ok(manifest)
+        Ok((manifest, version))
     }
 
     /// Write to `path` atomically (temporary file + rename), pretty-printed.

@@ -1,25 +1,36 @@
-//! Leader-only soft state (DESIGN §5): epoch runs with their chunk queues and flow windows,
-//! leases with TTLs, and the worker registry. Pure: every method takes `now`; the service
-//! calls it under a lock and performs no IO inside.
+//! Leader-only soft state (DESIGN §5): epoch runs with their steps and flow windows, leases
+//! with TTLs, the worker registry, and each rank's seat (its trainer session, pass and run).
+//! Pure: every method takes `now`; the service calls it under a lock and performs no IO
+//! inside.
+//!
+//! * [`run`]: one epoch run's steps (queued, leased, delivered, consumed) and its window.
+//! * [`seats`]: which trainer session holds each rank, its pass, its run, when last heard.
 
 mod run;
+mod seats;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{JobId, LeaseId, Rank, WorkerId};
-use stoker_common::proto::{Chunk, WorkerInfo, WorkerStatus};
+use stoker_common::ids::{JobId, LeaseId, Rank, SessionId, WorkerId};
+use stoker_common::proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
 use tracing::{info, warn};
 
 pub use self::run::{Run, RunKey};
+use self::seats::Seats;
+pub use self::seats::{Opening, Reporting, SeatRefusal, Standing};
 
-/// Timing of leases and workers.
+/// Timing of leases, workers and trainers.
 #[derive(Clone, Copy, Debug)]
 pub struct SchedulerConfig {
     /// A lease not renewed by a heartbeat for this long expires and its chunk is granted again;
     /// a worker silent this long is dead.
     pub lease_ttl: Duration,
+    /// A lease none of whose batches was finished for this long is not renewed any more, even
+    /// though its worker lists it: the worker is stuck on it (a hung dataset open or decode, a
+    /// delivery that never completes).
+    pub lease_stall: Duration,
     /// Steps per chunk.
     pub chunk_steps: u32,
     /// A failed chunk waits this long before it is granted again.
@@ -27,6 +38,9 @@ pub struct SchedulerConfig {
     /// A rank whose trainer has not been heard from (attach, open, progress) for this long
     /// is absent: its chunks wait instead of keeping workers busy pushing to nobody.
     pub trainer_ttl: Duration,
+    /// A step a trainer reports missing is made again if it was delivered at least this long
+    /// ago (a younger delivery may still be being read from the trainer's QUIC stack).
+    pub missing_grace: Duration,
 }
 
 #[derive(Debug)]
@@ -34,6 +48,10 @@ struct Lease {
     chunk: Chunk,
     worker: WorkerId,
     expires: Instant,
+    /// Batches the worker has finished, as of its last heartbeat.
+    finished: u32,
+    /// When `finished` last grew (or the lease was granted).
+    progressed: Instant,
 }
 
 #[derive(Debug)]
@@ -50,26 +68,38 @@ struct Worker {
 pub enum Refusal {
     /// The worker is not registered (or was declared dead): register again.
     UnknownWorker(WorkerId),
+    /// A trainer's request the rank's seat refuses.
+    Seat(SeatRefusal),
 }
 
 /// Counters for status and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct JobCounts {
-    /// Chunks waiting.
+    /// Steps waiting.
     pub queued: u32,
     /// Chunks leased.
     pub leased: u32,
 }
 
-/// Runs, leases and workers.
+/// What an accepted progress report changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// Whether the run is known. After a coordinator restart it is not, and a rank still
+    /// inside it opens it again.
+    pub run_known: bool,
+    /// The slowest rank's consumed steps, if the report was for the rank's current pass of a
+    /// known run (what a checkpoint records).
+    pub slowest_opt: Option<u64>,
+}
+
+/// Runs, leases, workers and seats.
 #[derive(Debug)]
 pub struct Scheduler {
     config: SchedulerConfig,
     runs: BTreeMap<RunKey, Run>,
     leases: BTreeMap<LeaseId, Lease>,
     workers: BTreeMap<WorkerId, Worker>,
-    /// When each rank's trainer was last heard from.
-    trainers: BTreeMap<(JobId, Rank), Instant>,
+    seats: Seats,
     next_lease: u64,
     next_worker: u64,
     leases_expired: u64,
@@ -84,7 +114,7 @@ impl Scheduler {
             runs: BTreeMap::new(),
             leases: BTreeMap::new(),
             workers: BTreeMap::new(),
-            trainers: BTreeMap::new(),
+            seats: Seats::default(),
             next_lease: id_base,
             next_worker: id_base,
             leases_expired: 0,
@@ -96,50 +126,87 @@ impl Scheduler {
         self.leases_expired
     }
 
-    /// `rank` starts the run `key` from its first step: create the run if it is new, or give
-    /// the rank its steps again if it had progressed in it (a restarted trainer). The rank
-    /// leaves any other run of the job (it moved on, or resumed elsewhere), so those no longer
-    /// wait for it.
-    pub fn open_run(&mut self, key: RunKey, rank: Rank, steps: u64, world_size: u32, prefetch: u32, now: Instant) {
-        self.trainer_seen(key.job, rank, now);
-        let chunk_steps = self.config.chunk_steps;
-        let run = self.runs.entry(key).or_insert_with(|| {
-            info!(job = %key.job, epoch = %key.epoch, start = key.start, steps, "epoch run opened");
-            Run::new(key, steps, world_size, prefetch, chunk_steps)
-        });
-        run.restart_rank(rank);
-        for (_, run) in self.runs.iter_mut().filter(|(other, _)| other.job == key.job && **other != key) {
-            run.set_consumed(rank, run.steps());
-        }
-        self.runs.retain(|_, run| !run.is_finished());
+    /// A trainer attached as `rank` of `job` with the new `session`: from now on only it is
+    /// served for that rank.
+    pub fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, now: Instant) -> bool {
+        self.seats.attach(job, rank, session, now)
     }
 
-    /// `rank` consumed steps `0..consumed` of run `key`. Returns the slowest rank's consumed
-    /// steps, or `None` if the run is unknown (a coordinator restart: the rank opens it again).
-    pub fn record_progress(&mut self, key: RunKey, rank: Rank, consumed: u64, now: Instant) -> Option<u64> {
-        self.trainer_seen(key.job, rank, now);
-        let run = self.runs.get_mut(&key)?;
-        run.set_consumed(rank, consumed);
+    /// Refuse a request of a session that is not the rank's newest.
+    pub fn check_session(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), Refusal> {
+        self.seats.check(job, rank, session).map_err(Refusal::Seat)
+    }
+
+    /// The newest session of `rank`, if any.
+    pub fn session_of(&self, job: JobId, rank: Rank) -> Option<SessionId> {
+        self.seats.session_of(job, rank)
+    }
+
+    /// `rank`'s trainer opens `key` in `opening.pass`, needing every step from
+    /// `opening.consumed` on but those it holds. A new pass starts the rank afresh in the run
+    /// (creating it if it is new) and takes the rank out of every other run of the job; a
+    /// repeated open of the current pass changes nothing; an older pass is refused as stale.
+    pub fn open_run(&mut self, key: RunKey, rank: Rank, opening: &Opening, shape: RunShape, now: Instant) -> Result<(), Refusal> {
+        let fresh = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat)?;
+        if !fresh && self.runs.contains_key(&key) {
+            return Ok(());
+        }
+        let chunk_steps = self.config.chunk_steps;
+        let seats = &self.seats;
+        let run = self.runs.entry(key).or_insert_with(|| {
+            info!(job = %key.job, epoch = %key.epoch, start = %key.start, steps = shape.steps, "epoch run opened");
+            Run::new(key, shape.steps, shape.world_size, shape.prefetch, chunk_steps, |other| {
+                other != rank && seats.run_of(key.job, other).is_some_and(|their_run| their_run >= key)
+            })
+        });
+        run.restart_rank(rank, opening.consumed, &opening.holding, now);
+        for (_, other) in self.runs.iter_mut().filter(|(other, _)| other.job == key.job && **other != key) {
+            other.depart(rank);
+        }
+        self.runs.retain(|_, run| !run.is_finished());
+        Ok(())
+    }
+
+    /// `rank` consumed steps `0..consumed` of run `key` in `reporting.pass`, and has waited so
+    /// long for `reporting.missing` that they must be lost. A report of an older pass (late, or
+    /// sent twice) or of a detached session changes nothing.
+    pub fn record_progress(&mut self, key: RunKey, rank: Rank, reporting: &Reporting, now: Instant) -> Result<Recorded, Refusal> {
+        match self.seats.report(key, rank, reporting, now).map_err(Refusal::Seat)? {
+            Standing::Current => {}
+            Standing::Stale => return Ok(Recorded { run_known: true, slowest_opt: None }),
+            Standing::Unopened => return Ok(Recorded { run_known: false, slowest_opt: None }),
+        }
+        let Some(run) = self.runs.get_mut(&key) else { return Ok(Recorded { run_known: false, slowest_opt: None }) };
+        run.set_consumed(rank, reporting.consumed);
+        let requeued = run.missing(rank, &reporting.missing, self.config.missing_grace, now);
+        if requeued > 0 {
+            warn!(job = %key.job, %rank, epoch = %key.epoch, requeued, "steps delivered but missing at the trainer: making them again");
+        }
         let slowest = run.slowest_consumed();
         if run.is_finished() {
             self.runs.remove(&key);
         }
-        Some(slowest)
+        Ok(Recorded { run_known: true, slowest_opt: Some(slowest) })
     }
 
-    /// The trainer of `rank` is alive (it attached, opened an epoch or reported progress).
-    pub fn trainer_seen(&mut self, job: JobId, rank: Rank, now: Instant) {
-        self.trainers.insert((job, rank), now);
-    }
-
-    /// The trainer of `rank` stopped: its chunks wait until a trainer is seen again.
-    pub fn trainer_left(&mut self, job: JobId, rank: Rank) {
-        self.trainers.remove(&(job, rank));
+    /// The trainer of `rank` stopped: its chunks wait until a trainer is seen again, and
+    /// nothing more of this session is taken for a sign of life.
+    pub fn detach(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), Refusal> {
+        self.seats.detach(job, rank, session).map_err(Refusal::Seat)
     }
 
     /// Whether the run exists.
     pub fn has_run(&self, key: RunKey) -> bool {
         self.runs.contains_key(&key)
+    }
+
+    /// Jobs that may still need work: a run is open, or a trainer is attached.
+    pub fn live_jobs(&self, now: Instant) -> Vec<JobId> {
+        let mut jobs: Vec<JobId> = self.runs.keys().map(|key| key.job).collect();
+        jobs.extend(self.seats.attached_jobs(now, self.config.trainer_ttl * 10));
+        jobs.sort_unstable();
+        jobs.dedup();
+        jobs
     }
 
     /// A worker joins.
@@ -151,9 +218,9 @@ impl Scheduler {
         id
     }
 
-    /// A worker's heartbeat: renew the leases it still holds; return those it holds but that
-    /// are no longer its own.
-    pub fn heartbeat(&mut self, worker: WorkerId, leases: &[LeaseId], images: u64, now: Instant) -> Result<Vec<LeaseId>, Refusal> {
+    /// A worker's heartbeat: renew the leases it still holds and works on; return those it
+    /// holds but that are no longer its own (expired, stalled, granted again).
+    pub fn heartbeat(&mut self, worker: WorkerId, leases: &[LeaseProgress], images: u64, now: Instant) -> Result<Vec<LeaseId>, Refusal> {
         self.expire(now);
         let entry = self.workers.get_mut(&worker).ok_or(Refusal::UnknownWorker(worker))?;
         let elapsed = now.saturating_duration_since(entry.last_seen).as_secs_f64();
@@ -164,10 +231,30 @@ impl Scheduler {
         entry.last_seen = now;
         let expires = now + self.config.lease_ttl;
         let mut revoked = Vec::new();
-        for lease in leases {
-            match self.leases.get_mut(lease) {
-                Some(held) if held.worker == worker => held.expires = expires,
-                _ => revoked.push(*lease),
+        let mut stalled = Vec::new();
+        for progress in leases {
+            match self.leases.get_mut(&progress.lease) {
+                Some(held) if held.worker == worker => {
+                    if progress.finished > held.finished {
+                        held.finished = progress.finished;
+                        held.progressed = now;
+                    }
+                    if now.saturating_duration_since(held.progressed) < self.config.lease_stall {
+                        held.expires = expires;
+                    } else {
+                        stalled.push(progress.lease);
+                    }
+                }
+                _ => revoked.push(progress.lease),
+            }
+        }
+        for lease in stalled {
+            if let Some(held) = self.leases.remove(&lease) {
+                warn!(%lease, %worker, job = %held.chunk.job, rank = %held.chunk.rank, step = %held.chunk.first_step,
+                    stalled_seconds = now.saturating_duration_since(held.progressed).as_secs_f64(), "lease made no progress: granting it again");
+                self.leases_expired += 1;
+                self.requeue(&held.chunk, lease, None);
+                revoked.push(lease);
             }
         }
         Ok(revoked)
@@ -180,32 +267,37 @@ impl Scheduler {
         entry.last_seen = now;
         let mut granted = Vec::new();
         let mut room = max as usize;
-        let (trainers, trainer_ttl) = (&self.trainers, self.config.trainer_ttl);
+        let (seats, trainer_ttl) = (&self.seats, self.config.trainer_ttl);
+        let next_lease = &mut self.next_lease;
         for (key, run) in &mut self.runs {
             if room == 0 {
                 break;
             }
-            let live = |rank: Rank| trainers.get(&(key.job, rank)).is_some_and(|seen| now.saturating_duration_since(*seen) < trainer_ttl);
-            let chunks = run.grant(room, now, live);
+            let live = |rank: Rank| seats.is_live(key.job, rank, now, trainer_ttl);
+            let chunks = run.grant(room, now, live, || {
+                let lease = LeaseId(*next_lease);
+                *next_lease += 1;
+                lease
+            });
             room -= chunks.len();
             granted.extend(chunks);
         }
         let expires = now + self.config.lease_ttl;
-        Ok(granted
-            .into_iter()
-            .map(|chunk| {
-                let lease = LeaseId(self.next_lease);
-                self.next_lease += 1;
-                self.leases.insert(lease, Lease { chunk, worker, expires });
-                (lease, chunk)
-            })
-            .collect())
+        for (lease, chunk) in &granted {
+            self.leases.insert(*lease, Lease { chunk: *chunk, worker, expires, finished: 0, progressed: now });
+        }
+        Ok(granted)
     }
 
     /// A lease's chunk was delivered.
-    pub fn chunk_done(&mut self, worker: WorkerId, lease: LeaseId) {
-        if self.leases.get(&lease).is_some_and(|held| held.worker == worker) {
-            self.leases.remove(&lease);
+    pub fn chunk_done(&mut self, worker: WorkerId, lease: LeaseId, now: Instant) {
+        if self.leases.get(&lease).is_none_or(|held| held.worker != worker) {
+            return;
+        }
+        if let Some(held) = self.leases.remove(&lease)
+            && let Some(run) = self.runs.get_mut(&RunKey::of(&held.chunk))
+        {
+            run.delivered(&held.chunk, lease, now);
         }
     }
 
@@ -215,7 +307,7 @@ impl Scheduler {
             return;
         }
         if let Some(held) = self.leases.remove(&lease) {
-            self.requeue(held.chunk, Some(now + self.config.retry_delay));
+            self.requeue(&held.chunk, lease, Some(now + self.config.retry_delay));
         }
     }
 
@@ -236,7 +328,7 @@ impl Scheduler {
         let handed_back: Vec<LeaseId> = self.leases.iter().filter(|(_, held)| held.worker == worker).map(|(id, _)| *id).collect();
         for lease in handed_back {
             if let Some(held) = self.leases.remove(&lease) {
-                self.requeue(held.chunk, None);
+                self.requeue(&held.chunk, lease, None);
             }
         }
         info!(%worker, "worker left");
@@ -249,19 +341,16 @@ impl Scheduler {
             if let Some(held) = self.leases.remove(&lease) {
                 warn!(%lease, worker = %held.worker, job = %held.chunk.job, rank = %held.chunk.rank, step = %held.chunk.first_step, "lease expired");
                 self.leases_expired += 1;
-                self.requeue(held.chunk, None);
+                self.requeue(&held.chunk, lease, None);
             }
         }
         let forget_after = self.config.lease_ttl * 10;
         self.workers.retain(|_, worker| now.saturating_duration_since(worker.last_seen) < forget_after);
-        let forget_trainers_after = self.config.trainer_ttl * 10;
-        self.trainers.retain(|_, seen| now.saturating_duration_since(*seen) < forget_trainers_after);
     }
 
-    fn requeue(&mut self, chunk: Chunk, not_before_opt: Option<Instant>) {
-        let key = RunKey { job: chunk.job, epoch: chunk.epoch, start: chunk.start };
-        if let Some(run) = self.runs.get_mut(&key) {
-            run.requeue(chunk, not_before_opt);
+    fn requeue(&mut self, chunk: &Chunk, lease: LeaseId, not_before_opt: Option<Instant>) {
+        if let Some(run) = self.runs.get_mut(&RunKey::of(chunk)) {
+            run.requeue(chunk, lease, not_before_opt);
         }
     }
 
@@ -292,7 +381,7 @@ impl Scheduler {
             .collect()
     }
 
-    /// Chunks queued and leased for `job`.
+    /// Steps queued and chunks leased for `job`.
     pub fn job_counts(&self, job: JobId) -> JobCounts {
         JobCounts {
             queued: self.runs.iter().filter(|(key, _)| key.job == job).map(|(_, run)| run.queued_len() as u32).sum(),
@@ -300,10 +389,26 @@ impl Scheduler {
         }
     }
 
-    /// Chunks queued and leased over all jobs.
+    /// Steps queued and chunks leased over all jobs.
     pub fn totals(&self) -> JobCounts {
         JobCounts { queued: self.runs.values().map(|run| run.queued_len() as u32).sum(), leased: self.leases.len() as u32 }
     }
+
+    /// Steps of `key` that `rank` has consumed, if the run exists (for tests and status).
+    pub fn consumed(&self, key: RunKey, rank: Rank) -> Option<u64> {
+        self.runs.get(&key).map(|run| run.consumed(rank))
+    }
+}
+
+/// The size of a run, as the job's spec and plan give it.
+#[derive(Clone, Copy, Debug)]
+pub struct RunShape {
+    /// Steps in the run.
+    pub steps: u64,
+    /// Ranks of the job.
+    pub world_size: u32,
+    /// The job's flow window.
+    pub prefetch: u32,
 }
 
 #[cfg(test)]

@@ -1,10 +1,17 @@
-//! One epoch of one job being produced: its chunk queue in (step, rank) order and its flow
-//! window. Pure: time is a parameter.
+//! One epoch of one job being produced: where every step of every rank stands (queued for a
+//! worker, leased, delivered, consumed) and the flow window. Pure: time is a parameter.
+//!
+//! A step of a rank is *pending* from the moment it is cut (enters the flow window) until the
+//! rank has consumed it. While pending it is queued, leased to one worker, or delivered (its
+//! batch reached the trainer's QUIC stack). Delivered is not consumed: a trainer that drops
+//! its buffer (a restart, `set_epoch`, `load_state_dict`) or refuses a batch needs the step
+//! again, and says so by opening the run again ([`Run::restart_rank`]) or by reporting the step
+//! missing ([`Run::missing`]). That is what makes every loss path end in the step being made.
 
-use std::collections::BTreeMap;
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
-use stoker_common::ids::{Epoch, JobId, Rank, Step};
+use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank, Step};
 use stoker_common::proto::Chunk;
 
 /// Which epoch run: a job's epoch from a start position (0, or a resumed checkpoint's).
@@ -15,42 +22,59 @@ pub struct RunKey {
     /// The epoch.
     pub epoch: Epoch,
     /// First position.
-    pub start: u64,
+    pub start: Position,
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Queued {
-    steps: u32,
-    not_before_opt: Option<Instant>,
+impl RunKey {
+    /// The run a chunk belongs to.
+    pub fn of(chunk: &Chunk) -> Self {
+        Self { job: chunk.job, epoch: chunk.epoch, start: chunk.start }
+    }
 }
 
-/// The chunks of one epoch run not yet granted, and how far each rank has consumed.
+/// Where a pending step stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StepState {
+    /// Waiting for a worker, not granted before `not_before_opt`.
+    Queued { not_before_opt: Option<Instant> },
+    /// Granted under `lease`.
+    Leased { lease: LeaseId },
+    /// Its batch was delivered (or the trainer said it holds it) at `at`.
+    Delivered { at: Instant },
+}
+
+/// One rank's steps in the run.
+#[derive(Debug, Default)]
+struct RankSteps {
+    /// Steps `0..consumed` are consumed.
+    consumed: u64,
+    /// Steps in `consumed..cut` not yet consumed, by step.
+    pending: BTreeMap<u64, StepState>,
+}
+
+/// The steps of one epoch run and how far each rank has consumed.
 #[derive(Debug)]
 pub struct Run {
     key: RunKey,
     steps: u64,
     prefetch: u64,
     chunk_steps: u32,
-    /// Steps consumed per rank.
-    consumed: Vec<u64>,
-    /// Steps `< cut` have been cut into chunks.
+    ranks: Vec<RankSteps>,
+    /// Steps `< cut` have entered the flow window (for every rank that needs them).
     cut: u64,
-    /// Chunks waiting for a worker, by (first step, rank).
-    queued: BTreeMap<(u64, u32), Queued>,
+    /// The queued steps, as (step, rank): the grant order.
+    queued: BTreeSet<(u64, u32)>,
 }
 
 impl Run {
-    /// A run of `steps` steps for `world_size` ranks.
-    pub fn new(key: RunKey, steps: u64, world_size: u32, prefetch: u32, chunk_steps: u32) -> Self {
-        Self {
-            key,
-            steps,
-            prefetch: u64::from(prefetch.max(1)),
-            chunk_steps: chunk_steps.max(1),
-            consumed: vec![0; world_size as usize],
-            cut: 0,
-            queued: BTreeMap::new(),
-        }
+    /// A run of `steps` steps for `world_size` ranks. Ranks for which `departed` holds have
+    /// moved past this run (they are in a later one): they hold no window and get no work
+    /// here unless they open this run themselves.
+    pub fn new(key: RunKey, steps: u64, world_size: u32, prefetch: u32, chunk_steps: u32, departed: impl Fn(Rank) -> bool) -> Self {
+        let ranks = (0..world_size)
+            .map(|rank| RankSteps { consumed: if departed(Rank(rank)) { steps } else { 0 }, pending: BTreeMap::new() })
+            .collect();
+        Self { key, steps, prefetch: u64::from(prefetch.max(1)), chunk_steps: chunk_steps.max(1), ranks, cut: 0, queued: BTreeSet::new() }
     }
 
     /// Steps in the run.
@@ -60,182 +84,194 @@ impl Run {
 
     /// Steps every rank has consumed.
     pub fn slowest_consumed(&self) -> u64 {
-        self.consumed.iter().copied().min().unwrap_or(self.steps)
+        self.ranks.iter().map(|rank| rank.consumed).min().unwrap_or(self.steps)
     }
 
     /// Steps `rank` has consumed.
     pub fn consumed(&self, rank: Rank) -> u64 {
-        self.consumed.get(rank.0 as usize).copied().unwrap_or(0)
+        self.ranks.get(rank.0 as usize).map_or(0, |steps| steps.consumed)
     }
 
-    /// Whether every rank has consumed every step.
+    /// Whether every rank has consumed every step (or moved past the run).
     pub fn is_finished(&self) -> bool {
         self.slowest_consumed() >= self.steps
     }
 
-    /// Chunks waiting.
+    /// Steps (of all ranks) waiting for a worker.
     pub fn queued_len(&self) -> usize {
         self.queued.len()
     }
 
-    /// Record that `rank` consumed steps `0..consumed`; drops queued chunks it no longer needs.
+    /// Record that `rank` consumed steps `0..consumed` (never less than already recorded: a
+    /// pass only moves forward; a new pass goes through [`Run::restart_rank`]).
     pub fn set_consumed(&mut self, rank: Rank, consumed: u64) {
-        let Some(entry) = self.consumed.get_mut(rank.0 as usize) else { return };
-        *entry = (*entry).max(consumed.min(self.steps));
-        let done = *entry;
-        self.queued.retain(|&(first, chunk_rank), queued| chunk_rank != rank.0 || first + u64::from(queued.steps) > done);
-    }
-
-    /// `rank` iterates the run again from its first step (a restarted trainer, or a second
-    /// pass over the same epoch): forget its progress and queue its steps again. Chunks of it
-    /// still leased may deliver twice; the trainer drops the duplicates.
-    pub fn restart_rank(&mut self, rank: Rank) {
-        let Some(entry) = self.consumed.get_mut(rank.0 as usize) else { return };
-        if *entry == 0 {
+        let consumed = consumed.min(self.steps);
+        let Some(entry) = self.ranks.get_mut(rank.0 as usize) else { return };
+        if consumed <= entry.consumed {
             return;
         }
-        *entry = 0;
-        let mut first = 0;
-        while first < self.cut {
-            let steps = u64::from(self.chunk_steps).min(self.cut - first);
-            self.queued.insert((first, rank.0), Queued { steps: steps as u32, not_before_opt: None });
-            first += steps;
+        entry.consumed = consumed;
+        let still_pending = entry.pending.split_off(&consumed);
+        for step in std::mem::replace(&mut entry.pending, still_pending).into_keys() {
+            self.queued.remove(&(step, rank.0));
         }
     }
 
-    /// Queue a chunk again (its lease expired or failed), trimmed to the steps its rank still
-    /// needs; not granted before `not_before_opt`.
-    pub fn requeue(&mut self, chunk: Chunk, not_before_opt: Option<Instant>) {
-        let end = chunk.first_step.0 + u64::from(chunk.steps);
-        let first = chunk.first_step.0.max(self.consumed(chunk.rank));
-        if first >= end {
-            return;
+    /// `rank` left the run for another one: it needs nothing more here and holds no window.
+    pub fn depart(&mut self, rank: Rank) {
+        self.set_consumed(rank, self.steps);
+    }
+
+    /// `rank` (a new pass: a restarted trainer, a second iteration of the epoch, a resume)
+    /// needs every step from `consumed` on except those in `holding`. Steps delivered before
+    /// and not held (they went to a trainer that is gone, or were dropped with its buffer)
+    /// are queued again; steps queued or leased stay so (a leased one may arrive twice; the
+    /// trainer drops the copy).
+    pub fn restart_rank(&mut self, rank: Rank, consumed: u64, holding: &[Step], now: Instant) {
+        let consumed = consumed.min(self.steps);
+        let Some(entry) = self.ranks.get_mut(rank.0 as usize) else { return };
+        let held: BTreeSet<u64> = holding.iter().map(|step| step.0).collect();
+        let still_pending = entry.pending.split_off(&consumed);
+        for step in std::mem::replace(&mut entry.pending, still_pending).into_keys() {
+            self.queued.remove(&(step, rank.0));
         }
-        let steps = u32::try_from(end - first).unwrap_or(u32::MAX);
-        self.queued.insert((first, chunk.rank.0), Queued { steps, not_before_opt });
-    }
-
-    /// Grant up to `max` chunks that are inside the flow window and not held back at `now`.
-    pub fn grant(&mut self, max: usize, now: Instant, trainer_live: impl Fn(Rank) -> bool) -> Vec<Chunk> {
-        let window_end = self.slowest_consumed() + self.prefetch;
-        self.cut_chunks(window_end);
-        let ready: Vec<(u64, u32)> = self
-            .queued
-            .iter()
-            .filter(|&(&(first, rank), queued)| {
-                first < window_end && queued.not_before_opt.is_none_or(|not_before| not_before <= now) && trainer_live(Rank(rank))
-            })
-            .map(|(&key, _)| key)
-            .take(max)
-            .collect();
-        ready
-            .into_iter()
-            .filter_map(|key| {
-                let queued = self.queued.remove(&key)?;
-                Some(Chunk {
-                    job: self.key.job,
-                    epoch: self.key.epoch,
-                    start: self.key.start,
-                    first_step: Step(key.0),
-                    rank: Rank(key.1),
-                    steps: queued.steps,
-                })
-            })
-            .collect()
-    }
-
-    /// Cut steps below `window_end` into chunks for every rank.
-    fn cut_chunks(&mut self, window_end: u64) {
-        while self.cut < self.steps && self.cut < window_end {
-            let steps = u64::from(self.chunk_steps).min(self.steps - self.cut);
-            for (rank, &consumed) in self.consumed.iter().enumerate() {
-                if self.cut + steps > consumed {
-                    let rank = u32::try_from(rank).unwrap_or(u32::MAX);
-                    self.queued.insert((self.cut, rank), Queued { steps: steps as u32, not_before_opt: None });
+        entry.consumed = consumed;
+        for step in consumed..self.cut {
+            let state = entry.pending.get(&step).copied();
+            match (state, held.contains(&step)) {
+                (Some(StepState::Queued { .. } | StepState::Leased { .. }), _) => {}
+                (_, true) => {
+                    entry.pending.insert(step, StepState::Delivered { at: now });
+                }
+                (Some(StepState::Delivered { .. }) | None, false) => {
+                    entry.pending.insert(step, StepState::Queued { not_before_opt: None });
+                    self.queued.insert((step, rank.0));
                 }
             }
-            self.cut += steps;
         }
     }
+
+    /// The trainer of `rank` has waited for `steps` long enough to conclude they are lost:
+    /// those delivered at least `grace` ago are queued again (a step queued or leased is on
+    /// its way; one delivered just now may still be being read). Returns how many.
+    pub fn missing(&mut self, rank: Rank, steps: &[Step], grace: Duration, now: Instant) -> usize {
+        let Some(entry) = self.ranks.get_mut(rank.0 as usize) else { return 0 };
+        let mut requeued = 0;
+        for step in steps {
+            if let Some(state) = entry.pending.get_mut(&step.0)
+                && let StepState::Delivered { at } = *state
+                && now.saturating_duration_since(at) >= grace
+            {
+                *state = StepState::Queued { not_before_opt: None };
+                self.queued.insert((step.0, rank.0));
+                requeued += 1;
+            }
+        }
+        requeued
+    }
+
+    /// The steps of `chunk` leased under `lease` were delivered at `now`.
+    pub fn delivered(&mut self, chunk: &Chunk, lease: LeaseId, now: Instant) {
+        self.settle(chunk, lease, StepState::Delivered { at: now });
+    }
+
+    /// The steps of `chunk` leased under `lease` were not delivered (the lease expired or
+    /// failed): queue them again, not granted before `not_before_opt`.
+    pub fn requeue(&mut self, chunk: &Chunk, lease: LeaseId, not_before_opt: Option<Instant>) {
+        let rank = chunk.rank.0;
+        for step in chunk_steps(chunk) {
+            if self.settle_step(rank, step, lease, StepState::Queued { not_before_opt }) {
+                self.queued.insert((step, rank));
+            }
+        }
+    }
+
+    fn settle(&mut self, chunk: &Chunk, lease: LeaseId, state: StepState) {
+        for step in chunk_steps(chunk) {
+            self.settle_step(chunk.rank.0, step, lease, state);
+        }
+    }
+
+    /// Move a step leased under `lease` to `state`; `false` if it is not (any more) leased
+    /// under it: consumed meanwhile, or queued again and granted under another lease.
+    fn settle_step(&mut self, rank: u32, step: u64, lease: LeaseId, state: StepState) -> bool {
+        let Some(entry) = self.ranks.get_mut(rank as usize) else { return false };
+        match entry.pending.get_mut(&step) {
+            Some(current) if *current == (StepState::Leased { lease }) => {
+                *current = state;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Grant up to `max` chunks that start inside the flow window, whose rank's trainer is
+    /// live and that are not held back at `now`: runs of consecutive queued steps of one rank,
+    /// at most the chunk size, in (step, rank) order. `next_lease` names each grant.
+    pub fn grant(
+        &mut self,
+        max: usize,
+        now: Instant,
+        trainer_live: impl Fn(Rank) -> bool,
+        mut next_lease: impl FnMut() -> LeaseId,
+    ) -> Vec<(LeaseId, Chunk)> {
+        let window_end = self.slowest_consumed() + self.prefetch;
+        self.cut_chunks(window_end);
+        let candidates: Vec<(u64, u32)> = self.queued.range(..(window_end, 0)).copied().collect();
+        let mut granted = Vec::new();
+        for (first, rank) in candidates {
+            if granted.len() >= max {
+                break;
+            }
+            if !self.queued.contains(&(first, rank)) || !self.ready(rank, first, now) || !trainer_live(Rank(rank)) {
+                continue;
+            }
+            let mut steps = 1;
+            while steps < self.chunk_steps
+                && self.queued.contains(&(first + u64::from(steps), rank))
+                && self.ready(rank, first + u64::from(steps), now)
+            {
+                steps += 1;
+            }
+            let lease = next_lease();
+            let chunk =
+                Chunk { job: self.key.job, epoch: self.key.epoch, start: self.key.start, first_step: Step(first), rank: Rank(rank), steps };
+            for step in chunk_steps(&chunk) {
+                self.queued.remove(&(step, rank));
+                if let Some(entry) = self.ranks.get_mut(rank as usize) {
+                    entry.pending.insert(step, StepState::Leased { lease });
+                }
+            }
+            granted.push((lease, chunk));
+        }
+        granted
+    }
+
+    fn ready(&self, rank: u32, step: u64, now: Instant) -> bool {
+        let state_opt = self.ranks.get(rank as usize).and_then(|entry| entry.pending.get(&step));
+        matches!(state_opt, Some(StepState::Queued { not_before_opt }) if not_before_opt.is_none_or(|not_before| not_before <= now))
+    }
+
+    /// Cut the steps below `window_end` (in whole chunks) for every rank that needs them.
+    fn cut_chunks(&mut self, window_end: u64) {
+        while self.cut < self.steps && self.cut < window_end {
+            let end = (self.cut + u64::from(self.chunk_steps)).min(self.steps);
+            for (rank, entry) in self.ranks.iter_mut().enumerate() {
+                let rank = u32::try_from(rank).unwrap_or(u32::MAX);
+                for step in self.cut.max(entry.consumed)..end {
+                    entry.pending.insert(step, StepState::Queued { not_before_opt: None });
+                    self.queued.insert((step, rank));
+                }
+            }
+            self.cut = end;
+        }
+    }
+}
+
+fn chunk_steps(chunk: &Chunk) -> std::ops::Range<u64> {
+    chunk.first_step.0..chunk.first_step.0 + u64::from(chunk.steps)
 }
 
 #[cfg(test)]
-mod tests {
-    use std::collections::BTreeSet;
-
-    use super::*;
-
-    fn key() -> RunKey {
-        RunKey { job: JobId(1), epoch: Epoch(0), start: 0 }
-    }
-
-    fn covered(chunks: &[Chunk]) -> BTreeSet<(u32, u64)> {
-        chunks.iter().flat_map(|c| (c.first_step.0..c.first_step.0 + u64::from(c.steps)).map(move |s| (c.rank.0, s))).collect()
-    }
-
-    #[test]
-    fn chunks_come_in_step_then_rank_order_within_the_window() {
-        let now = Instant::now();
-        let mut run = Run::new(key(), 10, 2, 4, 2);
-        let granted = run.grant(100, now, |_| true);
-        let order: Vec<(u64, u32)> = granted.iter().map(|c| (c.first_step.0, c.rank.0)).collect();
-        assert_eq!(order, vec![(0, 0), (0, 1), (2, 0), (2, 1)], "steps 0..4 only: the window is 4");
-        assert!(run.grant(100, now, |_| true).is_empty(), "nothing more until a rank consumes");
-        run.set_consumed(Rank(0), 4);
-        assert!(run.grant(100, now, |_| true).is_empty(), "the slowest rank holds the window");
-        run.set_consumed(Rank(1), 2);
-        let next: Vec<(u64, u32)> = run.grant(100, now, |_| true).iter().map(|c| (c.first_step.0, c.rank.0)).collect();
-        assert_eq!(next, vec![(4, 0), (4, 1)]);
-    }
-
-    #[test]
-    fn every_step_of_every_rank_is_granted_once_without_failures() {
-        let now = Instant::now();
-        let mut run = Run::new(key(), 7, 3, 3, 2);
-        let mut all = Vec::new();
-        for _ in 0..20 {
-            let granted = run.grant(2, now, |_| true);
-            all.extend(granted.iter().copied());
-            let slowest = run.slowest_consumed();
-            for rank in 0..3 {
-                run.set_consumed(Rank(rank), (slowest + 1).min(7));
-            }
-        }
-        let steps: Vec<(u32, u64)> =
-            all.iter().flat_map(|c| (c.first_step.0..c.first_step.0 + u64::from(c.steps)).map(move |s| (c.rank.0, s))).collect();
-        let unique = covered(&all);
-        assert_eq!(steps.len(), unique.len(), "no step granted twice");
-        assert_eq!(unique.len(), 21, "3 ranks x 7 steps");
-        assert!(run.is_finished());
-    }
-
-    #[test]
-    fn a_rank_that_starts_the_run_again_gets_every_step_again() {
-        let now = Instant::now();
-        let mut run = Run::new(key(), 4, 2, 10, 2);
-        let first = covered(&run.grant(100, now, |_| true));
-        run.set_consumed(Rank(0), 4);
-        run.restart_rank(Rank(0));
-        assert_eq!(run.consumed(Rank(0)), 0);
-        let again = covered(&run.grant(100, now, |_| true));
-        assert_eq!(again, first.iter().filter(|(rank, _)| *rank == 0).copied().collect(), "rank 0's steps, once more");
-        run.restart_rank(Rank(1));
-        assert!(run.grant(100, now, |_| true).is_empty(), "a rank that had consumed nothing is left alone");
-    }
-
-    #[test]
-    fn a_requeued_chunk_is_trimmed_to_what_its_rank_still_needs_and_waits() {
-        let now = Instant::now();
-        let later = now + std::time::Duration::from_secs(1);
-        let mut run = Run::new(key(), 10, 1, 10, 4);
-        let granted = run.grant(1, now, |_| true);
-        assert_eq!(granted[0].steps, 4);
-        run.set_consumed(Rank(0), 1);
-        run.requeue(granted[0], Some(later));
-        let waiting: Vec<Chunk> = run.grant(10, now, |_| true);
-        assert!(waiting.iter().all(|c| c.first_step.0 >= 4), "the requeued chunk waits until later: {waiting:?}");
-        let retried = run.grant(10, later, |_| true);
-        assert_eq!(retried.len(), 1);
-        assert_eq!((retried[0].first_step, retried[0].steps), (Step(1), 3));
-    }
-}
+#[path = "run_tests.rs"]
+mod tests;

@@ -1,20 +1,42 @@
 use std::collections::BTreeMap;
 
-use stoker_common::ids::{Epoch, Step};
+use stoker_common::ids::{Epoch, Pass, Position, Step};
 
 use super::*;
 
 fn config() -> SchedulerConfig {
     SchedulerConfig {
         lease_ttl: Duration::from_secs(3),
+        lease_stall: Duration::from_secs(10),
         chunk_steps: 2,
         retry_delay: Duration::from_secs(1),
         trainer_ttl: Duration::from_secs(5),
+        missing_grace: Duration::from_secs(1),
     }
 }
 
 fn key() -> RunKey {
-    RunKey { job: JobId(1), epoch: Epoch(0), start: 0 }
+    RunKey { job: JobId(1), epoch: Epoch(0), start: Position(0) }
+}
+
+fn shape(steps: u64, world_size: u32, prefetch: u32) -> RunShape {
+    RunShape { steps, world_size, prefetch }
+}
+
+/// Rank `rank`'s trainer (session 100 + rank) opens `key` in `pass`, holding nothing.
+fn open(scheduler: &mut Scheduler, key: RunKey, rank: u32, pass: u64, shape: RunShape, now: Instant) {
+    let opening = Opening { session: SessionId(100 + u64::from(rank)), pass: Pass(pass), consumed: 0, holding: Vec::new() };
+    scheduler.open_run(key, Rank(rank), &opening, shape, now).expect("opens");
+}
+
+/// Rank `rank`'s trainer reports `consumed` steps of its `pass`.
+fn report(scheduler: &mut Scheduler, key: RunKey, rank: u32, pass: u64, consumed: u64, now: Instant) -> Recorded {
+    let reporting = Reporting { session: SessionId(100 + u64::from(rank)), pass: Pass(pass), consumed, missing: Vec::new() };
+    scheduler.record_progress(key, Rank(rank), &reporting, now).expect("current session")
+}
+
+fn lease_progress(leases: &[(LeaseId, u32)]) -> Vec<LeaseProgress> {
+    leases.iter().map(|&(lease, finished)| LeaseProgress { lease, finished }).collect()
 }
 
 fn addr() -> SocketAddr {
@@ -34,7 +56,7 @@ fn tally(granted: &[(LeaseId, Chunk)], counts: &mut BTreeMap<(u32, u64), u32>) {
 fn an_expired_lease_is_granted_again_to_another_worker() {
     let start = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
-    scheduler.open_run(key(), Rank(0), 4, 1, 8, start);
+    open(&mut scheduler, key(), 0, 1, shape(4, 1, 8), start);
     let dead = scheduler.register_worker(addr(), 1, start);
     let alive = scheduler.register_worker(addr(), 1, start);
     let granted = scheduler.pull(dead, 1, start).expect("registered");
@@ -44,11 +66,11 @@ fn an_expired_lease_is_granted_again_to_another_worker() {
     let others = scheduler.pull(alive, 10, later).expect("registered");
     assert_eq!(others.iter().map(|(_, c)| c.first_step).collect::<Vec<_>>(), vec![Step(2)], "the dead worker's lease is still valid");
     let expired_at = start + Duration::from_secs(4);
-    scheduler.heartbeat(alive, &[others[0].0], 0, expired_at).expect("registered");
+    scheduler.heartbeat(alive, &lease_progress(&[(others[0].0, 0)]), 0, expired_at).expect("registered");
     let regranted = scheduler.pull(alive, 10, expired_at).expect("registered");
     assert_eq!(regranted.iter().map(|(_, c)| c.first_step).collect::<Vec<_>>(), vec![Step(0)]);
     assert_eq!(scheduler.leases_expired(), 1);
-    let revoked = scheduler.heartbeat(dead, &[granted[0].0], 0, expired_at).expect("still known");
+    let revoked = scheduler.heartbeat(dead, &lease_progress(&[(granted[0].0, 0)]), 0, expired_at).expect("still known");
     assert_eq!(revoked, vec![granted[0].0], "the dead worker learns its lease is gone");
 }
 
@@ -56,7 +78,7 @@ fn an_expired_lease_is_granted_again_to_another_worker() {
 fn a_deregistered_worker_hands_its_chunks_back_at_once() {
     let now = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
-    scheduler.open_run(key(), Rank(0), 2, 1, 8, now);
+    open(&mut scheduler, key(), 0, 1, shape(2, 1, 8), now);
     let leaving = scheduler.register_worker(addr(), 1, now);
     let staying = scheduler.register_worker(addr(), 1, now);
     assert_eq!(scheduler.pull(leaving, 5, now).expect("registered").len(), 1);
@@ -73,7 +95,7 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
     let mut scheduler = Scheduler::new(config(), 1);
     let (steps, world_size, prefetch) = (9, 3, 4);
     for rank in 0..world_size {
-        scheduler.open_run(key(), Rank(rank), steps, world_size, prefetch, start);
+        open(&mut scheduler, key(), rank, 1, shape(steps, world_size, prefetch), start);
     }
     let worker = scheduler.register_worker(addr(), 1, start);
     let mut delivered: BTreeMap<(u32, u64), u32> = BTreeMap::new();
@@ -90,14 +112,14 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
                 scheduler.chunk_failed(worker, *lease, now);
             } else {
                 tally(&[(*lease, *chunk)], &mut delivered);
-                scheduler.chunk_done(worker, *lease);
+                scheduler.chunk_done(worker, *lease, now);
             }
         }
         for rank in 0..world_size {
             while delivered.contains_key(&(rank, consumed[rank as usize])) && consumed[rank as usize] < steps {
                 consumed[rank as usize] += 1;
             }
-            scheduler.record_progress(key(), Rank(rank), consumed[rank as usize], now);
+            report(&mut scheduler, key(), rank, 1, consumed[rank as usize], now);
         }
         if !scheduler.has_run(key()) {
             break;
@@ -111,9 +133,9 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
 fn opening_a_new_epoch_releases_the_rank_from_the_old_one() {
     let now = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
-    scheduler.open_run(key(), Rank(0), 4, 1, 8, now);
+    open(&mut scheduler, key(), 0, 1, shape(4, 1, 8), now);
     let next = RunKey { epoch: Epoch(1), ..key() };
-    scheduler.open_run(next, Rank(0), 4, 1, 8, now);
+    open(&mut scheduler, next, 0, 2, shape(4, 1, 8), now);
     assert!(!scheduler.has_run(key()), "its only rank left epoch 0");
     assert!(scheduler.has_run(next));
     let worker = scheduler.register_worker(addr(), 1, now);
@@ -124,21 +146,100 @@ fn opening_a_new_epoch_releases_the_rank_from_the_old_one() {
 fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
     let start = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
-    scheduler.open_run(key(), Rank(0), 8, 2, 8, start);
-    scheduler.open_run(key(), Rank(1), 8, 2, 8, start);
+    open(&mut scheduler, key(), 0, 1, shape(8, 2, 8), start);
+    open(&mut scheduler, key(), 1, 1, shape(8, 2, 8), start);
     let worker = scheduler.register_worker(addr(), 1, start);
     let ranks = |granted: &[(LeaseId, Chunk)]| granted.iter().map(|(_, chunk)| chunk.rank.0).collect::<Vec<_>>();
     let first = scheduler.pull(worker, 2, start).expect("registered");
     assert_eq!(ranks(&first), [0, 1]);
     for (lease, _) in first {
-        scheduler.chunk_done(worker, lease);
+        scheduler.chunk_done(worker, lease, start);
     }
     // Rank 1's trainer goes away; rank 0 keeps reporting.
     let later = start + config().trainer_ttl + Duration::from_secs(1);
     scheduler.heartbeat(worker, &[], 0, later).expect("registered");
-    scheduler.record_progress(key(), Rank(0), 0, later);
+    report(&mut scheduler, key(), 0, 1, 0, later);
     assert_eq!(ranks(&scheduler.pull(worker, 10, later).expect("registered")), [0, 0, 0], "rank 1's chunks wait");
-    // It comes back (a restarted trainer attaches and opens the run again).
-    scheduler.open_run(key(), Rank(1), 8, 2, 8, later);
-    assert_eq!(ranks(&scheduler.pull(worker, 10, later).expect("registered")), [1, 1, 1]);
+    // A restarted trainer attaches as rank 1 and opens the run: it gets the steps the gone
+    // trainer had been delivered (steps 0 and 1), then the rest.
+    scheduler.attach(JobId(1), Rank(1), SessionId(201), later);
+    let opening = Opening { session: SessionId(201), pass: Pass(1), consumed: 0, holding: Vec::new() };
+    scheduler.open_run(key(), Rank(1), &opening, shape(8, 2, 8), later).expect("opens");
+    let regranted = scheduler.pull(worker, 10, later).expect("registered");
+    assert_eq!(ranks(&regranted), [1, 1, 1, 1]);
+    assert_eq!(regranted[0].1.first_step, Step(0));
+}
+
+/// Regression (issue 15, item 6): a worker that kept listing a lease it made no progress on
+/// (stuck opening its dataset, a hung decode) renewed it forever.
+#[test]
+fn a_lease_without_progress_expires_even_though_its_worker_lists_it() {
+    let start = Instant::now();
+    let stall = config().lease_stall;
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
+    let stuck = scheduler.register_worker(addr(), 1, start);
+    let granted = scheduler.pull(stuck, 2, start).expect("registered");
+    let (progressing, hung) = (granted[0].0, granted[1].0);
+    let mut now = start;
+    let mut revoked = Vec::new();
+    for beat in 1..=30u32 {
+        now += Duration::from_millis(500);
+        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(progressing, beat), (hung, 0)]), 0, now).expect("registered");
+        if !revoked.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(revoked, vec![hung], "only the lease without progress goes");
+    assert!(now.saturating_duration_since(start) >= stall, "not before the stall timeout");
+    assert_eq!(scheduler.leases_expired(), 1);
+    let other = scheduler.register_worker(addr(), 1, now);
+    report(&mut scheduler, key(), 0, 1, 0, now);
+    let regranted = scheduler.pull(other, 10, now).expect("registered");
+    assert_eq!(regranted.iter().map(|(_, chunk)| chunk.first_step).collect::<Vec<_>>(), vec![Step(2)], "the hung lease's steps");
+}
+
+/// Regression (issue 15, loss path 3): after a coordinator restart with ranks on both sides of
+/// an epoch boundary, the run of the earlier epoch was created with the rank that had moved on
+/// at 0, and the other rank stopped `prefetch` steps in.
+#[test]
+fn a_run_created_after_a_rank_moved_past_it_is_not_held_by_that_rank() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    let next = RunKey { epoch: Epoch(1), ..key() };
+    // The coordinator restarted: rank 1 reopens epoch 1 first, then rank 0 reopens epoch 0.
+    open(&mut scheduler, next, 1, 3, shape(6, 2, 2), now);
+    open(&mut scheduler, key(), 0, 2, shape(6, 2, 2), now);
+    let worker = scheduler.register_worker(addr(), 1, now);
+    let mut made = Vec::new();
+    for consumed in 0..6 {
+        for (lease, chunk) in scheduler.pull(worker, 10, now).expect("registered") {
+            scheduler.chunk_done(worker, lease, now);
+            made.push(chunk);
+        }
+        report(&mut scheduler, key(), 0, 2, consumed + 1, now);
+    }
+    let epoch0_rank0: u64 = made.iter().filter(|c| c.epoch == Epoch(0) && c.rank == Rank(0)).map(|c| u64::from(c.steps)).sum();
+    assert_eq!(epoch0_rank0, 6, "rank 0 got all of epoch 0: {made:?}");
+    assert!(made.iter().all(|c| !(c.epoch == Epoch(0) && c.rank == Rank(1))), "nothing of epoch 0 for rank 1");
+    assert!(!scheduler.has_run(key()), "epoch 0 finished");
+}
+
+/// Regression (issue 15, loss path 2), end to end through the scheduler: a progress report of
+/// a pass that arrives after the next pass opened the same run marks nothing consumed.
+#[test]
+fn a_late_report_of_an_earlier_pass_does_not_swallow_the_next_pass_steps() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(4, 1, 8), now);
+    let worker = scheduler.register_worker(addr(), 1, now);
+    for (lease, _) in scheduler.pull(worker, 10, now).expect("registered") {
+        scheduler.chunk_done(worker, lease, now);
+    }
+    open(&mut scheduler, key(), 0, 2, shape(4, 1, 8), now);
+    let late = report(&mut scheduler, key(), 0, 1, 3, now);
+    assert_eq!(late.slowest_opt, None, "ignored");
+    assert_eq!(scheduler.consumed(key(), Rank(0)), Some(0));
+    let again: u32 = scheduler.pull(worker, 10, now).expect("registered").iter().map(|(_, c)| c.steps).sum();
+    assert_eq!(again, 4, "the second pass gets every step");
 }

@@ -55,6 +55,11 @@ pub struct ClusterState {
     pub datasets: BTreeMap<String, DatasetInfo>,
     /// Jobs by id.
     pub jobs: BTreeMap<JobId, JobSpec>,
+    /// The dataset each job was created with, as it was then (name, manifest, shard counts,
+    /// version): a job keeps planning over it when the name is re-added with other data. Jobs
+    /// created before this was recorded have no entry and use the dataset of their name.
+    #[serde(default)]
+    pub job_datasets: BTreeMap<JobId, DatasetInfo>,
     /// Last checkpoint of each job.
     pub checkpoints: BTreeMap<JobId, Checkpoint>,
     /// The id the next job gets.
@@ -77,6 +82,10 @@ impl ClusterState {
             Command::CreateJob { spec } => {
                 let id = JobId(self.next_job);
                 self.next_job += 1;
+                // Bound here, deterministically: the dataset of that name as the log has it now.
+                if let Some(dataset) = self.datasets.get(&spec.dataset) {
+                    self.job_datasets.insert(id, dataset.clone());
+                }
                 self.jobs.insert(id, spec);
                 Applied::JobCreated(id)
             }
@@ -85,6 +94,12 @@ impl ClusterState {
                 Applied::Done
             }
         }
+    }
+
+    /// The dataset `job` plans over: the one it was created with.
+    pub fn job_dataset(&self, job: JobId) -> Option<&DatasetInfo> {
+        let spec = self.jobs.get(&job)?;
+        self.job_datasets.get(&job).or_else(|| self.datasets.get(&spec.dataset))
     }
 
     /// The job named `name`, if any.
@@ -97,7 +112,7 @@ impl ClusterState {
 mod tests {
     use std::num::NonZeroU32;
 
-    use stoker_common::ids::Epoch;
+    use stoker_common::ids::{Epoch, Position};
     use stoker_common::plan::{PlanSpec, Shuffle, Tail};
 
     use super::*;
@@ -121,12 +136,14 @@ mod tests {
     #[test]
     fn replaying_the_same_commands_gives_the_same_state() {
         let commands = vec![
-            Command::AddDataset { dataset: DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3, 4] } },
+            Command::AddDataset {
+                dataset: DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3, 4], version: 11 },
+            },
             Command::CreateJob { spec: spec("a") },
             Command::CreateJob { spec: spec("b") },
             Command::RecordCheckpoint {
                 job: JobId(2),
-                checkpoint: Checkpoint { version: 1, epoch: Epoch(3), position: 9, order_fingerprint: 7 },
+                checkpoint: Checkpoint { version: 1, epoch: Epoch(3), position: Position(9), order_fingerprint: 7 },
             },
         ];
         let mut first = ClusterState::new();
@@ -139,7 +156,29 @@ mod tests {
         assert_eq!(applied[1], Applied::JobCreated(JobId(1)));
         assert_eq!(applied[2], Applied::JobCreated(JobId(2)));
         assert_eq!(first.job_named("b").map(|(id, _)| id), Some(JobId(2)));
-        assert_eq!(first.checkpoints[&JobId(2)].position, 9);
+        assert_eq!(first.checkpoints[&JobId(2)].position, Position(9));
+        assert_eq!(first.job_dataset(JobId(1)).map(|dataset| dataset.version), Some(11));
+    }
+
+    /// A job keeps the dataset it was created with when the name is registered again with
+    /// other data (issue 15, item 8): its checkpoints and its trainers' plans refer to it.
+    #[test]
+    fn a_job_stays_bound_to_the_dataset_version_it_was_created_with() {
+        let info = |manifest: &str, counts: Vec<u64>, version: u64| DatasetInfo {
+            name: "train".into(),
+            manifest: manifest.into(),
+            shard_counts: counts,
+            version,
+        };
+        let mut state = ClusterState::new();
+        state.apply(Command::AddDataset { dataset: info("/a.json", vec![3], 1) });
+        state.apply(Command::CreateJob { spec: spec("a") });
+        state.apply(Command::AddDataset { dataset: info("/b.json", vec![5, 5], 2) });
+        state.apply(Command::CreateJob { spec: spec("b") });
+        assert_eq!(state.job_dataset(JobId(1)), Some(&info("/a.json", vec![3], 1)));
+        assert_eq!(state.job_dataset(JobId(2)), Some(&info("/b.json", vec![5, 5], 2)));
+        let old_snapshot = r#"{"version":1,"datasets":{},"jobs":{},"checkpoints":{},"next_job":1}"#;
+        assert!(serde_json::from_str::<ClusterState>(old_snapshot).is_ok(), "snapshots from before the binding still load");
     }
 
     #[test]

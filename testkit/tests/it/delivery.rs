@@ -4,7 +4,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use bytes::Bytes;
-use stoker_common::ids::{Epoch, JobId, Rank, Step};
+use stoker_common::ids::{Epoch, JobId, Position, Rank, Step};
 use stoker_common::net::{
     DeliveryError, ETHERNET_UDP_PAYLOAD, PayloadPool, TlsConfigs, Tuning, accept_with_tuning, client_endpoint, connect, receive_batch,
     send_batch, server_endpoint,
@@ -13,12 +13,13 @@ use stoker_common::proto::BatchHeader;
 use stoker_common::transform::{OutputDtype, OutputLayout};
 
 const SIDE: u32 = 512;
+const TIMEOUT: Duration = Duration::from_secs(30);
 
 fn header(step: u64, payload: &[u8]) -> BatchHeader {
     BatchHeader {
         job: JobId(1),
         epoch: Epoch(0),
-        start: 0,
+        start: Position(0),
         rank: Rank(0),
         step: Step(step),
         shape: [4, SIDE, SIDE, 3],
@@ -27,6 +28,9 @@ fn header(step: u64, payload: &[u8]) -> BatchHeader {
         labels: vec![0, 1, 2, 3],
         keys: (0..4).map(|index| format!("k{index}")).collect(),
         replaced: vec![],
+        corrupt: vec![],
+        dataset_version: 0,
+        plan_digest: 0,
         payload_len: payload.len() as u64,
         checksum: xxhash_rust::xxh3::xxh3_64(payload),
     }
@@ -65,7 +69,7 @@ fn batches_to_a_trainer_on_this_host_arrive_intact_in_datagrams_larger_than_ethe
             let (to_trainer, payload) = (to_trainer.clone(), payload.clone());
             tokio::spawn(async move {
                 for step in 0..4 {
-                    send_batch(&to_trainer, &header(step, &payload), payload.clone()).await.expect("delivered");
+                    send_batch(&to_trainer, &header(step, &payload), payload.clone(), TIMEOUT).await.expect("delivered");
                 }
             })
         };
@@ -95,8 +99,8 @@ fn a_bad_checksum_or_a_refused_header_is_an_error_on_the_receiving_side() {
         let sends = {
             let (to_trainer, payload) = (to_trainer.clone(), payload.clone());
             tokio::spawn(async move {
-                let first = send_batch(&to_trainer, &corrupt, payload.clone()).await;
-                let second = send_batch(&to_trainer, &header(1, &payload), payload).await;
+                let first = send_batch(&to_trainer, &corrupt, payload.clone(), TIMEOUT).await;
+                let second = send_batch(&to_trainer, &header(1, &payload), payload, TIMEOUT).await;
                 (first, second)
             })
         };

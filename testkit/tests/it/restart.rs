@@ -19,7 +19,7 @@ fn a_restarted_coordinator_keeps_datasets_jobs_and_checkpoints() {
         }
         let core = cluster.coordinator().expect("coordinator");
         stoker_testkit::wait_until(std::time::Duration::from_secs(10), "the checkpoint of step 4 is recorded", || {
-            core.state().checkpoints.values().any(|checkpoint| checkpoint.position == 20)
+            core.state().checkpoints.values().any(|checkpoint| checkpoint.position.0 == 20)
         })
         .expect("checkpoint");
         core.state()

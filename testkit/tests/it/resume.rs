@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use stoker_client::Loader;
 use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, Rank};
+use stoker_common::ids::{Epoch, Pass, Position, Rank};
 use stoker_common::net::{PayloadPool, TlsConfigs, Tuning, client_endpoint, receive_batch};
 use stoker_common::plan::Tail;
 use stoker_common::proto::{ControlRequest, TrainerHello};
@@ -157,7 +157,16 @@ fn batches_granted_for_a_new_session_wait_for_it_rather_than_go_to_the_old_train
 
     let attach = cluster.call(ControlRequest::Attach { spec: old.spec().clone(), rank: Rank(0) }).expect("attach");
     let (job, _, _, _, session) = expect_response!(attach, Attached { job, dataset, workers, checkpoint, session }).expect("attached");
-    let open = ControlRequest::OpenEpoch { job, rank: Rank(0), epoch: Epoch(1), start: 0, session };
+    let open = ControlRequest::OpenEpoch {
+        job,
+        rank: Rank(0),
+        epoch: Epoch(1),
+        start: Position(0),
+        session,
+        pass: Pass(1),
+        consumed: 0,
+        holding: Vec::new(),
+    };
     let steps = expect_response!(cluster.call(open).expect("open"), EpochOpened { steps }).expect("opened");
     let window = u64::from(config.prefetch).min(steps);
     info!(%session, window, "--- the new trainer opened epoch 1; its hello comes a second later");

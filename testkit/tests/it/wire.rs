@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use stoker_common::ids::{Epoch, JobId, Rank, SessionId};
+use stoker_common::ids::{Epoch, JobId, Pass, Position, Rank, SessionId};
 use stoker_common::net::{NetError, TlsConfigs, Tuning, call, client_endpoint, connect, insecure_tls};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError, TrainerHello};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
@@ -45,7 +45,16 @@ fn bad_requests_get_clear_errors_and_the_coordinator_keeps_serving() {
         }
         {
             info!("--- unknown job, unknown dataset, rank outside the world");
-            let open = ControlRequest::OpenEpoch { job: JobId(999), rank: Rank(0), epoch: Epoch(0), start: 0, session: SessionId(1) };
+            let open = ControlRequest::OpenEpoch {
+                job: JobId(999),
+                rank: Rank(0),
+                epoch: Epoch(0),
+                start: Position(0),
+                session: SessionId(1),
+                pass: Pass(1),
+                consumed: 0,
+                holding: Vec::new(),
+            };
             let error = call::<_, ControlResponse>(&connection, &open, CONTROL_FRAME_LIMIT).await.expect_err("refused");
             assert_eq!(error.remote().map(|e| &e.code), Some(&ErrorCode::NotFound), "{error}");
             let mut spec = stoker_client::LoaderConfig::new(addr, "nonexistent", 4).job_spec().expect("spec");
@@ -78,7 +87,7 @@ fn a_peer_with_another_protocol_version_is_refused_in_the_handshake() {
         let endpoint = client_endpoint(&old, addr, Tuning::default()).expect("endpoint");
         let error = connect(&endpoint, addr, Duration::from_secs(5)).await.expect_err("refused");
         assert!(matches!(error, NetError::VersionMismatch { .. }), "{error:?}");
-        assert!(error.to_string().contains("does not speak stoker/1"), "{error}");
+        assert!(error.to_string().contains(&format!("does not speak {}", stoker_common::proto::ALPN_TEXT)), "{error}");
         let current = TlsConfigs::insecure().expect("tls");
         let endpoint = client_endpoint(&current, addr, Tuning::default()).expect("endpoint");
         let connection = connect(&endpoint, addr, Duration::from_secs(5)).await.expect("a current peer connects");

@@ -162,7 +162,8 @@ impl JpegDecoder {
     /// Decode `region` of the image scaled by `num / 8` into `out` as packed RGB (3 bytes per
     /// pixel, rows of `region.width`). Call right after [`Self::read_header`] on the same data.
     /// `out` grows to fit and is never shrunk, so a thread's buffer stops allocating once it
-    /// has seen its largest region.
+    /// has seen its largest region. Returns libjpeg's warning when the data was corrupt but
+    /// still gave an image (parts of it may be gray or black).
     pub(crate) fn decode(
         &mut self,
         data: &[u8],
@@ -170,7 +171,7 @@ impl JpegDecoder {
         num: u32,
         region: Region,
         out: &mut Vec<u8>,
-    ) -> Result<(), DecodeError> {
+    ) -> Result<Option<String>, DecodeError> {
         let full = Region { x: 0, y: 0, width: scaled(header.width, num), height: scaled(header.height, num) };
         let scale = if num.is_multiple_of(8) {
             (1, 1)
@@ -221,7 +222,9 @@ impl JpegDecoder {
         if status != 0 && !self.is_warning() {
             return Err(self.fail());
         }
+        let mut warning_opt = None;
         if status != 0 {
+            warning_opt = Some(self.last_error());
             out[..needed].fill(0);
             self.recover();
             self.read_header(data)?;
@@ -246,7 +249,7 @@ impl JpegDecoder {
         if header.cmyk {
             cmyk_to_rgb_in_place(&mut out[..needed]);
         }
-        Ok(())
+        Ok(warning_opt)
     }
 }
 

@@ -57,6 +57,9 @@ pub(crate) struct Decoded {
     pub(crate) crop: SourceBox,
     /// The DCT scale used, M in M/8.
     pub(crate) scale_num: u32,
+    /// libjpeg warned (corrupt data that still gave an image); the text is in
+    /// [`Decoder::last_warning`].
+    pub(crate) warned: bool,
 }
 
 /// An integer rectangle of a decoded region.
@@ -85,6 +88,8 @@ pub(crate) struct Decoder {
     /// Restart intervals of the image being decoded, and the band JPEG cut from them.
     intervals: Intervals,
     band: Vec<u8>,
+    /// libjpeg's warning for the last image decoded with one.
+    last_warning: String,
 }
 
 const JPEG_MAGIC: [u8; 3] = [0xff, 0xd8, 0xff];
@@ -94,7 +99,23 @@ impl Decoder {
     pub(crate) fn new(max_pixels: u64) -> Result<Self, DecodeError> {
         let mut jpeg = JpegDecoder::new()?;
         jpeg.set_limits(max_pixels)?;
-        Ok(Self { jpeg, max_pixels, intervals: Intervals::default(), band: Vec::new() })
+        Ok(Self { jpeg, max_pixels, intervals: Intervals::default(), band: Vec::new(), last_warning: String::new() })
+    }
+
+    /// libjpeg's warning for the last image that decoded with one.
+    pub(crate) fn last_warning(&self) -> &str {
+        &self.last_warning
+    }
+
+    /// Keep `warning_opt`'s text; whether there was one.
+    fn note(&mut self, warning_opt: Option<String>) -> bool {
+        match warning_opt {
+            Some(warning) => {
+                self.last_warning = warning;
+                true
+            }
+            None => false,
+        }
     }
 
     /// Read the header and refuse empty or oversized images before anything is allocated.
@@ -137,8 +158,9 @@ impl Decoder {
             Probe::Jpeg(header) if header.scalable => header,
             Probe::Jpeg(header) => {
                 let region = Region { x: 0, y: 0, width: header.width, height: header.height };
-                self.jpeg.decode(data, header, 8, region, out)?;
-                return Ok(whole(header.width, header.height, want, edges));
+                let warning_opt = self.jpeg.decode(data, header, 8, region, out)?;
+                let warned = self.note(warning_opt);
+                return Ok(Decoded { warned, ..whole(header.width, header.height, want, edges) });
             }
             Probe::Other { .. } => {
                 let (width, height) = fallback::decode_rgb(data, self.max_pixels, out)?;
@@ -161,10 +183,11 @@ impl Decoder {
         let x1 = clamp_ceil(scaled_box.left + scaled_box.width + margin_x, full_w).max(x0 + 1);
         let y1 = clamp_ceil(scaled_box.top + scaled_box.height + margin_y, full_h).max(y0 + 1);
         let region = Region { x: x0, y: y0, width: x1 - x0, height: y1 - y0 };
-        self.decode_region(data, header, num, region, out)?;
+        let warning_opt = self.decode_region(data, header, num, region, out)?;
         let in_region = SourceBox { left: scaled_box.left - f64::from(x0), top: scaled_box.top - f64::from(y0), ..scaled_box };
         let mut decoded = whole(region.width, region.height, in_region, edges);
         decoded.scale_num = num;
+        decoded.warned = self.note(warning_opt);
         Ok(decoded)
     }
 }
@@ -184,20 +207,27 @@ fn whole(width: u32, height: u32, want: SourceBox, edges: Edges) -> Decoded {
         }
     };
     let crop = SourceBox { left: want.left - f64::from(view.left), top: want.top - f64::from(view.top), ..want };
-    Decoded { width, height, view, crop, scale_num: 8 }
+    Decoded { width, height, view, crop, scale_num: 8, warned: false }
 }
 
 impl Decoder {
     /// Decode `region` (scaled by `num / 8`): from the band of restart intervals it covers
     /// when the JPEG has them, else from the whole file with a cropping region.
-    fn decode_region(&mut self, data: &[u8], header: &JpegHeader, num: u32, region: Region, out: &mut Vec<u8>) -> Result<(), DecodeError> {
+    fn decode_region(
+        &mut self,
+        data: &[u8],
+        header: &JpegHeader,
+        num: u32,
+        region: Region,
+        out: &mut Vec<u8>,
+    ) -> Result<Option<String>, DecodeError> {
         let rect = [region.x, region.y, region.width, region.height];
         if let Some(band) = Layout::parse(data).and_then(|layout| layout.band(data, num, rect, &mut self.intervals, &mut self.band)) {
             let inner = Region { x: region.x - band.left * num / 8, y: region.y - band.top * num / 8, ..region };
             let decoded =
                 self.jpeg.read_header(&self.band).and_then(|band_header| self.jpeg.decode(&self.band, &band_header, num, inner, out));
-            if decoded.is_ok() {
-                return Ok(());
+            if let Ok(warning_opt) = decoded {
+                return Ok(warning_opt);
             }
             // A band that libjpeg refuses (damaged data behind well-formed markers): decode
             // the file as it is, so the sample fails or warns exactly as it would without
@@ -211,7 +241,7 @@ impl Decoder {
     pub(crate) fn decode_full(&mut self, data: &[u8], probe: &Probe, out: &mut Vec<u8>) -> Result<(), DecodeError> {
         let Probe::Jpeg(header) = probe else { return Err(DecodeError::Other("not a JPEG".to_owned())) };
         let region = Region { x: 0, y: 0, width: header.width, height: header.height };
-        self.jpeg.decode(data, header, 8, region, out)
+        self.jpeg.decode(data, header, 8, region, out).map(drop)
     }
 }
 

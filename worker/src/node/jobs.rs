@@ -1,40 +1,159 @@
 //! One decode pipeline per job (its transform spec and batch size fix the pipeline's recipe
 //! and buffers). Chunks become batch requests; a thread per pipeline hands finished batches,
 //! with the lease they belong to, to the node's async side.
+//!
+//! Pipelines and datasets are made on blocking threads and shared through once-cells, so no
+//! lock is held while a dataset opens (an NFS hang, a huge manifest) and other jobs go on. A
+//! job's pipeline (threads, pre-touched batch buffers) and its mapped dataset are released
+//! when the job has had no work for the configured idle time or the coordinator no longer
+//! lists it as live ([`release_idle`]).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
-use stoker_common::ids::{Epoch, JobId, LeaseId, SessionId, Step};
+use stoker_common::api::CoordinatorApi;
+use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
 use stoker_common::plan::EpochPlan;
 use stoker_common::proto::ChunkGrant;
 use stoker_common::transform::TransformSpec;
-use tokio::sync::mpsc;
+use tokio::sync::{OnceCell, mpsc};
+use tracing::info;
 
+use super::Shared;
+use super::link::ledger;
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::PipelineError;
 use crate::pipeline::{BatchRequest, Pipeline, PipelineConfig};
 
-/// Which lease a requested batch belongs to.
+/// Which lease a requested batch belongs to, and what its header must say.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Meta {
     pub(crate) lease: LeaseId,
     pub(crate) job: JobId,
-    pub(crate) start: u64,
+    pub(crate) start: Position,
     /// The oldest trainer session its batches may go to (the grant's).
     pub(crate) session: SessionId,
+    /// The version of the dataset the batch is made from.
+    pub(crate) dataset_version: u64,
+    /// The plan digest of the batch's step (set per step by [`JobPipeline::submit`]).
+    pub(crate) plan_digest: u64,
 }
 
 /// A finished (or failed) batch and its lease.
 pub(crate) type Made = (Meta, Result<Batch, PipelineError>);
 
+/// A job as this worker makes it: its id and a fingerprint of its spec and dataset, so that a
+/// job id reused by a coordinator that lost its state never gets another job's pipeline.
+pub(crate) type JobKey = (JobId, u64);
+
+fn job_key(grant: &ChunkGrant) -> JobKey {
+    let identity = format!("{:?}|{}|{}", grant.spec, grant.manifest, grant.dataset_version);
+    (grant.chunk.job, xxhash_rust::xxh3::xxh3_64(identity.as_bytes()))
+}
+
+/// A job's pipeline, made once by whichever chunk needs it first.
+#[derive(Debug)]
+pub(crate) struct JobSlot {
+    pipeline: Arc<OnceCell<Arc<JobPipeline>>>,
+    last_used: Instant,
+}
+
+/// A dataset, opened once by whichever job needs it first.
+pub(crate) type DatasetSlot = Arc<OnceCell<Arc<Dataset>>>;
+
+/// The pipeline of `grant`'s job, started (on a blocking thread, after opening its dataset
+/// the same way) if this worker has none, or if its last one stopped. Holds no lock while
+/// it waits.
+pub(crate) async fn job_pipeline<A>(shared: &Arc<Shared<A>>, grant: &ChunkGrant) -> Result<Arc<JobPipeline>, String>
+where
+    A: CoordinatorApi,
+{
+    let key = job_key(grant);
+    let cell = {
+        let mut jobs = shared.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let slot = jobs.entry(key).or_insert_with(|| JobSlot { pipeline: Arc::default(), last_used: Instant::now() });
+        if slot.pipeline.get().is_some_and(|pipeline| pipeline.is_dead()) {
+            slot.pipeline = Arc::default();
+        }
+        slot.last_used = Instant::now();
+        Arc::clone(&slot.pipeline)
+    };
+    let pipeline = cell
+        .get_or_try_init(|| async {
+            let dataset = dataset(shared, grant).await?;
+            let (grant, config, made_tx) = (grant.clone(), shared.config.clone(), shared.made_tx.clone());
+            let started =
+                tokio::task::spawn_blocking(move || JobPipeline::start(dataset, &grant, config.threads, config.in_flight, made_tx))
+                    .await
+                    .map_err(|error| error.to_string())?
+                    .map_err(|error| error.to_string())?;
+            info!(job = %key.0, "job pipeline started");
+            Ok::<_, String>(Arc::new(started))
+        })
+        .await?;
+    Ok(Arc::clone(pipeline))
+}
+
+/// The dataset of `grant`, opened on a blocking thread if this worker has not opened it, and
+/// refused if its manifest is not the version the job was created with.
+async fn dataset<A>(shared: &Shared<A>, grant: &ChunkGrant) -> Result<Arc<Dataset>, String> {
+    let cell = {
+        let mut datasets = shared.datasets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(datasets.entry((grant.manifest.clone(), grant.dataset_version)).or_default())
+    };
+    let dataset = cell
+        .get_or_try_init(|| async {
+            let (path, version) = (std::path::PathBuf::from(&grant.manifest), grant.dataset_version);
+            let opened = tokio::task::spawn_blocking(move || Dataset::open_version(&path, version))
+                .await
+                .map_err(|error| error.to_string())?
+                .map_err(|error| error.to_string())?;
+            Ok::<_, String>(Arc::new(opened))
+        })
+        .await?;
+    Ok(Arc::clone(dataset))
+}
+
+/// Release the pipelines of jobs that have nothing in flight here and either have had no work
+/// for the idle time or are not in `live_jobs_opt` (the coordinator's list of jobs that may
+/// still need work), and the datasets no pipeline uses any more.
+pub(crate) fn release_idle<A>(shared: &Shared<A>, live_jobs_opt: Option<&[JobId]>) {
+    let now = Instant::now();
+    let mut released = Vec::new();
+    {
+        let ledger = ledger(shared);
+        let mut jobs = shared.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        jobs.retain(|(job, _), slot| {
+            let idle = now.saturating_duration_since(slot.last_used) >= shared.config.job_idle;
+            let ended = live_jobs_opt.is_some_and(|live| !live.contains(job));
+            // A chunk task holding the cell is starting the pipeline or about to submit to it.
+            let in_use = Arc::strong_count(&slot.pipeline) > 1;
+            let keep = ledger.job_busy(*job) || in_use || !(idle || ended);
+            if !keep {
+                released.extend(slot.pipeline.get().cloned());
+            }
+            keep
+        });
+    }
+    for pipeline in &released {
+        info!(job = %pipeline.job, "job pipeline released (idle or ended)");
+    }
+    // Dropping the last reference closes the pipeline's channels; its threads end and free
+    // their buffers on their own (no join here, on an async thread).
+    drop(released);
+    let mut datasets = shared.datasets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    datasets.retain(|_, cell| cell.get().is_none_or(|dataset| Arc::strong_count(dataset) > 1));
+}
+
 /// The pipeline of one job.
 pub(crate) struct JobPipeline {
+    job: JobId,
     submit: Mutex<(Sender<BatchRequest>, Sender<Meta>)>,
-    plans: Mutex<HashMap<(Epoch, u64), Arc<EpochPlan>>>,
+    plans: Mutex<HashMap<(Epoch, Position), Arc<EpochPlan>>>,
     dataset: Arc<Dataset>,
     spec: stoker_common::plan::PlanSpec,
     dead: Arc<AtomicBool>,
@@ -42,7 +161,11 @@ pub(crate) struct JobPipeline {
 
 impl std::fmt::Debug for JobPipeline {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.debug_struct("JobPipeline").field("dead", &self.dead.load(Ordering::Relaxed)).finish_non_exhaustive()
+        formatter
+            .debug_struct("JobPipeline")
+            .field("job", &self.job)
+            .field("dead", &self.dead.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
     }
 }
 
@@ -67,7 +190,14 @@ impl JobPipeline {
             .name(format!("stoker-out-{}", grant.chunk.job))
             .spawn(move || hand_over(pipeline, &meta_rx, &out, &thread_dead))
             .map_err(|error| PipelineError::Start(error.to_string()))?;
-        Ok(Self { submit: Mutex::new((request_tx, meta_tx)), plans: Mutex::new(HashMap::new()), dataset, spec: grant.spec.plan, dead })
+        Ok(Self {
+            job: grant.chunk.job,
+            submit: Mutex::new((request_tx, meta_tx)),
+            plans: Mutex::new(HashMap::new()),
+            dataset,
+            spec: grant.spec.plan,
+            dead,
+        })
     }
 
     /// Whether the pipeline stopped (an `on_error=fail` sample, or a bug): make a new one.
@@ -78,7 +208,7 @@ impl JobPipeline {
     /// Queue the batches of steps `first..first+steps` of `rank` under `meta`'s lease. Returns
     /// how many were queued: each of those comes out of the pipeline (made or failed), the
     /// rest never will (the pipeline stopped meanwhile) and are the caller's to fail.
-    pub(crate) fn submit(&self, epoch: Epoch, rank: stoker_common::ids::Rank, first: Step, steps: u32, meta: Meta) -> u32 {
+    pub(crate) fn submit(&self, epoch: Epoch, rank: Rank, first: Step, steps: u32, meta: Meta) -> u32 {
         let plan = {
             let mut plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if plans.len() > 8 {
@@ -92,7 +222,9 @@ impl JobPipeline {
         };
         let submit = self.submit.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for queued in 0..steps {
-            let request = BatchRequest { plan: Arc::clone(&plan), rank, step: Step(first.0 + u64::from(queued)) };
+            let step = Step(first.0 + u64::from(queued));
+            let meta = Meta { plan_digest: plan.batch_digest(self.dataset.version(), rank, step), ..meta };
+            let request = BatchRequest { plan: Arc::clone(&plan), rank, step };
             // The meta first: once it is queued, hand_over answers for it even if the request
             // never reaches the (stopped) pipeline.
             if submit.1.send(meta).is_err() {
@@ -141,7 +273,7 @@ mod tests {
     use std::num::{NonZeroU32, NonZeroUsize};
     use std::time::{Duration, Instant};
 
-    use stoker_common::ids::{Epoch, JobId, LeaseId, Rank, SessionId, Step};
+    use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
     use stoker_common::plan::{PlanSpec, Shuffle, Tail};
     use stoker_common::proto::{Chunk, ChunkGrant, JobSpec};
     use stoker_common::shard::pack::{PackOptions, pack};
@@ -202,7 +334,7 @@ mod tests {
             shuffle: Shuffle::None,
             tail: Tail::Drop,
         };
-        let chunk = Chunk { job: JobId(1), epoch: Epoch(0), start: 0, first_step: Step(0), rank: Rank(0), steps: 4 };
+        let chunk = Chunk { job: JobId(1), epoch: Epoch(0), start: Position(0), first_step: Step(0), rank: Rank(0), steps: 4 };
         let spec = JobSpec {
             name: "job".to_owned(),
             dataset: "bad".to_owned(),
@@ -210,11 +342,12 @@ mod tests {
             transforms: serde_json::to_string(&transforms).expect("json"),
             prefetch: 8,
         };
-        let grant = ChunkGrant { lease: LeaseId(7), chunk, spec, manifest: String::new(), session: SessionId(1) };
+        let grant = ChunkGrant { lease: LeaseId(7), chunk, spec, manifest: String::new(), dataset_version: 0, session: SessionId(1) };
         let (out, mut made) = mpsc::channel(16);
         // Buffers for every step: the feeder takes all four requests and waits for a fifth.
         let pipeline = JobPipeline::start(dataset, &grant, 1, 8, out).expect("start");
-        let meta = Meta { lease: grant.lease, job: chunk.job, start: 0, session: grant.session };
+        let meta =
+            Meta { lease: grant.lease, job: chunk.job, start: Position(0), session: grant.session, dataset_version: 0, plan_digest: 0 };
         assert_eq!(pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta), 4);
         let results = take_made(&mut made, 4);
         assert_eq!(results.len(), 4, "only {} of the lease's 4 batches came back: {results:?}", results.len());

@@ -1,6 +1,7 @@
-//! The worker's side of the coordinator protocol: register, heartbeat, pull chunks when there
-//! is room, report each lease done or failed; and the dispatch of finished batches to their
-//! trainers.
+//! The worker's side of the coordinator protocol: register, heartbeat (with each lease's
+//! progress), pull chunks when there is room, report each lease done or failed; and the
+//! dispatch of finished batches to their trainers. What each lease owes lives in the pure
+//! [`LeaseLedger`]; this file only moves events in and reports out.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,37 +17,22 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::Shared;
-use super::jobs::{JobPipeline, Made, Meta};
+use super::jobs::{Made, Meta, job_pipeline, release_idle};
+use super::ledger::{Ending, Failure, LeaseLedger};
 use crate::PipelineError;
-
-/// A lease being worked on: batches not yet delivered, and the first failure.
-#[derive(Debug)]
-pub(crate) struct LeaseState {
-    remaining: u32,
-    failure_opt: Option<Failure>,
-}
-
-/// Why a batch of a lease was not delivered.
-#[derive(Debug)]
-struct Failure {
-    reason: String,
-    /// The chunk can never be made (an `on_error=fail` sample): the job fails, no retry.
-    fatal: bool,
-}
-
-impl Failure {
-    fn retry(reason: impl Into<String>) -> Self {
-        Self { reason: reason.into(), fatal: false }
-    }
-
-    fn of_pipeline(error: &PipelineError) -> Self {
-        Self { reason: error.to_string(), fatal: matches!(error, PipelineError::BadSample { .. }) }
-    }
-}
 
 fn current_worker<A>(shared: &Shared<A>) -> Option<WorkerId> {
     let id = shared.worker.load(Ordering::Acquire);
     (id != 0).then_some(WorkerId(id))
+}
+
+/// The ledger, locked (briefly: no call inside waits).
+pub(crate) fn ledger<A>(shared: &Shared<A>) -> std::sync::MutexGuard<'_, LeaseLedger> {
+    shared.ledger.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn failure_of(error: &PipelineError) -> Failure {
+    Failure { reason: error.to_string(), fatal: matches!(error, PipelineError::BadSample { .. }) }
 }
 
 async fn register<A>(shared: &Shared<A>) -> Option<WorkerId>
@@ -87,7 +73,7 @@ where
             tokio::time::sleep(Duration::from_millis(500)).await;
             continue;
         };
-        let outstanding = shared.outstanding.load(Ordering::Acquire);
+        let outstanding = ledger(&shared).outstanding();
         let free = shared.config.in_flight.saturating_sub(outstanding);
         if free == 0 {
             let _ = tokio::time::timeout(Duration::from_millis(100), shared.room.notified()).await;
@@ -99,7 +85,7 @@ where
             Ok(grants) if grants.is_empty() => tokio::time::sleep(idle).await,
             Ok(grants) => {
                 for grant in grants {
-                    start_chunk(&shared, grant).await;
+                    start_chunk(&shared, grant);
                 }
             }
             Err(error) if error.code == ErrorCode::NotFound => {
@@ -114,7 +100,8 @@ where
     }
 }
 
-/// Renew leases; drop those the coordinator has given to someone else.
+/// Renew leases with their progress; drop those the coordinator took back; release the
+/// pipelines of jobs that ended or have been idle.
 pub(crate) async fn heartbeat_loop<A>(shared: Arc<Shared<A>>)
 where
     A: CoordinatorApi,
@@ -123,83 +110,72 @@ where
         let period = Duration::from_millis(shared.heartbeat_millis.load(Ordering::Acquire));
         tokio::time::sleep(period).await;
         let Some(worker) = current_worker(&shared) else { continue };
-        let leases: Vec<LeaseId> = shared.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner).keys().copied().collect();
+        let leases = ledger(&shared).progress();
         let images = shared.images.load(Ordering::Acquire);
         let answer = shared.api.call(ControlRequest::Heartbeat { worker, leases, images }).await;
-        match answer.and_then(|response| expect_response!(response, HeartbeatAck { revoked })) {
-            Ok(revoked) => {
-                let mut held = shared.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                for lease in revoked {
-                    debug!(%lease, "lease revoked");
-                    held.remove(&lease);
+        match answer.and_then(|response| expect_response!(response, HeartbeatAck { revoked, live_jobs })) {
+            Ok((revoked, live_jobs)) => {
+                {
+                    let mut ledger = ledger(&shared);
+                    for lease in revoked {
+                        debug!(%lease, "lease revoked");
+                        ledger.revoke(lease);
+                    }
                 }
+                shared.room.notify_one();
+                release_idle(&shared, Some(&live_jobs));
             }
             Err(error) if error.code == ErrorCode::NotFound => {
                 warn!(%error, "the coordinator forgot this worker; registering again");
                 shared.worker.store(0, Ordering::Release);
             }
-            Err(error) => debug!(%error, "heartbeat failed"),
+            Err(error) => {
+                debug!(%error, "heartbeat failed");
+                release_idle(&shared, None);
+            }
         }
     }
 }
 
-async fn start_chunk<A>(shared: &Arc<Shared<A>>, grant: ChunkGrant)
+/// Take on a granted chunk: count its batches now, and make them on a task of their own, so
+/// that a job whose dataset or pipeline is slow to open never holds up the pull loop (and
+/// with it every other job).
+fn start_chunk<A>(shared: &Arc<Shared<A>>, grant: ChunkGrant)
 where
     A: CoordinatorApi,
 {
     let chunk = grant.chunk;
     debug!(lease = %grant.lease, job = %chunk.job, epoch = %chunk.epoch, rank = %chunk.rank, first_step = %chunk.first_step, steps = chunk.steps, "chunk granted");
-    shared
-        .leases
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .insert(grant.lease, LeaseState { remaining: chunk.steps, failure_opt: None });
-    shared.outstanding.fetch_add(chunk.steps as usize, Ordering::AcqRel);
-    let meta = Meta { lease: grant.lease, job: chunk.job, start: chunk.start, session: grant.session };
-    let queued = match job_pipeline(shared, &grant).await {
-        Ok(pipeline) => pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta),
-        Err(error) => {
-            warn!(job = %chunk.job, %error, "cannot start the job's pipeline");
-            0
-        }
-    };
-    // Each batch ends in exactly one batch_finished: the queued ones through the pipeline,
-    // the rest here. (Failing all of them here when some were queued would count those twice
-    // and wrap `outstanding`, after which this worker never pulls again.)
-    for _ in queued..chunk.steps {
-        batch_finished(shared, grant.lease, Err(Failure::retry("the worker could not start the job's pipeline")));
+    if !ledger(shared).grant(grant.lease, chunk.job, chunk.steps) {
+        return;
     }
-}
-
-async fn job_pipeline<A>(shared: &Arc<Shared<A>>, grant: &ChunkGrant) -> Result<Arc<JobPipeline>, String>
-where
-    A: CoordinatorApi,
-{
-    let mut jobs = shared.jobs.lock().await;
-    if let Some(pipeline) = jobs.get(&grant.chunk.job).filter(|pipeline| !pipeline.is_dead()) {
-        return Ok(Arc::clone(pipeline));
-    }
-    let dataset = {
-        let mut datasets = shared.datasets.lock().await;
-        match datasets.get(&grant.manifest) {
-            Some(dataset) => Arc::clone(dataset),
-            None => {
-                let path = std::path::PathBuf::from(&grant.manifest);
-                let opened = tokio::task::spawn_blocking(move || crate::Dataset::open(&path))
-                    .await
-                    .map_err(|error| error.to_string())?
-                    .map_err(|error| error.to_string())?;
-                let dataset = Arc::new(opened);
-                datasets.insert(grant.manifest.clone(), Arc::clone(&dataset));
-                dataset
+    let shared = Arc::clone(shared);
+    tokio::spawn(async move {
+        let lease = grant.lease;
+        let meta = Meta {
+            lease,
+            job: chunk.job,
+            start: chunk.start,
+            session: grant.session,
+            dataset_version: grant.dataset_version,
+            plan_digest: 0,
+        };
+        let (queued, reason) = match job_pipeline(&shared, &grant).await {
+            Ok(_) if ledger(&shared).is_revoked(lease) => (0, "the lease was revoked while the job's pipeline started".to_owned()),
+            Ok(pipeline) => {
+                (pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta), "the pipeline stopped".to_owned())
             }
+            Err(error) => {
+                warn!(job = %chunk.job, %error, "cannot start the job's pipeline");
+                (0, format!("the worker could not start the job's pipeline: {error}"))
+            }
+        };
+        // Each batch ends in exactly one finish: the queued ones through the pipeline, the rest
+        // here.
+        for _ in queued..chunk.steps {
+            batch_finished(&shared, lease, Err(Failure::retry(reason.clone())));
         }
-    };
-    let pipeline = JobPipeline::start(dataset, grant, shared.config.threads, shared.config.in_flight, shared.made_tx.clone())
-        .map_err(|error| error.to_string())?;
-    let pipeline = Arc::new(pipeline);
-    jobs.insert(grant.chunk.job, Arc::clone(&pipeline));
-    Ok(pipeline)
+    });
 }
 
 /// Push finished batches to their trainers, each on its own task.
@@ -211,12 +187,16 @@ where
         let batch = match result {
             Ok(batch) => batch,
             Err(error) => {
-                shared.jobs.lock().await.retain(|_, pipeline| !pipeline.is_dead());
-                batch_finished(&shared, meta.lease, Err(Failure::of_pipeline(&error)));
+                batch_finished(&shared, meta.lease, Err(failure_of(&error)));
                 continue;
             }
         };
         shared.images.fetch_add(batch.len() as u64, Ordering::AcqRel);
+        if ledger(&shared).is_revoked(meta.lease) {
+            // Its steps are being made elsewhere: do not push a copy.
+            batch_finished(&shared, meta.lease, Ok(()));
+            continue;
+        }
         let shared = Arc::clone(&shared);
         tokio::spawn(async move {
             let result = deliver(&shared, meta, batch).await;
@@ -257,10 +237,15 @@ where
         labels: batch.labels().to_vec(),
         keys: batch.keys().map(str::to_owned).collect(),
         replaced: batch.replaced().to_vec(),
+        corrupt: batch.corrupt().to_vec(),
+        dataset_version: meta.dataset_version,
+        plan_digest: meta.plan_digest,
         payload_len: batch.images().len() as u64,
         checksum: batch.checksum,
     };
-    send_batch(&connection, &header, Bytes::from_owner(Images(batch))).await.map_err(|error| error.to_string())?;
+    send_batch(&connection, &header, Bytes::from_owner(Images(batch)), shared.config.delivery_timeout)
+        .await
+        .map_err(|error| error.to_string())?;
     shared.batches_pushed.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -270,41 +255,24 @@ fn batch_finished<A>(shared: &Arc<Shared<A>>, lease: LeaseId, result: Result<(),
 where
     A: CoordinatorApi,
 {
-    let report_opt = {
-        let mut leases = shared.leases.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        match leases.get_mut(&lease) {
-            None => None,
-            Some(state) => {
-                state.remaining = state.remaining.saturating_sub(1);
-                // The first failure is reported, unless a fatal one follows: that chunk must not
-                // be retried.
-                if let Err(failure) = result
-                    && state.failure_opt.as_ref().is_none_or(|first| failure.fatal && !first.fatal)
-                {
-                    state.failure_opt = Some(failure);
-                }
-                if state.remaining == 0 { leases.remove(&lease).map(|state| state.failure_opt) } else { None }
-            }
-        }
-    };
-    shared.outstanding.fetch_sub(1, Ordering::AcqRel);
+    let ending_opt = ledger(shared).finish(lease, result);
     shared.room.notify_one();
-    let (Some(failure_opt), Some(worker)) = (report_opt, current_worker(shared)) else { return };
+    let (Some(ending), Some(worker)) = (ending_opt, current_worker(shared)) else { return };
     if shared.stopping.load(Ordering::Acquire) {
         return;
     }
     let shared = Arc::clone(shared);
     tokio::spawn(async move {
-        let request = match failure_opt {
-            None => {
+        let request = match ending {
+            Ending::Done => {
                 debug!(%lease, "chunk delivered");
                 ControlRequest::ChunkDone { worker, lease }
             }
-            Some(Failure { reason, fatal: true }) => {
+            Ending::Failed(Failure { reason, fatal: true }) => {
                 error!(%lease, %reason, "chunk cannot be made; the job fails");
                 ControlRequest::ChunkFatal { worker, lease, reason }
             }
-            Some(Failure { reason, fatal: false }) => {
+            Ending::Failed(Failure { reason, fatal: false }) => {
                 warn!(%lease, %reason, "chunk failed");
                 ControlRequest::ChunkFailed { worker, lease, reason }
             }

@@ -4,28 +4,29 @@
 //! acknowledged.
 //!
 //! * [`trainers`]: trainer connections by (job, rank).
-//! * [`jobs`]: one pipeline per job.
-//! * [`link`]: registration, heartbeats, pulls and lease bookkeeping.
+//! * [`jobs`]: one pipeline per job, made and released without holding locks across IO.
+//! * [`ledger`]: the pure lease bookkeeping (what each lease owes, one report per lease).
+//! * [`link`]: registration, heartbeats, pulls and reports; dispatch of finished batches.
 
 mod jobs;
+pub mod ledger;
 mod link;
 mod trainers;
 
 use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use stoker_common::api::CoordinatorApi;
-use stoker_common::ids::LeaseId;
 use stoker_common::net::{TlsConfigs, Tuning, accept_with_tuning, server_endpoint};
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
-use self::jobs::Made;
-use self::link::LeaseState;
+use self::jobs::{DatasetSlot, JobKey, JobSlot, Made};
+use self::ledger::LeaseLedger;
 use self::trainers::Trainers;
 use crate::error::PipelineError;
 
@@ -40,12 +41,20 @@ pub struct WorkerConfig {
     pub advertise: Option<SocketAddr>,
     /// How long a batch waits for its trainer to connect before its chunk is failed.
     pub trainer_patience: Duration,
+    /// How long one batch's delivery may take (until the trainer acknowledged every byte)
+    /// before it is failed and made again: a trainer that stopped reading does not hold the
+    /// worker's slots forever.
+    pub delivery_timeout: Duration,
+    /// A job's pipeline (threads, batch buffers, mapped dataset) is released after this long
+    /// without work here, and at once when the coordinator no longer lists the job as live.
+    pub job_idle: Duration,
     /// QUIC transport settings (the largest UDP payload).
     pub tuning: Tuning,
 }
 
 impl WorkerConfig {
-    /// Defaults for `threads` decode threads: twice as many batches in flight (at least 4).
+    /// Defaults for `threads` decode threads: twice as many batches in flight (at least 4), 3 s
+    /// trainer patience, 30 s delivery timeout, pipelines released after 60 s idle.
     pub fn new(threads: usize) -> Self {
         let threads = threads.max(1);
         Self {
@@ -53,6 +62,8 @@ impl WorkerConfig {
             in_flight: (2 * threads).max(4),
             advertise: None,
             trainer_patience: Duration::from_secs(3),
+            delivery_timeout: Duration::from_secs(30),
+            job_idle: Duration::from_secs(60),
             tuning: Tuning::default(),
         }
     }
@@ -67,11 +78,11 @@ pub(crate) struct Shared<A> {
     worker: AtomicU64,
     heartbeat_millis: AtomicU64,
     trainers: Trainers,
-    leases: std::sync::Mutex<HashMap<LeaseId, LeaseState>>,
-    outstanding: AtomicUsize,
+    ledger: std::sync::Mutex<LeaseLedger>,
     room: Notify,
-    jobs: tokio::sync::Mutex<HashMap<stoker_common::ids::JobId, Arc<jobs::JobPipeline>>>,
-    datasets: tokio::sync::Mutex<HashMap<String, Arc<crate::Dataset>>>,
+    jobs: std::sync::Mutex<HashMap<JobKey, JobSlot>>,
+    /// Datasets by (manifest path, version).
+    datasets: std::sync::Mutex<HashMap<(String, u64), DatasetSlot>>,
     made_tx: mpsc::Sender<Made>,
     images: AtomicU64,
     batches_pushed: AtomicU64,
@@ -114,11 +125,10 @@ where
         worker: AtomicU64::new(0),
         heartbeat_millis: AtomicU64::new(500),
         trainers: Trainers::default(),
-        leases: std::sync::Mutex::new(HashMap::new()),
-        outstanding: AtomicUsize::new(0),
+        ledger: std::sync::Mutex::new(LeaseLedger::default()),
         room: Notify::new(),
-        jobs: tokio::sync::Mutex::new(HashMap::new()),
-        datasets: tokio::sync::Mutex::new(HashMap::new()),
+        jobs: std::sync::Mutex::new(HashMap::new()),
+        datasets: std::sync::Mutex::new(HashMap::new()),
         made_tx,
         images: AtomicU64::new(0),
         batches_pushed: AtomicU64::new(0),
@@ -169,7 +179,12 @@ where
 
     /// Batches being made or delivered now.
     pub fn outstanding_batches(&self) -> usize {
-        self.shared.outstanding.load(Ordering::Acquire)
+        link::ledger(&self.shared).outstanding()
+    }
+
+    /// Job pipelines this worker holds now (released when idle or ended).
+    pub fn job_pipelines(&self) -> usize {
+        self.shared.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
     }
 
     /// Batches pushed and acknowledged so far.
@@ -206,9 +221,7 @@ where
             task.abort();
         }
         self.endpoint.close(0u32.into(), b"worker stopping");
-        if let Ok(mut jobs) = self.shared.jobs.try_lock() {
-            jobs.clear();
-        }
+        self.shared.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
     }
 }
 

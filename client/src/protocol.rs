@@ -1,0 +1,232 @@
+//! The trainer's side of the delivery protocol, pure (STYLE G4): which pass of which run the
+//! rank is in, the batches it holds, what it has yielded, and what it tells the coordinator.
+//! The [`crate::Loader`] drives it with batches from the network and the clock; the protocol
+//! model in `testkit` drives the same code with simulated ones.
+//!
+//! What it guarantees, with the coordinator's scheduler:
+//! * each step of a pass is yielded once, in order (the [`Reorder`] buffer drops copies);
+//! * every step is eventually made: opening a run (a new pass) tells the coordinator the first
+//!   step the rank needs and the steps it already holds, so steps delivered to a trainer that
+//!   is gone, or dropped with a buffer (`set_epoch`, `load_state_dict`), are made again; and a
+//!   rank that has waited [`TrainerProtocol::nack_after`] for a step reports it missing, so a
+//!   step lost after delivery (refused, dropped as another run's, taken by an older trainer)
+//!   is made again too.
+
+use std::time::{Duration, Instant};
+
+use stoker_common::ids::{Pass, Step};
+
+use crate::reorder::{Offer, Reorder, RunId};
+
+/// A batch as the protocol sees it: which run and step it is.
+pub trait Delivered {
+    /// The run the batch belongs to.
+    fn run(&self) -> RunId;
+    /// Its step.
+    fn step(&self) -> Step;
+}
+
+/// Most steps a report names missing (a bound on the request; the flow window is smaller).
+const MAX_MISSING: usize = 256;
+
+/// An `OpenEpoch` to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Open {
+    /// The run.
+    pub run: RunId,
+    /// The new pass.
+    pub pass: Pass,
+    /// Steps already consumed in it (0: a pass starts at the run's first step).
+    pub consumed: u64,
+    /// Steps already held (batches of the run that arrived before it was opened).
+    pub holding: Vec<Step>,
+}
+
+/// The rank's standing, for a `ReportProgress`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// The run.
+    pub run: RunId,
+    /// The pass.
+    pub pass: Pass,
+    /// Steps in the run.
+    pub steps: u64,
+    /// Steps yielded.
+    pub consumed: u64,
+    /// Steps waited for at least `nack_after` (the next one and the gaps before batches held).
+    pub missing: Vec<Step>,
+}
+
+/// What became of an offered batch.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Offered {
+    /// Kept for its step of the current run.
+    Kept,
+    /// A copy of a step already yielded or held: dropped.
+    Duplicate,
+    /// A later run's: kept until that run is opened.
+    Early,
+    /// An earlier run's: dropped.
+    Dropped,
+}
+
+struct Current<B> {
+    run: RunId,
+    reorder: Reorder<B>,
+    yielded_opt: Option<Step>,
+}
+
+/// One rank's protocol state.
+pub struct TrainerProtocol<B> {
+    pass: Pass,
+    current_opt: Option<Current<B>>,
+    /// Batches of runs not opened (yet): the next epoch's, made while this rank finished the
+    /// current one, or the current run's kept across `close`. Bounded by the flow window.
+    early: Vec<B>,
+    nack_after: Duration,
+    /// Since when the rank has waited for its next step.
+    waiting_since_opt: Option<Instant>,
+}
+
+impl<B> std::fmt::Debug for TrainerProtocol<B> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("TrainerProtocol")
+            .field("pass", &self.pass)
+            .field("run", &self.current_opt.as_ref().map(|current| current.run))
+            .field("early", &self.early.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> TrainerProtocol<B>
+where
+    B: Delivered,
+{
+    /// A rank in no run yet, that reports steps missing after waiting `nack_after` for them.
+    pub fn new(nack_after: Duration) -> Self {
+        Self { pass: Pass(0), current_opt: None, early: Vec::new(), nack_after, waiting_since_opt: None }
+    }
+
+    /// How long the rank waits for a step before reporting it missing.
+    pub fn nack_after(&self) -> Duration {
+        self.nack_after
+    }
+
+    /// Start a new pass over `run` of `steps` steps: batches of it already held move into the
+    /// pass (and are named in the open, so they are not made again); earlier runs' are dropped.
+    pub fn open(&mut self, run: RunId, steps: u64) -> Open {
+        self.close();
+        self.pass = Pass(self.pass.0 + 1);
+        let mut reorder = Reorder::new(run, steps);
+        for batch in std::mem::take(&mut self.early) {
+            let batch_run = batch.run();
+            if batch_run == run {
+                let step = batch.step();
+                let _ = reorder.offer(batch_run, step, batch);
+            } else if batch_run > run {
+                self.early.push(batch);
+            }
+        }
+        let holding = reorder.waiting_steps().collect();
+        self.current_opt = Some(Current { run, reorder, yielded_opt: None });
+        self.waiting_since_opt = None;
+        Open { run, pass: self.pass, consumed: 0, holding }
+    }
+
+    /// Leave the current run (`set_epoch`, a resume, the end of an epoch): its batches not yet
+    /// yielded are kept, so that opening the same run again does not make them again.
+    pub fn close(&mut self) {
+        if let Some(current) = self.current_opt.take() {
+            self.early.extend(current.reorder.into_waiting());
+        }
+        self.waiting_since_opt = None;
+    }
+
+    /// A batch arrived.
+    pub fn offer(&mut self, batch: B) -> Offered {
+        let (run, step) = (batch.run(), batch.step());
+        let Some(current) = self.current_opt.as_mut() else {
+            self.early.push(batch);
+            return Offered::Early;
+        };
+        match current.reorder.offer(run, step, batch) {
+            Offer::Kept => Offered::Kept,
+            Offer::Duplicate => Offered::Duplicate,
+            Offer::Foreign(batch) if run > current.run => {
+                self.early.push(batch);
+                Offered::Early
+            }
+            Offer::Foreign(_) => Offered::Dropped,
+        }
+    }
+
+    /// The next step's batch, if it is here.
+    pub fn pop(&mut self) -> Option<(Step, B)> {
+        let current = self.current_opt.as_mut()?;
+        let (step, batch) = current.reorder.pop()?;
+        current.yielded_opt = Some(step);
+        self.waiting_since_opt = None;
+        Some((step, batch))
+    }
+
+    /// The rank found nothing to yield at `now`: it waits (from the first such call).
+    pub fn waiting(&mut self, now: Instant) {
+        self.waiting_since_opt.get_or_insert(now);
+    }
+
+    /// When the steps waited for will be reported missing, if the rank waits.
+    pub fn nack_due(&self) -> Option<Instant> {
+        self.waiting_since_opt.map(|since| since + self.nack_after)
+    }
+
+    /// Whether the pass is open and every step of it was yielded.
+    pub fn is_done(&self) -> bool {
+        self.current_opt.as_ref().is_some_and(|current| current.reorder.is_done())
+    }
+
+    /// The current pass's run, if one is open.
+    pub fn run(&self) -> Option<RunId> {
+        self.current_opt.as_ref().map(|current| current.run)
+    }
+
+    /// The current pass.
+    pub fn pass(&self) -> Pass {
+        self.pass
+    }
+
+    /// The last step yielded in the current pass.
+    pub fn yielded(&self) -> Option<Step> {
+        self.current_opt.as_ref().and_then(|current| current.yielded_opt)
+    }
+
+    /// The step waited for next.
+    pub fn next_step(&self) -> Option<Step> {
+        self.current_opt.as_ref().map(|current| current.reorder.next_step())
+    }
+
+    /// Batches held and not yet yielded: waiting for earlier steps, or of runs not opened.
+    pub fn buffered(&self) -> usize {
+        self.current_opt.as_ref().map_or(0, |current| current.reorder.waiting()) + self.early.len()
+    }
+
+    /// Copies dropped in the current pass.
+    pub fn duplicates(&self) -> u64 {
+        self.current_opt.as_ref().map_or(0, |current| current.reorder.duplicates())
+    }
+
+    /// What to report at `now`: steps consumed, and, once the rank has waited `nack_after`,
+    /// the steps it is missing.
+    pub fn report(&self, now: Instant) -> Option<Report> {
+        let current = self.current_opt.as_ref()?;
+        let consumed = current.reorder.next_step().0;
+        let overdue = self.nack_due().is_some_and(|due| now >= due);
+        let missing =
+            if overdue && !current.reorder.is_done() { current.reorder.missing_steps().take(MAX_MISSING).collect() } else { Vec::new() };
+        Some(Report { run: current.run, pass: self.pass, steps: current.reorder.steps(), consumed, missing })
+    }
+}
+
+#[cfg(test)]
+#[path = "protocol_tests.rs"]
+mod tests;

@@ -1,0 +1,85 @@
+use stoker_common::ids::{Epoch, Position};
+
+use super::*;
+
+/// A batch that is only its run and step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Fake(RunId, u64);
+
+impl Delivered for Fake {
+    fn run(&self) -> RunId {
+        self.0
+    }
+
+    fn step(&self) -> Step {
+        Step(self.1)
+    }
+}
+
+const EPOCH0: RunId = (Epoch(0), Position(0));
+const EPOCH1: RunId = (Epoch(1), Position(0));
+
+fn protocol() -> TrainerProtocol<Fake> {
+    TrainerProtocol::new(Duration::from_secs(1))
+}
+
+#[test]
+fn every_open_is_a_new_pass_and_names_the_batches_already_held() {
+    let mut protocol = protocol();
+    assert_eq!(protocol.offer(Fake(EPOCH1, 1)), Offered::Early, "no run open: kept for later");
+    let first = protocol.open(EPOCH0, 3);
+    assert_eq!((first.pass, first.consumed, first.holding.clone()), (Pass(1), 0, vec![]));
+    assert_eq!(protocol.offer(Fake(EPOCH0, 0)), Offered::Kept);
+    assert_eq!(protocol.offer(Fake(EPOCH0, 0)), Offered::Duplicate);
+    assert_eq!(protocol.offer(Fake(EPOCH1, 0)), Offered::Early);
+    assert_eq!(protocol.pop().map(|(step, _)| step), Some(Step(0)));
+    let second = protocol.open(EPOCH1, 3);
+    assert_eq!((second.pass, second.holding), (Pass(2), vec![Step(0), Step(1)]), "the early batches of epoch 1");
+    assert_eq!(protocol.offer(Fake(EPOCH0, 2)), Offered::Dropped, "an earlier run's batch");
+}
+
+/// Regression (issue 15, loss path 1): `set_epoch` before the first batch dropped the reorder
+/// buffer; opening the run again now holds those batches and says so.
+#[test]
+fn leaving_a_run_and_opening_it_again_keeps_the_batches_not_yet_yielded() {
+    let mut protocol = protocol();
+    protocol.open(EPOCH0, 4);
+    for step in [0, 1, 3] {
+        protocol.offer(Fake(EPOCH0, step));
+    }
+    protocol.close();
+    let again = protocol.open(EPOCH0, 4);
+    assert_eq!(again.holding, vec![Step(0), Step(1), Step(3)]);
+    assert_eq!(protocol.pop().map(|(step, _)| step), Some(Step(0)));
+}
+
+#[test]
+fn steps_are_reported_missing_only_after_waiting_for_them() {
+    let start = Instant::now();
+    let mut protocol = protocol();
+    protocol.open(EPOCH0, 6);
+    protocol.offer(Fake(EPOCH0, 2));
+    protocol.waiting(start);
+    let early = protocol.report(start + Duration::from_millis(999)).expect("open");
+    assert_eq!((early.consumed, early.missing.clone()), (0, vec![]));
+    assert_eq!(protocol.nack_due(), Some(start + Duration::from_secs(1)));
+    let overdue = protocol.report(start + Duration::from_secs(1)).expect("open");
+    assert_eq!(overdue.missing, vec![Step(0), Step(1)]);
+    protocol.offer(Fake(EPOCH0, 0));
+    assert!(protocol.pop().is_some());
+    assert_eq!(protocol.nack_due(), None, "yielding ends the wait");
+    assert_eq!(protocol.report(start + Duration::from_secs(5)).expect("open").missing, vec![], "not waiting");
+}
+
+#[test]
+fn a_finished_pass_is_done_and_reports_every_step_consumed() {
+    let mut protocol = protocol();
+    protocol.open(EPOCH0, 2);
+    protocol.offer(Fake(EPOCH0, 1));
+    protocol.offer(Fake(EPOCH0, 0));
+    assert!(protocol.pop().is_some() && protocol.pop().is_some());
+    assert!(protocol.is_done());
+    let report = protocol.report(Instant::now()).expect("open");
+    assert_eq!((report.consumed, report.steps), (2, 2));
+    assert_eq!(protocol.yielded(), Some(Step(1)));
+}

@@ -1,0 +1,256 @@
+//! Each rank's seat in its job: which trainer session holds it, which pass of which run that
+//! session is in, and when it was last heard from. Pure.
+//!
+//! The newest session of a rank is the one served (a restarted or forked trainer replaces the
+//! old one). Within a session, passes order the trainer's calls: every `OpenEpoch` starts a
+//! new pass and every progress report names its pass, so a report that reaches the
+//! coordinator after the next open (a report that timed out on the client and was applied
+//! later, or one sent twice) is recognised and ignored instead of marking steps of the new pass
+//! consumed. After a detach nothing of the session counts as a sign of life.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use stoker_common::ids::{JobId, Pass, Rank, SessionId, Step};
+
+use super::run::RunKey;
+
+/// A trainer's `OpenEpoch`, as the scheduler needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Opening {
+    /// The trainer's session.
+    pub session: SessionId,
+    /// Its pass.
+    pub pass: Pass,
+    /// Steps it has consumed in this pass already.
+    pub consumed: u64,
+    /// Steps it holds.
+    pub holding: Vec<Step>,
+}
+
+/// A trainer's `ReportProgress`, as the scheduler needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reporting {
+    /// The trainer's session.
+    pub session: SessionId,
+    /// The pass the report belongs to.
+    pub pass: Pass,
+    /// Steps consumed.
+    pub consumed: u64,
+    /// Steps the trainer has waited for long enough to ask for them again.
+    pub missing: Vec<Step>,
+}
+
+/// Why a seat refuses a trainer's request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SeatRefusal {
+    /// A newer session holds the rank.
+    Superseded {
+        /// The job.
+        job: JobId,
+        /// The rank.
+        rank: Rank,
+        /// The session that asked.
+        session: SessionId,
+    },
+    /// An open of an earlier pass than the seat's, or of a session that detached.
+    Stale {
+        /// The pass that asked.
+        pass: Pass,
+        /// The seat's pass.
+        current: Pass,
+    },
+}
+
+/// Where a progress report stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// It belongs to the seat's current pass and run.
+    Current,
+    /// An earlier pass's, or the session detached: ignore it.
+    Stale,
+    /// A pass (or run) whose open the coordinator has not seen (it restarted, or the open is
+    /// still on its way): the trainer should open it (again).
+    Unopened,
+}
+
+#[derive(Debug)]
+struct Seat {
+    session: SessionId,
+    /// Taken from a request rather than issued by an attach here (after a restart): a newer
+    /// session that turns up replaces it.
+    adopted: bool,
+    pass: Pass,
+    run_opt: Option<RunKey>,
+    /// When the trainer was last heard from; `None` once it detached.
+    seen_opt: Option<Instant>,
+}
+
+/// The seats of every job's ranks.
+#[derive(Debug, Default)]
+pub(super) struct Seats {
+    seats: BTreeMap<(JobId, Rank), Seat>,
+}
+
+impl Seats {
+    /// `session` now holds the rank; returns whether it replaced an earlier one. The rank's run
+    /// stays where it was until the new session opens one.
+    pub(super) fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, now: Instant) -> bool {
+        let seat = Seat { session, adopted: false, pass: Pass(0), run_opt: None, seen_opt: Some(now) };
+        match self.seats.insert((job, rank), seat) {
+            Some(earlier) => {
+                if let Some(seat) = self.seats.get_mut(&(job, rank)) {
+                    seat.run_opt = earlier.run_opt;
+                }
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Refuse a session that is not the rank's newest. A session unknown here is adopted (this
+    /// coordinator restarted since it attached), and replaces an adopted older one.
+    pub(super) fn check(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), SeatRefusal> {
+        self.seat(job, rank, session).map(|_| ())
+    }
+
+    fn seat(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<&mut Seat, SeatRefusal> {
+        let seat = self.seats.entry((job, rank)).or_insert(Seat { session, adopted: true, pass: Pass(0), run_opt: None, seen_opt: None });
+        if seat.session == session {
+            return Ok(seat);
+        }
+        if seat.adopted && session > seat.session {
+            *seat = Seat { session, adopted: true, pass: Pass(0), run_opt: seat.run_opt, seen_opt: None };
+            return Ok(seat);
+        }
+        Err(SeatRefusal::Superseded { job, rank, session })
+    }
+
+    /// An `OpenEpoch`: returns whether it starts a new pass (or moves the seat to another run)
+    /// rather than repeating the current one.
+    pub(super) fn open(&mut self, key: RunKey, rank: Rank, opening: &Opening, now: Instant) -> Result<bool, SeatRefusal> {
+        let seat = self.seat(key.job, rank, opening.session)?;
+        let detached = seat.seen_opt.is_none() && seat.pass > Pass(0);
+        if opening.pass < seat.pass || detached {
+            return Err(SeatRefusal::Stale { pass: opening.pass, current: seat.pass });
+        }
+        let fresh = opening.pass > seat.pass || seat.run_opt != Some(key);
+        seat.pass = opening.pass;
+        seat.run_opt = Some(key);
+        seat.seen_opt = Some(now);
+        Ok(fresh)
+    }
+
+    /// A `ReportProgress`: where it stands. A current or unopened one is a sign of life.
+    pub(super) fn report(&mut self, key: RunKey, rank: Rank, reporting: &Reporting, now: Instant) -> Result<Standing, SeatRefusal> {
+        let seat = self.seat(key.job, rank, reporting.session)?;
+        if seat.seen_opt.is_none() && seat.pass > Pass(0) {
+            return Ok(Standing::Stale);
+        }
+        if reporting.pass < seat.pass {
+            return Ok(Standing::Stale);
+        }
+        seat.seen_opt = Some(now);
+        if reporting.pass > seat.pass || seat.run_opt != Some(key) {
+            return Ok(Standing::Unopened);
+        }
+        Ok(Standing::Current)
+    }
+
+    /// The trainer of the seat's session stopped.
+    pub(super) fn detach(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), SeatRefusal> {
+        let seat = self.seat(job, rank, session)?;
+        seat.seen_opt = None;
+        seat.pass = seat.pass.max(Pass(1));
+        Ok(())
+    }
+
+    /// Whether the rank's trainer was heard from within `ttl` and has not detached.
+    pub(super) fn is_live(&self, job: JobId, rank: Rank, now: Instant, ttl: Duration) -> bool {
+        self.seats.get(&(job, rank)).and_then(|seat| seat.seen_opt).is_some_and(|seen| now.saturating_duration_since(seen) < ttl)
+    }
+
+    /// The run the rank's latest pass opened.
+    pub(super) fn run_of(&self, job: JobId, rank: Rank) -> Option<RunKey> {
+        self.seats.get(&(job, rank)).and_then(|seat| seat.run_opt)
+    }
+
+    /// The session that holds the rank.
+    pub(super) fn session_of(&self, job: JobId, rank: Rank) -> Option<SessionId> {
+        self.seats.get(&(job, rank)).map(|seat| seat.session)
+    }
+
+    /// Jobs with a trainer heard from within `horizon` that has not detached.
+    pub(super) fn attached_jobs(&self, now: Instant, horizon: Duration) -> impl Iterator<Item = JobId> + '_ {
+        self.seats
+            .iter()
+            .filter(move |(_, seat)| seat.seen_opt.is_some_and(|seen| now.saturating_duration_since(seen) < horizon))
+            .map(|((job, _), _)| *job)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stoker_common::ids::{Epoch, Position};
+
+    use super::*;
+
+    fn key(epoch: u64) -> RunKey {
+        RunKey { job: JobId(1), epoch: Epoch(epoch), start: Position(0) }
+    }
+
+    fn opening(session: u64, pass: u64) -> Opening {
+        Opening { session: SessionId(session), pass: Pass(pass), consumed: 0, holding: Vec::new() }
+    }
+
+    fn reporting(session: u64, pass: u64, consumed: u64) -> Reporting {
+        Reporting { session: SessionId(session), pass: Pass(pass), consumed, missing: Vec::new() }
+    }
+
+    /// Regression (issue 15, loss path 2): a report that timed out on the client could be
+    /// applied after the next pass's open and mark that pass's steps consumed.
+    #[test]
+    fn a_report_of_an_earlier_pass_is_stale_once_the_next_pass_opened() {
+        let now = Instant::now();
+        let mut seats = Seats::default();
+        seats.attach(JobId(1), Rank(0), SessionId(5), now);
+        assert_eq!(seats.open(key(0), Rank(0), &opening(5, 1), now), Ok(true));
+        assert_eq!(seats.report(key(0), Rank(0), &reporting(5, 1, 3), now), Ok(Standing::Current));
+        assert_eq!(seats.open(key(0), Rank(0), &opening(5, 2), now), Ok(true), "the same epoch again: a new pass");
+        assert_eq!(seats.report(key(0), Rank(0), &reporting(5, 1, 12), now), Ok(Standing::Stale), "the late first-pass report");
+        assert_eq!(seats.open(key(0), Rank(0), &opening(5, 1), now), Err(SeatRefusal::Stale { pass: Pass(1), current: Pass(2) }));
+        assert_eq!(seats.open(key(0), Rank(0), &opening(5, 2), now), Ok(false), "a repeated open of the current pass");
+        assert_eq!(seats.report(key(0), Rank(0), &reporting(5, 3, 0), now), Ok(Standing::Unopened), "its open has not arrived");
+    }
+
+    #[test]
+    fn the_newest_session_holds_the_rank_and_an_adopted_one_yields_to_a_newer() {
+        let now = Instant::now();
+        let mut seats = Seats::default();
+        seats.attach(JobId(1), Rank(0), SessionId(5), now);
+        assert!(seats.attach(JobId(1), Rank(0), SessionId(6), now), "replaces session 5");
+        assert!(matches!(seats.check(JobId(1), Rank(0), SessionId(5)), Err(SeatRefusal::Superseded { .. })));
+        assert!(matches!(seats.check(JobId(1), Rank(0), SessionId(7)), Err(SeatRefusal::Superseded { .. })), "not issued here");
+        // After a restart: the first session heard from is adopted; a newer one replaces it.
+        let mut restarted = Seats::default();
+        assert_eq!(restarted.check(JobId(1), Rank(0), SessionId(5)), Ok(()));
+        assert_eq!(restarted.check(JobId(1), Rank(0), SessionId(6)), Ok(()));
+        assert!(matches!(restarted.check(JobId(1), Rank(0), SessionId(5)), Err(SeatRefusal::Superseded { .. })));
+    }
+
+    #[test]
+    fn after_a_detach_nothing_of_the_session_is_a_sign_of_life() {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(5);
+        let mut seats = Seats::default();
+        seats.attach(JobId(1), Rank(0), SessionId(5), now);
+        seats.open(key(0), Rank(0), &opening(5, 1), now).expect("opens");
+        assert!(seats.is_live(JobId(1), Rank(0), now, ttl));
+        seats.detach(JobId(1), Rank(0), SessionId(5)).expect("detaches");
+        assert!(!seats.is_live(JobId(1), Rank(0), now, ttl));
+        assert_eq!(seats.report(key(0), Rank(0), &reporting(5, 1, 3), now), Ok(Standing::Stale), "a late report");
+        assert!(!seats.is_live(JobId(1), Rank(0), now, ttl));
+        assert!(matches!(seats.open(key(0), Rank(0), &opening(5, 2), now), Err(SeatRefusal::Stale { .. })));
+        assert_eq!(seats.attached_jobs(now, ttl).count(), 0);
+    }
+}

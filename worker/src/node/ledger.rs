@@ -1,0 +1,256 @@
+//! The worker's lease bookkeeping, pure: the leases it holds, how many of each lease's batches
+//! are finished, the batches that count against its room to pull, and the one report each
+//! lease ends in. The async side ([`super::link`]) feeds it events and sends what it returns.
+//!
+//! Invariants (checked by the tests below):
+//! * every granted lease ends in exactly one report (done, failed or fatal), unless it was
+//!   revoked, in which case it ends in none;
+//! * `outstanding` counts the unfinished batches of leases not revoked: a finish decrements
+//!   it once, a revoke writes off what its lease had left, and a late finish of a revoked
+//!   lease (its batches were in the pipeline) changes nothing, so the count never wraps;
+//! * a batch finished for a lease the ledger does not know changes nothing.
+
+use std::collections::HashMap;
+
+use stoker_common::ids::{JobId, LeaseId};
+use stoker_common::proto::LeaseProgress;
+
+/// Why a batch of a lease was not delivered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// What happened, for the coordinator's log.
+    pub reason: String,
+    /// The chunk can never be made (an `on_error=fail` sample): the job fails, no retry.
+    pub fatal: bool,
+}
+
+impl Failure {
+    /// A failure the coordinator retries (on any worker).
+    pub fn retry(reason: impl Into<String>) -> Self {
+        Self { reason: reason.into(), fatal: false }
+    }
+}
+
+/// How a lease ended, for its report to the coordinator.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// Every batch delivered.
+    Done,
+    /// Not every batch was: the first failure (or the first fatal one).
+    Failed(Failure),
+}
+
+#[derive(Debug)]
+struct Entry {
+    job: JobId,
+    steps: u32,
+    finished: u32,
+    failure_opt: Option<Failure>,
+    /// The coordinator took the lease back: no report, and its unfinished batches were
+    /// written off `outstanding`.
+    revoked: bool,
+}
+
+/// The leases a worker holds. Public so that the protocol model in `testkit` runs the same
+/// bookkeeping as a worker.
+#[derive(Debug, Default)]
+pub struct LeaseLedger {
+    leases: HashMap<LeaseId, Entry>,
+    outstanding: usize,
+}
+
+impl LeaseLedger {
+    /// A lease of `steps` batches of `job` was granted. `false` (and nothing changes) if the
+    /// ledger already holds it.
+    pub fn grant(&mut self, lease: LeaseId, job: JobId, steps: u32) -> bool {
+        if self.leases.contains_key(&lease) {
+            return false;
+        }
+        self.leases.insert(lease, Entry { job, steps, finished: 0, failure_opt: None, revoked: false });
+        self.outstanding += steps as usize;
+        true
+    }
+
+    /// One batch of `lease` is finished (delivered, or not). When it is the last of a lease
+    /// that was not revoked, returns how the lease ended: report it, once.
+    pub fn finish(&mut self, lease: LeaseId, result: Result<(), Failure>) -> Option<Ending> {
+        let entry = self.leases.get_mut(&lease)?;
+        if entry.finished >= entry.steps {
+            return None;
+        }
+        entry.finished += 1;
+        if !entry.revoked {
+            self.outstanding -= 1;
+        }
+        // The first failure is reported, unless a fatal one follows: that chunk must not be
+        // retried.
+        if let Err(failure) = result
+            && entry.failure_opt.as_ref().is_none_or(|first| failure.fatal && !first.fatal)
+        {
+            entry.failure_opt = Some(failure);
+        }
+        if entry.finished < entry.steps {
+            return None;
+        }
+        let ended = self.leases.remove(&lease)?;
+        if ended.revoked {
+            return None;
+        }
+        Some(ended.failure_opt.map_or(Ending::Done, Ending::Failed))
+    }
+
+    /// The coordinator took `lease` back (it expired, stalled, or went to another worker):
+    /// nothing of it is reported, and its unfinished batches stop counting against the room
+    /// to pull (those still in the pipeline finish later without effect).
+    pub fn revoke(&mut self, lease: LeaseId) {
+        let Some(entry) = self.leases.get_mut(&lease) else { return };
+        if entry.revoked {
+            return;
+        }
+        entry.revoked = true;
+        self.outstanding -= (entry.steps - entry.finished) as usize;
+    }
+
+    /// Whether `lease` was revoked (its batches need not be delivered).
+    pub fn is_revoked(&self, lease: LeaseId) -> bool {
+        self.leases.get(&lease).is_none_or(|entry| entry.revoked)
+    }
+
+    /// The leases to renew in a heartbeat, with their progress.
+    pub fn progress(&self) -> Vec<LeaseProgress> {
+        self.leases
+            .iter()
+            .filter(|(_, entry)| !entry.revoked)
+            .map(|(lease, entry)| LeaseProgress { lease: *lease, finished: entry.finished })
+            .collect()
+    }
+
+    /// Batches being made or delivered for leases not revoked.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding
+    }
+
+    /// Whether any lease of `job` still has batches to finish (revoked ones included: their
+    /// batches may still be in the job's pipeline).
+    pub fn job_busy(&self, job: JobId) -> bool {
+        self.leases.values().any(|entry| entry.job == job)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const JOB: JobId = JobId(1);
+
+    #[test]
+    fn a_lease_reports_once_when_its_last_batch_finishes() {
+        let mut ledger = LeaseLedger::default();
+        assert!(ledger.grant(LeaseId(1), JOB, 2));
+        assert!(!ledger.grant(LeaseId(1), JOB, 2), "a repeated grant changes nothing");
+        assert_eq!(ledger.outstanding(), 2);
+        assert_eq!(ledger.finish(LeaseId(1), Ok(())), None);
+        assert_eq!(ledger.progress(), vec![LeaseProgress { lease: LeaseId(1), finished: 1 }]);
+        assert_eq!(ledger.finish(LeaseId(1), Err(Failure::retry("no trainer"))), Some(Ending::Failed(Failure::retry("no trainer"))));
+        assert_eq!(ledger.finish(LeaseId(1), Ok(())), None, "a finish after the end is ignored");
+        assert_eq!(ledger.outstanding(), 0);
+        assert!(!ledger.job_busy(JOB));
+    }
+
+    #[test]
+    fn a_fatal_failure_wins_over_an_earlier_retryable_one() {
+        let mut ledger = LeaseLedger::default();
+        ledger.grant(LeaseId(1), JOB, 3);
+        ledger.finish(LeaseId(1), Err(Failure::retry("first")));
+        ledger.finish(LeaseId(1), Err(Failure { reason: "bad sample".into(), fatal: true }));
+        let ending = ledger.finish(LeaseId(1), Err(Failure::retry("third")));
+        assert_eq!(ending, Some(Ending::Failed(Failure { reason: "bad sample".into(), fatal: true })));
+    }
+
+    /// Regression (issue 15, item 6): a revoked lease's batches were still counted, so a
+    /// worker stuck on them never pulled again; and counting them twice wrapped the counter.
+    #[test]
+    fn a_revoked_lease_is_written_off_and_never_reported() {
+        let mut ledger = LeaseLedger::default();
+        ledger.grant(LeaseId(1), JOB, 4);
+        ledger.grant(LeaseId(2), JobId(2), 1);
+        ledger.finish(LeaseId(1), Ok(()));
+        ledger.revoke(LeaseId(1));
+        ledger.revoke(LeaseId(1));
+        assert_eq!(ledger.outstanding(), 1, "only lease 2's batch counts");
+        assert_eq!(ledger.progress(), vec![LeaseProgress { lease: LeaseId(2), finished: 0 }]);
+        assert!(ledger.job_busy(JOB), "its batches may still be in the pipeline");
+        for _ in 0..3 {
+            assert_eq!(ledger.finish(LeaseId(1), Ok(())), None);
+        }
+        assert_eq!(ledger.outstanding(), 1);
+        assert!(!ledger.job_busy(JOB));
+    }
+
+    #[derive(Clone, Debug)]
+    enum Event {
+        Grant(u8, u8),
+        Finish(u8, bool),
+        Revoke(u8),
+    }
+
+    fn event() -> impl Strategy<Value = Event> {
+        prop_oneof![
+            (0u8..6, 1u8..4).prop_map(|(lease, steps)| Event::Grant(lease, steps)),
+            (0u8..6, any::<bool>()).prop_map(|(lease, ok)| Event::Finish(lease, ok)),
+            (0u8..6).prop_map(Event::Revoke),
+        ]
+    }
+
+    proptest! {
+        /// Whatever the order of grants, finishes and revokes: `outstanding` equals the
+        /// unfinished batches of unrevoked leases, and no lease reports twice or after a revoke.
+        #[test]
+        fn outstanding_matches_the_unfinished_batches_and_each_lease_reports_at_most_once(
+            events in proptest::collection::vec(event(), 0..80),
+        ) {
+            let mut ledger = LeaseLedger::default();
+            // Per lease id: (steps, finished, revoked, reports), for leases granted and not ended.
+            let mut model: HashMap<u8, (u32, u32, bool)> = HashMap::new();
+            let mut reports: HashMap<u8, u32> = HashMap::new();
+            for event in events {
+                match event {
+                    Event::Grant(lease, steps) => {
+                        if ledger.grant(LeaseId(u64::from(lease)), JOB, u32::from(steps)) {
+                            prop_assert!(!model.contains_key(&lease));
+                            model.insert(lease, (u32::from(steps), 0, false));
+                            reports.insert(lease, 0);
+                        }
+                    }
+                    Event::Finish(lease, ok) => {
+                        let result = if ok { Ok(()) } else { Err(Failure::retry("x")) };
+                        let ending = ledger.finish(LeaseId(u64::from(lease)), result);
+                        if ending.is_some() {
+                            *reports.entry(lease).or_default() += 1;
+                        }
+                        if let Some((steps, finished, revoked)) = model.get_mut(&lease) {
+                            *finished += 1;
+                            if *finished == *steps {
+                                prop_assert_eq!(ending.is_some(), !*revoked);
+                                model.remove(&lease);
+                            }
+                        } else {
+                            prop_assert!(ending.is_none());
+                        }
+                    }
+                    Event::Revoke(lease) => {
+                        ledger.revoke(LeaseId(u64::from(lease)));
+                        if let Some(entry) = model.get_mut(&lease) {
+                            entry.2 = true;
+                        }
+                    }
+                }
+                let expected: u32 = model.values().filter(|(_, _, revoked)| !revoked).map(|(steps, finished, _)| steps - finished).sum();
+                prop_assert_eq!(ledger.outstanding(), expected as usize);
+                prop_assert!(reports.values().all(|&count| count <= 1));
+            }
+        }
+    }
+}
