@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use quinn::{Connection, Endpoint};
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, JobId, Rank, WorkerId};
+use stoker_common::ids::{Epoch, JobId, Rank, Step, WorkerId};
 use stoker_common::net::{PayloadPool, QuicCoordinator, TlsConfigs, Tuning, client_endpoint};
 use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
@@ -104,6 +104,9 @@ where
     resume_opt: Option<Checkpoint>,
     /// The plan of the open pass's run; `None` until the epoch is opened.
     plan_opt: Option<Arc<EpochPlan>>,
+    /// Where the rank stands after a pass ran to its end (the next epoch's start), until the
+    /// next pass opens or `set_epoch` picks another epoch.
+    completed_opt: Option<Checkpoint>,
     finished: bool,
     waited: Duration,
     batch_timeout: Duration,
@@ -136,6 +139,18 @@ where
             .field("epoch", &self.epoch)
             .finish_non_exhaustive()
     }
+}
+
+/// A random id for this loader (its attach is idempotent under it): the process, the time and a
+/// counter, hashed with the standard library's randomly keyed hasher.
+fn loader_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos()));
+    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    hasher.finish().max(1)
 }
 
 fn new_runtime() -> Result<Runtime, ClientError> {
@@ -179,7 +194,8 @@ where
         let sample_bytes =
             Recipe::new(&config.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?.sample_bytes();
         let _guard = runtime.enter();
-        let answer = call_on_runtime(&runtime, &coordinator, ControlRequest::Attach { spec: spec.clone(), rank })?;
+        let attach = ControlRequest::Attach { spec: spec.clone(), rank, client: loader_id() };
+        let answer = call_on_runtime(&runtime, &coordinator, attach)?;
         let (job, dataset, workers, _checkpoint, session) =
             expect_response!(answer, Attached { job, dataset, workers, checkpoint, session })?;
         let table = Arc::new(
@@ -229,6 +245,7 @@ where
             epoch: Epoch(0),
             resume_opt: None,
             plan_opt: None,
+            completed_opt: None,
             finished: false,
             waited: Duration::ZERO,
             batch_timeout: config.batch_timeout,
@@ -257,6 +274,7 @@ where
         self.epoch = epoch;
         self.protocol.close();
         self.plan_opt = None;
+        self.completed_opt = None;
         self.finished = false;
         self.deadline_opt = None;
     }
@@ -273,14 +291,17 @@ where
         Ok(())
     }
 
-    /// Where this rank stands: every step before it has been yielded.
+    /// Where this rank stands: every step before it has been yielded. After an epoch's last
+    /// batch that is the next epoch's start, so a run restarted from a checkpoint saved after
+    /// the `for batch in loader` loop goes on with the next epoch.
     pub fn state(&self) -> Result<LoaderState, ClientError> {
-        let checkpoint = match &self.plan_opt {
-            Some(plan) => match self.protocol.yielded() {
+        let checkpoint = match (&self.plan_opt, self.completed_opt) {
+            (Some(plan), _) => match self.protocol.yielded() {
                 Some(step) => plan.checkpoint_after(step),
                 None => plan.checkpoint_at_start(),
             },
-            None => self.plan_for(self.epoch)?.checkpoint_at_start(),
+            (None, Some(completed)) => completed,
+            (None, None) => self.plan_for(self.epoch)?.checkpoint_at_start(),
         };
         Ok(LoaderState { job_name: self.spec.name.clone(), checkpoint })
     }
@@ -374,8 +395,17 @@ where
             });
         }
         self.plan_opt = Some(plan);
+        self.completed_opt = None;
         self.report();
         Ok(())
+    }
+
+    /// The pass ran to its end: remember where that leaves the rank, and leave the run.
+    fn end_pass(&mut self) {
+        if let Some(plan) = self.plan_opt.take() {
+            self.completed_opt = Some(plan.checkpoint_after(Step(plan.steps().saturating_sub(1))));
+        }
+        self.protocol.close();
     }
 
     /// Hand the reporter the rank's standing, if it changed.
@@ -411,8 +441,7 @@ where
     pub fn next_within(&mut self, slice: Duration) -> Result<Next, ClientError> {
         if self.finished {
             self.finished = false;
-            self.protocol.close();
-            self.plan_opt = None;
+            self.end_pass();
             return Ok(Next::EndOfEpoch);
         }
         self.session.check()?;
@@ -423,8 +452,7 @@ where
         loop {
             if self.protocol.is_done() {
                 self.finished = false;
-                self.protocol.close();
-                self.plan_opt = None;
+                self.end_pass();
                 return Ok(Next::EndOfEpoch);
             }
             if let Some((_, batch)) = self.protocol.pop() {

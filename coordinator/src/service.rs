@@ -119,7 +119,7 @@ impl Coordinator {
             ControlRequest::ListDatasets => {
                 Ok(ControlResponse::Datasets { datasets: self.lock().state.datasets.values().cloned().collect() })
             }
-            ControlRequest::Attach { spec, rank } => self.attach(spec, rank, now),
+            ControlRequest::Attach { spec, rank, client } => self.attach(spec, rank, client, now),
             ControlRequest::OpenEpoch { job, rank, epoch, start, session, pass, consumed, holding } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
@@ -208,7 +208,7 @@ impl Coordinator {
         Ok(ControlResponse::DatasetAdded { dataset })
     }
 
-    fn attach(&self, spec: JobSpec, rank: Rank, now: Instant) -> Result<ControlResponse, RemoteError> {
+    fn attach(&self, spec: JobSpec, rank: Rank, client: u64, now: Instant) -> Result<ControlResponse, RemoteError> {
         validate_spec(&spec, rank)?;
         let mut inner = self.lock();
         let Some(current) = inner.state.datasets.get(&spec.dataset).cloned() else {
@@ -252,11 +252,17 @@ impl Coordinator {
         }
         let checkpoint = inner.state.checkpoints.get(&job).copied();
         let dataset = inner.state.job_dataset(job).cloned().unwrap_or(current);
-        let session = SessionId(inner.next_session);
-        inner.next_session += 1;
-        if inner.scheduler.attach(job, rank, session, now) {
-            tracing::info!(%job, %rank, %session, "rank attached again; the earlier trainer is no longer served");
-        }
+        let session = match inner.scheduler.attached(job, rank, client) {
+            Some(session) => session,
+            None => {
+                let session = SessionId(inner.next_session);
+                inner.next_session += 1;
+                if inner.scheduler.attach(job, rank, session, client, now) {
+                    tracing::info!(%job, %rank, %session, "rank attached again; the earlier trainer is no longer served");
+                }
+                session
+            }
+        };
         Ok(ControlResponse::Attached { job, dataset, workers: inner.scheduler.alive_workers(now), checkpoint, session })
     }
 

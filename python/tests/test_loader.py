@@ -105,6 +105,29 @@ def test_state_dict_round_trip_resumes_exactly(cluster, job_name) -> None:
     assert rest == [(checksum, keys) for _, checksum, keys in reference[5:]]
 
 
+def test_a_state_saved_after_the_epoch_loop_resumes_at_the_next_epoch(cluster, job_name) -> None:
+    """Issue 16, item 2: the README's pattern saves `state_dict()` after `for batch in loader`.
+    That state said "this epoch, position 0", so a restarted run trained the finished epoch again;
+    it now says "the next epoch, position 0", as torchdata's StatefulDataLoader does."""
+    first = loader(cluster, job_name)
+    first.set_epoch(3)
+    steps = [batch.step for batch in first]
+    assert steps == list(range(SAMPLES // 8))
+    state = json.loads(json.dumps(first.state_dict()))
+    assert (state["checkpoint"]["epoch"], state["checkpoint"]["position"]) == (4, 0), state
+    del first
+    reference = [(batch.step, batch.checksum) for batch in _epoch(loader(cluster, job_name + "-ref"), 4)]
+    resumed = loader(cluster, job_name)
+    resumed.load_state_dict(state)
+    assert len(resumed) == SAMPLES // 8, "a whole epoch"
+    assert [(batch.step, batch.checksum) for batch in resumed] == reference, "epoch 4 from its start"
+
+
+def _epoch(rank_loader: stoker.Loader, epoch: int) -> stoker.Loader:
+    rank_loader.set_epoch(epoch)
+    return rank_loader
+
+
 def test_a_forked_child_rebuilds_the_loader_and_continues_where_the_parent_stood(cluster, job_name) -> None:
     reference = [batch.keys for batch in loader(cluster, job_name + "-ref")]
     parent = loader(cluster, job_name)

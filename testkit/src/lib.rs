@@ -1,5 +1,9 @@
 #![doc = include_str!("../README.md")]
 
+/// A randomized model of the delivery protocol: real coordinator, trainer protocol and lease
+/// ledger on a simulated clock and network, with faults.
+pub mod model;
+
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::num::NonZeroUsize;
@@ -32,6 +36,12 @@ pub struct ClusterConfig {
     pub chunk_steps: u32,
     /// Coordinator data directory [default: a fresh temporary folder].
     pub data_dir: Option<PathBuf>,
+    /// A lease without progress for this long expires (the coordinator's stall timeout).
+    pub lease_stall: Duration,
+    /// How long a worker's push of one batch may take.
+    pub delivery_timeout: Duration,
+    /// A worker releases a job's pipeline after this long without work.
+    pub job_idle: Duration,
 }
 
 impl Default for ClusterConfig {
@@ -43,6 +53,9 @@ impl Default for ClusterConfig {
             heartbeat: Duration::from_millis(250),
             chunk_steps: 2,
             data_dir: None,
+            lease_stall: CoordinatorConfig::new(PathBuf::new()).lease_stall,
+            delivery_timeout: WorkerConfig::new(1).delivery_timeout,
+            job_idle: WorkerConfig::new(1).job_idle,
         }
     }
 }
@@ -52,7 +65,7 @@ pub type TestkitError = String;
 
 /// A coordinator and workers on loopback, in one runtime.
 pub struct TestCluster {
-    runtime: tokio::runtime::Runtime,
+    runtime: ClusterRuntime,
     tls: TlsConfigs,
     config: ClusterConfig,
     data_dir: PathBuf,
@@ -66,6 +79,27 @@ pub struct TestCluster {
 impl std::fmt::Debug for TestCluster {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         formatter.debug_struct("TestCluster").field("coordinator", &self.coordinator_addr).finish_non_exhaustive()
+    }
+}
+
+/// The cluster's runtime, shut down without waiting for blocking tasks that never return (a
+/// worker stuck opening a dataset on a hung file system is what some tests make).
+struct ClusterRuntime(Option<tokio::runtime::Runtime>);
+
+impl std::ops::Deref for ClusterRuntime {
+    type Target = tokio::runtime::Runtime;
+
+    fn deref(&self) -> &tokio::runtime::Runtime {
+        // Present until drop.
+        self.0.as_ref().unwrap_or_else(|| unreachable!("the runtime is taken only in drop"))
+    }
+}
+
+impl Drop for ClusterRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_timeout(Duration::from_secs(2));
+        }
     }
 }
 
@@ -111,7 +145,7 @@ impl TestCluster {
             }
         };
         let mut cluster = Self {
-            runtime,
+            runtime: ClusterRuntime(Some(runtime)),
             tls,
             config,
             data_dir,
@@ -133,6 +167,7 @@ impl TestCluster {
         config.lease_ttl = self.config.lease_ttl;
         config.heartbeat = self.config.heartbeat;
         config.chunk_steps = self.config.chunk_steps;
+        config.lease_stall = self.config.lease_stall;
         // After a restart the old endpoint's driver may hold the port for a moment.
         let mut socket_opt = None;
         wait_until(Duration::from_secs(10), "the coordinator's port is free", || {
@@ -156,6 +191,17 @@ impl TestCluster {
         self.start_coordinator(self.coordinator_addr.port())
     }
 
+    /// Stop the coordinator, lose its data directory (as a machine replaced without its disk
+    /// would), and start an empty one on the same address: job ids start again from 1.
+    pub fn restart_coordinator_with_empty_state(&mut self) -> Result<(), TestkitError> {
+        if let Some(mut handle) = self.coordinator.take() {
+            handle.shutdown();
+            let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), handle.join()).await });
+        }
+        std::fs::remove_dir_all(&self.data_dir).map_err(|error| format!("cannot remove {}: {error}", self.data_dir.display()))?;
+        self.start_coordinator(self.coordinator_addr.port())
+    }
+
     /// Start one more worker on the next loopback address; returns its index.
     pub fn add_worker(&mut self) -> Result<usize, TestkitError> {
         let ip = Ipv4Addr::new(127, 0, 0, self.next_worker_ip);
@@ -163,8 +209,10 @@ impl TestCluster {
         let socket = bind(ip, 0)?;
         let _guard = self.runtime.enter();
         let api = QuicCoordinator::new(self.coordinator_addr, &self.tls).map_err(|error| error.to_string())?;
-        let handle = stoker_worker::start(WorkerConfig::new(self.config.threads_per_worker), socket, &self.tls, api)
-            .map_err(|error| error.to_string())?;
+        let mut config = WorkerConfig::new(self.config.threads_per_worker);
+        config.delivery_timeout = self.config.delivery_timeout;
+        config.job_idle = self.config.job_idle;
+        let handle = stoker_worker::start(config, socket, &self.tls, api).map_err(|error| error.to_string())?;
         self.workers.push(Some(handle));
         Ok(self.workers.len() - 1)
     }

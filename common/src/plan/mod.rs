@@ -150,8 +150,20 @@ impl EpochPlan {
         (0..len).map(move |index| self.sample_at(first + u64::from(index)))
     }
 
-    /// The checkpoint that records every step up to and including `step` as consumed.
+    /// The checkpoint that records every step up to and including `step` as consumed. After
+    /// the epoch's last step it is the next epoch's start: a state saved at the end of epoch e
+    /// resumes at epoch e+1, step 0 (as PyTorch's `StatefulDataLoader` and Mosaic Streaming
+    /// do), never at the finished epoch again, nor at a position past the data (a `pad` tail's
+    /// last step wraps beyond it).
     pub fn checkpoint_after(&self, step: Step) -> Checkpoint {
+        if step.0 + 1 >= self.steps() {
+            return Checkpoint {
+                version: CHECKPOINT_VERSION,
+                epoch: Epoch(self.epoch.0 + 1),
+                position: Position(0),
+                order_fingerprint: order_fingerprint(&self.table, &self.spec),
+            };
+        }
         Checkpoint {
             version: CHECKPOINT_VERSION,
             epoch: self.epoch,

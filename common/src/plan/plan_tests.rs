@@ -108,11 +108,12 @@ proptest! {
         world in 1u32..5, batch in 1u32..7, new_world in 1u32..5, new_batch in 1u32..7, step_fraction in 0.0f64..1.0) {
         let shards = table(&counts);
         let original = EpochPlan::new(shards.clone(), spec(seed, world, batch, shuffle, Tail::Partial), Epoch(1));
-        prop_assume!(original.steps() > 0);
-        let done_steps = ((original.steps() as f64) * step_fraction) as u64;
-        let checkpoint = original.checkpoint_after(Step(done_steps.min(original.steps() - 1)));
+        prop_assume!(original.steps() > 1);
+        // Before the last step (after it, the checkpoint is the next epoch's start).
+        let done_steps = (((original.steps() as f64) * step_fraction) as u64).min(original.steps() - 2);
+        let checkpoint = original.checkpoint_after(Step(done_steps));
         let consumed: HashSet<SampleRef> = all_batches(&original).into_iter()
-            .filter(|(_, step, _)| step.0 <= done_steps.min(original.steps() - 1))
+            .filter(|(_, step, _)| step.0 <= done_steps)
             .flat_map(|(_, _, batch)| batch.into_iter().map(|planned| planned.sample)).collect();
         let remaining: HashSet<SampleRef> = every_sample(&counts).difference(&consumed).copied().collect();
 
@@ -209,3 +210,23 @@ fn plans_are_pinned() {
 const GOLDEN_WINDOW: [(u32, u64); 3] = [(1, 2), (1, 1), (3, 0)];
 const GOLDEN_FULL: [(u32, u64); 3] = [(3, 2), (0, 0), (1, 4)];
 const GOLDEN_AUGMENT: u64 = 15_585_931_656_404_915_346;
+
+/// Regression (issue 16, item 2): the state saved after an epoch's last step recorded the
+/// finished epoch, so a restarted run trained it again; with `tail="pad"` its position lay past
+/// the data and the coordinator refused to open it (found by the protocol model). It is now the
+/// next epoch's start, for every tail.
+#[test]
+fn the_checkpoint_after_an_epochs_last_step_is_the_next_epochs_start() {
+    for tail in [Tail::Drop, Tail::Pad, Tail::Partial] {
+        let shards = table(&[5, 3, 7, 4]);
+        let plan = EpochPlan::new(Arc::clone(&shards), spec(9, 3, 1, Shuffle::Full, tail), Epoch(4));
+        let last = Step(plan.steps() - 1);
+        let checkpoint = plan.checkpoint_after(last);
+        assert_eq!((checkpoint.epoch, checkpoint.position), (Epoch(5), Position(0)), "{tail:?}");
+        let resumed = EpochPlan::resume(Arc::clone(&shards), *plan.spec(), &checkpoint).expect("resumes");
+        assert_eq!(resumed.steps(), EpochPlan::new(shards, *plan.spec(), Epoch(5)).steps(), "{tail:?}: a whole epoch 5");
+        let before_last = plan.checkpoint_after(Step(last.0 - 1));
+        assert_eq!(before_last.epoch, Epoch(4), "{tail:?}");
+        assert!(before_last.position.0 <= 19, "{tail:?}: inside the data");
+    }
+}

@@ -115,6 +115,10 @@ pub enum ControlRequest {
         spec: JobSpec,
         /// The trainer's rank.
         rank: Rank,
+        /// A random id the loader drew when it was made: an attach repeated with the same id
+        /// (a retry, or a copy that arrived late) gets the session it already has instead of a
+        /// newer one that would supersede the loader itself.
+        client: u64,
     },
     /// A rank is about to iterate `epoch` from position `start`: it needs every step of the
     /// run from `consumed` on except the ones it `holding`s, whatever was delivered before

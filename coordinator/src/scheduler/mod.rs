@@ -126,10 +126,15 @@ impl Scheduler {
         self.leases_expired
     }
 
-    /// A trainer attached as `rank` of `job` with the new `session`: from now on only it is
-    /// served for that rank.
-    pub fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, now: Instant) -> bool {
-        self.seats.attach(job, rank, session, now)
+    /// A trainer (loader `client`) attached as `rank` of `job` with the new `session`: from now
+    /// on only it is served for that rank. Returns whether it replaced an earlier one.
+    pub fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, client: u64, now: Instant) -> bool {
+        self.seats.attach(job, rank, session, client, now)
+    }
+
+    /// The session loader `client` already holds `rank` with (its attach was repeated).
+    pub fn attached(&self, job: JobId, rank: Rank, client: u64) -> Option<SessionId> {
+        self.seats.attached(job, rank, client)
     }
 
     /// Refuse a request of a session that is not the rank's newest.
@@ -146,6 +151,9 @@ impl Scheduler {
     /// `opening.consumed` on but those it holds. A new pass starts the rank afresh in the run
     /// (creating it if it is new) and takes the rank out of every other run of the job; a
     /// repeated open of the current pass changes nothing; an older pass is refused as stale.
+    ///
+    /// A new run counts the job's other ranks in only if they may still come to it
+    /// ([`Seats::may_come`]); the others must not hold its flow window.
     pub fn open_run(&mut self, key: RunKey, rank: Rank, opening: &Opening, shape: RunShape, now: Instant) -> Result<(), Refusal> {
         let fresh = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat)?;
         if !fresh && self.runs.contains_key(&key) {
@@ -156,7 +164,7 @@ impl Scheduler {
         let run = self.runs.entry(key).or_insert_with(|| {
             info!(job = %key.job, epoch = %key.epoch, start = %key.start, steps = shape.steps, "epoch run opened");
             Run::new(key, shape.steps, shape.world_size, shape.prefetch, chunk_steps, |other| {
-                other != rank && seats.run_of(key.job, other).is_some_and(|their_run| their_run >= key)
+                other != rank && !seats.may_come(key.job, other, key)
             })
         });
         run.restart_rank(rank, opening.consumed, &opening.holding, now);
@@ -189,10 +197,17 @@ impl Scheduler {
         Ok(Recorded { run_known: true, slowest_opt: Some(slowest) })
     }
 
-    /// The trainer of `rank` stopped: its chunks wait until a trainer is seen again, and
-    /// nothing more of this session is taken for a sign of life.
+    /// The trainer of `rank` stopped: nothing more of this session is taken for a sign of
+    /// life, and the rank leaves every run of the job, so it holds no flow window for the
+    /// ranks that go on (its last progress report may never have gone out). A trainer that
+    /// attaches as the rank again opens the run it needs and is counted in again.
     pub fn detach(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), Refusal> {
-        self.seats.detach(job, rank, session).map_err(Refusal::Seat)
+        self.seats.detach(job, rank, session).map_err(Refusal::Seat)?;
+        for (_, run) in self.runs.iter_mut().filter(|(key, _)| key.job == job) {
+            run.depart(rank);
+        }
+        self.runs.retain(|_, run| !run.is_finished());
+        Ok(())
     }
 
     /// Whether the run exists.

@@ -205,6 +205,15 @@ impl Run {
         }
     }
 
+    /// Steps every rank whose trainer is live has consumed: the flow window's base. A rank
+    /// whose trainer is gone (crashed, detached, not heard from since a restart of the
+    /// coordinator) gets nothing made meanwhile, so it need not hold back the ranks that are
+    /// consuming; when its trainer is back, it counts again.
+    fn slowest_live(&self, trainer_live: &impl Fn(Rank) -> bool) -> u64 {
+        let live = self.ranks.iter().enumerate().filter(|(rank, _)| trainer_live(Rank(u32::try_from(*rank).unwrap_or(u32::MAX))));
+        live.map(|(_, steps)| steps.consumed).min().unwrap_or(self.steps)
+    }
+
     /// Grant up to `max` chunks that start inside the flow window, whose rank's trainer is
     /// live and that are not held back at `now`: runs of consecutive queued steps of one rank,
     /// at most the chunk size, in (step, rank) order. `next_lease` names each grant.
@@ -215,7 +224,7 @@ impl Run {
         trainer_live: impl Fn(Rank) -> bool,
         mut next_lease: impl FnMut() -> LeaseId,
     ) -> Vec<(LeaseId, Chunk)> {
-        let window_end = self.slowest_consumed() + self.prefetch;
+        let window_end = self.slowest_live(&trainer_live) + self.prefetch;
         self.cut_chunks(window_end);
         let candidates: Vec<(u64, u32)> = self.queued.range(..(window_end, 0)).copied().collect();
         let mut granted = Vec::new();

@@ -77,6 +77,8 @@ pub enum Standing {
 #[derive(Debug)]
 struct Seat {
     session: SessionId,
+    /// The loader id of the attach that made this session (0 when adopted).
+    client: u64,
     /// Taken from a request rather than issued by an attach here (after a restart): a newer
     /// session that turns up replaces it.
     adopted: bool,
@@ -92,11 +94,23 @@ pub(super) struct Seats {
     seats: BTreeMap<(JobId, Rank), Seat>,
 }
 
+impl Seat {
+    /// Its trainer detached (after which nothing of the session counts).
+    fn detached(&self) -> bool {
+        self.seen_opt.is_none() && self.pass > Pass(0)
+    }
+}
+
 impl Seats {
-    /// `session` now holds the rank; returns whether it replaced an earlier one. The rank's run
-    /// stays where it was until the new session opens one.
-    pub(super) fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, now: Instant) -> bool {
-        let seat = Seat { session, adopted: false, pass: Pass(0), run_opt: None, seen_opt: Some(now) };
+    /// The session an attach of loader `client` already has, if it still holds the rank.
+    pub(super) fn attached(&self, job: JobId, rank: Rank, client: u64) -> Option<SessionId> {
+        self.seats.get(&(job, rank)).filter(|seat| seat.client == client && client != 0).map(|seat| seat.session)
+    }
+
+    /// `session` (of loader `client`) now holds the rank; returns whether it replaced an earlier
+    /// one. The rank's run stays where it was until the new session opens one.
+    pub(super) fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, client: u64, now: Instant) -> bool {
+        let seat = Seat { session, client, adopted: false, pass: Pass(0), run_opt: None, seen_opt: Some(now) };
         match self.seats.insert((job, rank), seat) {
             Some(earlier) => {
                 if let Some(seat) = self.seats.get_mut(&(job, rank)) {
@@ -115,12 +129,19 @@ impl Seats {
     }
 
     fn seat(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<&mut Seat, SeatRefusal> {
-        let seat = self.seats.entry((job, rank)).or_insert(Seat { session, adopted: true, pass: Pass(0), run_opt: None, seen_opt: None });
+        let seat = self.seats.entry((job, rank)).or_insert(Seat {
+            session,
+            client: 0,
+            adopted: true,
+            pass: Pass(0),
+            run_opt: None,
+            seen_opt: None,
+        });
         if seat.session == session {
             return Ok(seat);
         }
         if seat.adopted && session > seat.session {
-            *seat = Seat { session, adopted: true, pass: Pass(0), run_opt: seat.run_opt, seen_opt: None };
+            *seat = Seat { session, client: 0, adopted: true, pass: Pass(0), run_opt: seat.run_opt, seen_opt: None };
             return Ok(seat);
         }
         Err(SeatRefusal::Superseded { job, rank, session })
@@ -130,8 +151,7 @@ impl Seats {
     /// rather than repeating the current one.
     pub(super) fn open(&mut self, key: RunKey, rank: Rank, opening: &Opening, now: Instant) -> Result<bool, SeatRefusal> {
         let seat = self.seat(key.job, rank, opening.session)?;
-        let detached = seat.seen_opt.is_none() && seat.pass > Pass(0);
-        if opening.pass < seat.pass || detached {
+        if opening.pass < seat.pass || seat.detached() {
             return Err(SeatRefusal::Stale { pass: opening.pass, current: seat.pass });
         }
         let fresh = opening.pass > seat.pass || seat.run_opt != Some(key);
@@ -144,7 +164,7 @@ impl Seats {
     /// A `ReportProgress`: where it stands. A current or unopened one is a sign of life.
     pub(super) fn report(&mut self, key: RunKey, rank: Rank, reporting: &Reporting, now: Instant) -> Result<Standing, SeatRefusal> {
         let seat = self.seat(key.job, rank, reporting.session)?;
-        if seat.seen_opt.is_none() && seat.pass > Pass(0) {
+        if seat.detached() {
             return Ok(Standing::Stale);
         }
         if reporting.pass < seat.pass {
@@ -170,9 +190,16 @@ impl Seats {
         self.seats.get(&(job, rank)).and_then(|seat| seat.seen_opt).is_some_and(|seen| now.saturating_duration_since(seen) < ttl)
     }
 
-    /// The run the rank's latest pass opened.
-    pub(super) fn run_of(&self, job: JobId, rank: Rank) -> Option<RunKey> {
-        self.seats.get(&(job, rank)).and_then(|seat| seat.run_opt)
+    /// Whether `rank` may still come to the new run `key`, and so must hold its flow window:
+    /// its trainer is attached here (not detached, not unknown since a restart of this
+    /// coordinator) and is in no run of this epoch or a later one. A rank in an earlier epoch
+    /// will come (the run's batches for it are made early); one in this epoch from another start
+    /// (it resumed elsewhere, or finished this run) or in a later epoch never will, nor will a
+    /// trainer that detached. A rank left out is counted in when it opens the run.
+    pub(super) fn may_come(&self, job: JobId, rank: Rank, key: RunKey) -> bool {
+        self.seats
+            .get(&(job, rank))
+            .is_some_and(|seat| !seat.detached() && seat.run_opt.is_none_or(|their_run| their_run.epoch < key.epoch))
     }
 
     /// The session that holds the rank.
@@ -213,7 +240,7 @@ mod tests {
     fn a_report_of_an_earlier_pass_is_stale_once_the_next_pass_opened() {
         let now = Instant::now();
         let mut seats = Seats::default();
-        seats.attach(JobId(1), Rank(0), SessionId(5), now);
+        seats.attach(JobId(1), Rank(0), SessionId(5), 50, now);
         assert_eq!(seats.open(key(0), Rank(0), &opening(5, 1), now), Ok(true));
         assert_eq!(seats.report(key(0), Rank(0), &reporting(5, 1, 3), now), Ok(Standing::Current));
         assert_eq!(seats.open(key(0), Rank(0), &opening(5, 2), now), Ok(true), "the same epoch again: a new pass");
@@ -227,8 +254,10 @@ mod tests {
     fn the_newest_session_holds_the_rank_and_an_adopted_one_yields_to_a_newer() {
         let now = Instant::now();
         let mut seats = Seats::default();
-        seats.attach(JobId(1), Rank(0), SessionId(5), now);
-        assert!(seats.attach(JobId(1), Rank(0), SessionId(6), now), "replaces session 5");
+        seats.attach(JobId(1), Rank(0), SessionId(5), 50, now);
+        assert_eq!(seats.attached(JobId(1), Rank(0), 50), Some(SessionId(5)), "an attach of the same loader again");
+        assert!(seats.attach(JobId(1), Rank(0), SessionId(6), 60, now), "replaces session 5");
+        assert_eq!(seats.attached(JobId(1), Rank(0), 50), None, "that loader no longer holds the rank");
         assert!(matches!(seats.check(JobId(1), Rank(0), SessionId(5)), Err(SeatRefusal::Superseded { .. })));
         assert!(matches!(seats.check(JobId(1), Rank(0), SessionId(7)), Err(SeatRefusal::Superseded { .. })), "not issued here");
         // After a restart: the first session heard from is adopted; a newer one replaces it.
@@ -243,7 +272,7 @@ mod tests {
         let now = Instant::now();
         let ttl = Duration::from_secs(5);
         let mut seats = Seats::default();
-        seats.attach(JobId(1), Rank(0), SessionId(5), now);
+        seats.attach(JobId(1), Rank(0), SessionId(5), 50, now);
         seats.open(key(0), Rank(0), &opening(5, 1), now).expect("opens");
         assert!(seats.is_live(JobId(1), Rank(0), now, ttl));
         seats.detach(JobId(1), Rank(0), SessionId(5)).expect("detaches");

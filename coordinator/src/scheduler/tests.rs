@@ -162,7 +162,7 @@ fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
     assert_eq!(ranks(&scheduler.pull(worker, 10, later).expect("registered")), [0, 0, 0], "rank 1's chunks wait");
     // A restarted trainer attaches as rank 1 and opens the run: it gets the steps the gone
     // trainer had been delivered (steps 0 and 1), then the rest.
-    scheduler.attach(JobId(1), Rank(1), SessionId(201), later);
+    scheduler.attach(JobId(1), Rank(1), SessionId(201), 7, later);
     let opening = Opening { session: SessionId(201), pass: Pass(1), consumed: 0, holding: Vec::new() };
     scheduler.open_run(key(), Rank(1), &opening, shape(8, 2, 8), later).expect("opens");
     let regranted = scheduler.pull(worker, 10, later).expect("registered");
@@ -242,4 +242,107 @@ fn a_late_report_of_an_earlier_pass_does_not_swallow_the_next_pass_steps() {
     assert_eq!(scheduler.consumed(key(), Rank(0)), Some(0));
     let again: u32 = scheduler.pull(worker, 10, now).expect("registered").iter().map(|(_, c)| c.steps).sum();
     assert_eq!(again, 4, "the second pass gets every step");
+}
+
+/// Found by the protocol model: a rank that resumed mid-epoch (a new run of the epoch from its
+/// checkpoint's position) while the other ranks were inside the same epoch from another start
+/// waited forever: they held the new run's window, and they never open it.
+#[test]
+fn a_run_of_an_epoch_the_other_ranks_are_already_in_from_another_start_is_not_held_by_them() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(6, 2, 2), now);
+    open(&mut scheduler, key(), 1, 1, shape(6, 2, 2), now);
+    // Rank 1's trainer restarts from a checkpoint at position 8 of the epoch.
+    let resumed = RunKey { start: Position(8), ..key() };
+    scheduler.attach(JobId(1), Rank(1), SessionId(300), 3, now);
+    let opening = Opening { session: SessionId(300), pass: Pass(1), consumed: 0, holding: Vec::new() };
+    scheduler.open_run(resumed, Rank(1), &opening, shape(2, 2, 2), now).expect("opens");
+    let worker = scheduler.register_worker(addr(), 1, now);
+    let mut made = Vec::new();
+    for consumed in 1..=2 {
+        for (lease, chunk) in scheduler.pull(worker, 10, now).expect("registered") {
+            scheduler.chunk_done(worker, lease, now);
+            made.push(chunk);
+        }
+        let reporting = Reporting { session: SessionId(300), pass: Pass(1), consumed, missing: Vec::new() };
+        scheduler.record_progress(resumed, Rank(1), &reporting, now).expect("current");
+    }
+    let resumed_steps: u32 = made.iter().filter(|chunk| chunk.start == Position(8)).map(|chunk| chunk.steps).sum();
+    assert_eq!(resumed_steps, 2, "rank 1 got its whole resumed run: {made:?}");
+    assert!(!scheduler.has_run(resumed), "and finished it");
+}
+
+/// Found by the protocol model: a rank that finished and detached before its last progress
+/// report went out kept its old position in the run, and the ranks still iterating it stopped
+/// at the flow window.
+#[test]
+fn a_detached_rank_holds_no_window_for_the_ranks_that_go_on() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(6, 2, 1), now);
+    open(&mut scheduler, key(), 1, 1, shape(6, 2, 1), now);
+    report(&mut scheduler, key(), 1, 1, 2, now);
+    scheduler.detach(JobId(1), Rank(1), SessionId(101)).expect("its own session");
+    let worker = scheduler.register_worker(addr(), 1, now);
+    let mut steps = 0;
+    for consumed in 1..=6 {
+        steps += scheduler.pull(worker, 10, now).expect("registered").iter().map(|(_, chunk)| chunk.steps).sum::<u32>();
+        report(&mut scheduler, key(), 0, 1, consumed, now);
+    }
+    assert_eq!(steps, 6, "rank 0 gets all of the run");
+    assert!(!scheduler.has_run(key()));
+}
+
+/// Found by the protocol model: after a coordinator restart the scheduler knows nothing of
+/// ranks that had finished and detached, and a run a remaining rank opened again counted them
+/// in, pinning its window at `prefetch` steps. Likewise a rank that detached in an earlier
+/// epoch. A rank holds a new run's window only if its trainer is attached and may come.
+#[test]
+fn only_attached_ranks_that_may_still_come_hold_a_new_runs_window() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    let next = RunKey { epoch: Epoch(1), ..key() };
+    // Rank 2 detached in epoch 0; rank 0 is unknown (this coordinator just started); rank 1
+    // opens epoch 1.
+    scheduler.attach(JobId(1), Rank(2), SessionId(102), 1, now);
+    open(&mut scheduler, key(), 2, 1, shape(4, 3, 1), now);
+    scheduler.detach(JobId(1), Rank(2), SessionId(102)).expect("detaches");
+    scheduler.attach(JobId(1), Rank(1), SessionId(101), 2, now);
+    open(&mut scheduler, next, 1, 1, shape(4, 3, 1), now);
+    let worker = scheduler.register_worker(addr(), 1, now);
+    let mut made = Vec::new();
+    for consumed in 1..=4 {
+        made.extend(scheduler.pull(worker, 10, now).expect("registered").into_iter().map(|(_, chunk)| chunk));
+        report(&mut scheduler, next, 1, 1, consumed, now);
+    }
+    assert!(made.iter().all(|chunk| chunk.rank == Rank(1)), "{made:?}");
+    assert_eq!(made.iter().map(|chunk| chunk.steps).sum::<u32>(), 4, "rank 1 gets its whole epoch");
+}
+
+/// Found by the protocol model: a rank whose trainer is gone (here: heard from once, by a
+/// late report after a coordinator restart, then never again) held the run's flow window, and
+/// the rank still training stopped `prefetch` steps in. The window counts live trainers only.
+#[test]
+fn a_rank_whose_trainer_went_silent_does_not_hold_back_the_others() {
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(8, 2, 2), start);
+    open(&mut scheduler, key(), 1, 1, shape(8, 2, 2), start);
+    let worker = scheduler.register_worker(addr(), 1, start);
+    let mut now = start;
+    let mut made = 0u64;
+    for _ in 0..12 {
+        now += Duration::from_secs(1);
+        scheduler.heartbeat(worker, &[], 0, now).expect("registered");
+        let granted = scheduler.pull(worker, 10, now).expect("registered");
+        made += granted.iter().filter(|(_, chunk)| chunk.rank == Rank(0)).map(|(_, chunk)| u64::from(chunk.steps)).sum::<u64>();
+        for (lease, _) in granted {
+            scheduler.chunk_done(worker, lease, now);
+        }
+        // Rank 0 consumes what was made for it; rank 1's trainer says nothing after the start.
+        report(&mut scheduler, key(), 0, 1, made, now);
+    }
+    assert_eq!(made, 8, "rank 0 got its whole run once rank 1 was silent for the trainer TTL");
+    assert_eq!(scheduler.consumed(key(), Rank(1)), Some(0), "rank 1's place is kept for its return");
 }

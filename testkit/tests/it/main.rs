@@ -5,6 +5,7 @@ mod common;
 mod delivery;
 mod exactly_once;
 mod faults;
+mod protocol_model;
 mod restart;
 mod resume;
 mod wire;

@@ -86,6 +86,40 @@ fn a_resumed_trainer_gets_the_same_remaining_batches() {
     }
 }
 
+/// Issue 16, item 2 (and a wedge the protocol model found with `tail="pad"`): the state saved
+/// after an epoch's last batch said "this epoch, position 0" (or, with `pad`, a position past
+/// the data, which the coordinator refused to open). It is the next epoch's start, and a
+/// loader resuming it iterates that whole epoch.
+#[test]
+fn the_state_saved_after_an_epoch_resumes_at_the_next_epoch() {
+    let cluster = cluster_with(1);
+    for tail in [Tail::Pad, Tail::Partial] {
+        let mut base = cluster.loader_config("train", 7);
+        base.tail = tail;
+        base.job_name = Some(format!("epoch-end-{tail:?}"));
+        let config = config_for(&base, 0, 1);
+        let state = {
+            let mut loader = Loader::attach(&config).expect("attach");
+            loader.set_epoch(Epoch(2));
+            let steps = (&mut loader).inspect(|batch| assert!(batch.is_ok(), "{batch:?}")).count();
+            assert_eq!(steps, 18, "{tail:?}: 120 samples / 7");
+            let state = loader.state().expect("state");
+            assert_eq!((state.checkpoint.epoch, state.checkpoint.position.0), (Epoch(3), 0), "{tail:?}");
+            state
+        };
+        let reference: Vec<u64> = {
+            let mut loader = Loader::attach(&config).expect("attach");
+            loader.set_epoch(Epoch(3));
+            (&mut loader).map(|batch| batch.expect("batch").checksum()).collect()
+        };
+        let mut resumed = Loader::attach(&config).expect("attach");
+        resumed.resume(&state).expect("resume");
+        assert_eq!(resumed.len().expect("len"), 18, "{tail:?}: a whole epoch");
+        let checksums: Vec<u64> = (&mut resumed).map(|batch| batch.expect("batch").checksum()).collect();
+        assert_eq!(checksums, reference, "{tail:?}: epoch 3 from its start");
+    }
+}
+
 /// A rank that stops consuming holds the job inside its flow window: its buffer stops
 /// growing, the workers' outstanding work stays bounded, and it resumes when consumed again.
 #[test]
@@ -155,7 +189,7 @@ fn batches_granted_for_a_new_session_wait_for_it_rather_than_go_to_the_old_train
     let mut old = Loader::attach(&config).expect("attach");
     assert_eq!(old.next_batch().expect("a batch").expect("batch").step().0, 0, "the old trainer is connected and served");
 
-    let attach = cluster.call(ControlRequest::Attach { spec: old.spec().clone(), rank: Rank(0) }).expect("attach");
+    let attach = cluster.call(ControlRequest::Attach { spec: old.spec().clone(), rank: Rank(0), client: 2 }).expect("attach");
     let (job, _, _, _, session) = expect_response!(attach, Attached { job, dataset, workers, checkpoint, session }).expect("attached");
     let open = ControlRequest::OpenEpoch {
         job,

@@ -58,12 +58,12 @@ fn bad_requests_get_clear_errors_and_the_coordinator_keeps_serving() {
             let error = call::<_, ControlResponse>(&connection, &open, CONTROL_FRAME_LIMIT).await.expect_err("refused");
             assert_eq!(error.remote().map(|e| &e.code), Some(&ErrorCode::NotFound), "{error}");
             let mut spec = stoker_client::LoaderConfig::new(addr, "nonexistent", 4).job_spec().expect("spec");
-            let attach = ControlRequest::Attach { spec: spec.clone(), rank: Rank(0) };
+            let attach = ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client: 1 };
             let error = call::<_, ControlResponse>(&connection, &attach, CONTROL_FRAME_LIMIT).await.expect_err("refused");
             assert_eq!(error.remote().map(|e| &e.code), Some(&ErrorCode::NotFound));
             assert!(error.to_string().contains("stoker dataset add"), "{error}");
             spec.dataset = "x".to_owned();
-            let outside = ControlRequest::Attach { spec, rank: Rank(5) };
+            let outside = ControlRequest::Attach { spec, rank: Rank(5), client: 1 };
             let error = call::<_, ControlResponse>(&connection, &outside, CONTROL_FRAME_LIMIT).await.expect_err("refused");
             assert_eq!(error.remote().map(|e| &e.code), Some(&ErrorCode::InvalidArgument));
         }

@@ -1,0 +1,557 @@
+//! A randomized model of the delivery protocol (issue 15): the real coordinator (in memory, on
+//! a simulated clock), the real trainer protocol ([`stoker_client::protocol`]) and the real
+//! worker lease ledger ([`stoker_worker::node::ledger`]), connected by a simulated network
+//! that delays, reorders, duplicates and loses messages, while workers die, wedge and come
+//! back, trainers restart their process, call `set_epoch` or `load_state_dict` mid-epoch or
+//! iterate an epoch again, and the coordinator restarts (losing its soft state).
+//!
+//! Each seed is one schedule: the faults happen in a first phase, then the world runs quietly.
+//! The schedule passes when every pass of every rank yielded its steps exactly once, in order,
+//! with the content its plan gives them, and every rank finished its training program within
+//! two simulated minutes of the last fault (no step lost for good, no worker or window wedged).
+//! A failing seed prints the schedule it ran; `STOKER_MODEL_SEED=N` replays it.
+
+mod net;
+mod trainer;
+mod worker;
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use stoker_common::ids::{Epoch, JobId, LeaseId, Rank, SessionId};
+use stoker_common::plan::prng::SplitMix64;
+use stoker_common::plan::{PlanSpec, ShardTable, Shuffle, Tail};
+use stoker_common::proto::{ControlRequest, ControlResponse, JobSpec, RemoteError};
+use stoker_common::shard::manifest::MANIFEST_VERSION;
+use stoker_common::shard::{Manifest, ManifestShard};
+use stoker_common::transform::TransformSpec;
+use stoker_coordinator::state::ClusterState;
+use stoker_coordinator::{Coordinator, CoordinatorConfig};
+
+use self::net::Net;
+use self::trainer::{Program, SimBatch, SimTrainer};
+use self::worker::SimWorker;
+
+/// What one schedule did.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// Steps yielded by all ranks (every pass).
+    pub steps_yielded: u64,
+    /// Simulated time until every rank finished.
+    pub simulated: Duration,
+    /// Faults and protocol events seen.
+    pub counts: FaultCounts,
+}
+
+/// Faults injected and protocol events seen in a schedule.
+#[derive(Clone, Debug, Default)]
+pub struct FaultCounts {
+    /// Workers killed.
+    pub worker_deaths: u64,
+    /// Workers wedged (alive, making nothing) for a while.
+    pub worker_wedges: u64,
+    /// Trainer processes restarted (crashed or stopped).
+    pub trainer_restarts: u64,
+    /// Coordinator restarts (soft state lost).
+    pub coordinator_restarts: u64,
+    /// Control messages delivered seconds late (a call that timed out and was applied later).
+    pub late_messages: u64,
+    /// Control messages delivered twice.
+    pub duplicated_messages: u64,
+    /// Batches acknowledged and then lost by the trainer.
+    pub lost_batches: u64,
+    /// Batches delivered twice.
+    pub duplicated_batches: u64,
+    /// `set_epoch` calls mid-pass.
+    pub set_epochs: u64,
+    /// `load_state_dict` calls mid-pass.
+    pub loads: u64,
+    /// Progress reports that named missing steps.
+    pub missing_reports: u64,
+    /// Copies of a step the trainers dropped.
+    pub duplicates: u64,
+    /// Batches of past runs the trainers dropped.
+    pub dropped: u64,
+}
+
+/// A schedule that broke the protocol's promise.
+#[derive(Clone, Debug)]
+pub struct ModelFailure {
+    /// The seed that replays it.
+    pub seed: u64,
+    /// What went wrong.
+    pub message: String,
+    /// The schedule, one line per event.
+    pub schedule: Vec<String>,
+}
+
+impl fmt::Display for ModelFailure {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(formatter, "protocol model, seed {}: {}", self.seed, self.message)?;
+        writeln!(
+            formatter,
+            "replay: STOKER_MODEL_SEED={} cargo test -p stoker-testkit --test it protocol_model -- --nocapture",
+            self.seed
+        )?;
+        let skip = self.schedule.len().saturating_sub(400);
+        writeln!(formatter, "schedule ({} events{}):", self.schedule.len(), if skip > 0 { ", the last 400" } else { "" })?;
+        for line in &self.schedule[skip..] {
+            writeln!(formatter, "  {line}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Run the schedule of `seed`.
+pub fn run(seed: u64) -> Result<Outcome, ModelFailure> {
+    let mut world = World::new(seed).map_err(|message| ModelFailure { seed, message, schedule: Vec::new() })?;
+    match world.run() {
+        Ok(outcome) => Ok(outcome),
+        Err(message) => Err(ModelFailure { seed, message, schedule: std::mem::take(&mut world.ctx.log) }),
+    }
+}
+
+/// Who sent a call (the answer goes back to that process, if it still exists).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Sender {
+    Trainer { rank: Rank, generation: u64 },
+    Worker { index: usize, generation: u64 },
+}
+
+/// A batch on its way from a worker to a trainer process.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Delivery {
+    pub(crate) worker: usize,
+    pub(crate) worker_generation: u64,
+    pub(crate) trainer_generation: u64,
+    pub(crate) lease: LeaseId,
+    pub(crate) batch: SimBatch,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Ack {
+    worker: usize,
+    worker_generation: u64,
+    lease: LeaseId,
+    delivered: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Hello {
+    worker: usize,
+    worker_generation: u64,
+    rank: Rank,
+    session: SessionId,
+    trainer_generation: u64,
+}
+
+/// What every actor knows about the job.
+#[derive(Debug)]
+pub(crate) struct Setup {
+    pub(crate) spec: JobSpec,
+    pub(crate) job: JobId,
+    pub(crate) table: Arc<ShardTable>,
+    pub(crate) dataset_version: u64,
+    pub(crate) nack_after: Duration,
+    pub(crate) heartbeat_ms: u64,
+}
+
+impl Setup {
+    pub(crate) fn worker_addr(&self, index: usize) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, 7500 + index as u16))
+    }
+}
+
+/// The clock, the network, the random choices and the schedule log.
+pub(crate) struct Ctx {
+    pub(crate) rng: SplitMix64,
+    base: Instant,
+    pub(crate) now_ms: u64,
+    /// Whether faults happen now.
+    pub(crate) faulty: bool,
+    pub(crate) job: JobId,
+    requests: Net<(Sender, u64, ControlRequest)>,
+    replies: Net<(Sender, u64, Result<ControlResponse, RemoteError>)>,
+    /// Calls made so far: each call's id, which its answer carries back.
+    calls: u64,
+    deliveries: Net<Delivery>,
+    acks: Net<Ack>,
+    hellos: Net<Hello>,
+    /// Workers alive now (index, generation), for trainers' hellos.
+    alive_workers: Vec<(usize, u64)>,
+    pub(crate) counts: FaultCounts,
+    log: Vec<String>,
+}
+
+impl Ctx {
+    pub(crate) fn now(&self) -> Instant {
+        self.base + Duration::from_millis(self.now_ms)
+    }
+
+    pub(crate) fn chance(&mut self, probability: f64) -> bool {
+        self.rng.next_f64() < probability
+    }
+
+    fn latency(&mut self) -> u64 {
+        1 + self.rng.below(20)
+    }
+
+    pub(crate) fn note(&mut self, line: String) {
+        self.log.push(format!("{:>7} ms  {line}", self.now_ms));
+    }
+
+    /// Send a call to the coordinator. In the fault phase a call may arrive seconds late
+    /// (its sender timed out and went on) or twice. Not an `Attach`: a loader takes the session
+    /// of the answer it gets, and a copy applied after a coordinator restart (which forgot the
+    /// loader's id) would make a newer session and supersede it; the client never sends one
+    /// twice, and a retry would take the retry's answer.
+    pub(crate) fn call(&mut self, from: Sender, request: ControlRequest) -> u64 {
+        self.calls += 1;
+        let call = self.calls;
+        let mut at = self.now_ms + self.latency();
+        if matches!(request, ControlRequest::Attach { .. }) {
+            self.requests.send(at, (from, call, request));
+            return call;
+        }
+        if self.faulty && self.chance(0.02) {
+            at += 1_000 + self.rng.below(14_000);
+            self.counts.late_messages += 1;
+            self.note(format!("late by {} ms: {from:?} {}", at - self.now_ms, describe(&request)));
+        }
+        if self.faulty && self.chance(0.01) {
+            let again = at + self.rng.below(3_000);
+            self.counts.duplicated_messages += 1;
+            self.note(format!("sent twice: {from:?} {}", describe(&request)));
+            self.requests.send(again, (from, call, request.clone()));
+        }
+        self.requests.send(at, (from, call, request));
+        call
+    }
+
+    /// Push a batch to a trainer process; in the fault phase it may arrive twice.
+    pub(crate) fn deliver(&mut self, delivery: Delivery) {
+        let at = self.now_ms + self.latency();
+        if self.faulty && self.chance(0.02) {
+            self.counts.duplicated_batches += 1;
+            let again = at + self.rng.below(2_000);
+            self.deliveries.send(again, Delivery { lease: LeaseId(u64::MAX), ..delivery });
+        }
+        self.deliveries.send(at, delivery);
+    }
+
+    /// A trainer session says hello to every worker alive it has not greeted yet (as the
+    /// client connects to the workers each answer lists); returns those it greeted now.
+    pub(crate) fn hello_new(
+        &mut self,
+        rank: Rank,
+        trainer_generation: u64,
+        session: SessionId,
+        greeted: &[(usize, u64)],
+    ) -> Vec<(usize, u64)> {
+        let new: Vec<(usize, u64)> = self.alive_workers.iter().filter(|worker| !greeted.contains(worker)).copied().collect();
+        for &(worker, worker_generation) in &new {
+            let at = self.now_ms + self.latency() * 10;
+            self.hellos.send(at, Hello { worker, worker_generation, rank, session, trainer_generation });
+        }
+        new
+    }
+}
+
+fn describe(request: &ControlRequest) -> String {
+    let text = format!("{request:?}");
+    text.split(" spec:").next().unwrap_or(&text).chars().take(220).collect()
+}
+
+/// The manifest every schedule registers: 4 shards, 19 samples (only the counts matter; no
+/// shard is read).
+fn manifest() -> Result<PathBuf, String> {
+    static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let dir = crate::unique_temp_dir("stoker-model")?;
+        let shards = [5, 3, 7, 4].iter().enumerate().map(|(index, samples)| ManifestShard {
+            uri: format!("s{index}.tar"),
+            samples: *samples,
+            bytes: 0,
+        });
+        let manifest = Manifest { version: MANIFEST_VERSION, shards: shards.collect(), classes: Vec::new() };
+        let path = dir.join("manifest.json");
+        manifest.save(&path).map_err(|error| error.to_string())?;
+        Ok(path)
+    })
+    .clone()
+}
+
+struct World {
+    ctx: Ctx,
+    setup: Setup,
+    config: CoordinatorConfig,
+    coordinator: Coordinator,
+    id_base: u64,
+    trainers: Vec<SimTrainer>,
+    workers: Vec<SimWorker>,
+    next_generation: u64,
+    fault_until_ms: u64,
+}
+
+impl World {
+    fn new(seed: u64) -> Result<Self, String> {
+        let mut rng = SplitMix64::new(seed);
+        let mut pick = |low: u64, high: u64| low + rng.below(high - low + 1);
+        let world_size = pick(1, 3) as u32;
+        let batch_size = pick(1, 3) as u32;
+        let tail = [Tail::Drop, Tail::Pad, Tail::Partial][pick(0, 2) as usize];
+        let shuffle = [Shuffle::None, Shuffle::Full, Shuffle::Window { shards: NonZeroU32::MIN }, Shuffle::default()][pick(0, 3) as usize];
+        let chunk_steps = pick(1, 3) as u32;
+        let prefetch = pick(1, 4) as u32;
+        let workers = pick(1, 3) as usize;
+        let epochs = pick(1, 3);
+        let fault_until_ms = if pick(0, 9) == 0 { 0 } else { pick(2_000, 25_000) };
+        let mut config = CoordinatorConfig::new(PathBuf::new());
+        config.lease_ttl = Duration::from_secs(3);
+        config.heartbeat = Duration::from_millis(500);
+        config.chunk_steps = chunk_steps;
+        config.retry_delay = Duration::from_millis(500);
+        config.trainer_ttl = Duration::from_secs(5);
+        config.lease_stall = Duration::from_secs(10);
+        config.missing_grace = Duration::from_secs(1);
+        let id_base = 1_000;
+        let coordinator = Coordinator::in_memory(config.clone(), ClusterState::new(), id_base).map_err(|error| error.to_string())?;
+        let base = Instant::now();
+        let path = manifest()?;
+        let added = coordinator
+            .handle(ControlRequest::AddDataset { name: "model".into(), manifest: path.to_string_lossy().into_owned() }, base)
+            .map_err(|error| error.to_string())?;
+        let ControlResponse::DatasetAdded { dataset } = added else { return Err(format!("unexpected {added:?}")) };
+        let plan = PlanSpec {
+            seed: seed ^ 0x5eed,
+            world_size: NonZeroU32::new(world_size).ok_or("world size 0")?,
+            batch_size: NonZeroU32::new(batch_size).ok_or("batch size 0")?,
+            shuffle,
+            tail,
+        };
+        let transforms = serde_json::to_string(&TransformSpec::imagenet_train(8)).map_err(|error| error.to_string())?;
+        let spec = JobSpec { name: "model".into(), dataset: "model".into(), plan, transforms, prefetch };
+        let attached = coordinator
+            .handle(ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client: 1 }, base)
+            .map_err(|error| error.to_string())?;
+        let ControlResponse::Attached { job, .. } = attached else { return Err(format!("unexpected {attached:?}")) };
+        let table = Arc::new(ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| error.to_string())?);
+        let setup = Setup { spec, job, table, dataset_version: dataset.version, nack_after: Duration::from_secs(1), heartbeat_ms: 500 };
+        let mut ctx = Ctx {
+            rng,
+            base,
+            now_ms: 0,
+            faulty: fault_until_ms > 0,
+            job,
+            requests: Net::default(),
+            replies: Net::default(),
+            calls: 0,
+            deliveries: Net::default(),
+            acks: Net::default(),
+            hellos: Net::default(),
+            alive_workers: Vec::new(),
+            counts: FaultCounts::default(),
+            log: Vec::new(),
+        };
+        ctx.note(format!(
+            "W={world_size} B={batch_size} {tail:?} {shuffle:?} chunk={chunk_steps} prefetch={prefetch} workers={workers} epochs={epochs} faults until {fault_until_ms} ms"
+        ));
+        let program = Program { epoch: Epoch(0), last_epoch: Epoch(epochs - 1), saved_opt: None, resume_opt: None };
+        let mut next_generation = 1;
+        let mut trainers = Vec::new();
+        for rank in 0..world_size {
+            trainers.push(SimTrainer::new(Rank(rank), next_generation, program.clone(), &setup, 0));
+            next_generation += 1;
+        }
+        let mut simulated_workers = Vec::new();
+        for index in 0..workers {
+            simulated_workers.push(SimWorker::new(index, next_generation));
+            next_generation += 1;
+        }
+        Ok(Self { ctx, setup, config, coordinator, id_base, trainers, workers: simulated_workers, next_generation, fault_until_ms })
+    }
+
+    fn run(&mut self) -> Result<Outcome, String> {
+        let deadline_ms = self.fault_until_ms + 120_000;
+        loop {
+            if self.trainers.iter().all(SimTrainer::is_done) {
+                let steps_yielded = self.trainers.iter().map(|trainer| trainer.yielded_total).sum();
+                return Ok(Outcome { steps_yielded, simulated: Duration::from_millis(self.ctx.now_ms), counts: self.ctx.counts.clone() });
+            }
+            if self.ctx.now_ms > deadline_ms {
+                return Err(self.wedged());
+            }
+            self.ctx.now_ms += 5 + self.ctx.rng.below(100);
+            self.ctx.faulty = self.ctx.now_ms < self.fault_until_ms;
+            self.coordinator.tick(self.ctx.now());
+            if self.ctx.faulty {
+                self.inject_faults()?;
+            } else {
+                // The quiet phase: every worker is back.
+                for index in 0..self.workers.len() {
+                    if !self.workers[index].alive {
+                        self.start_worker_again(index);
+                    }
+                }
+            }
+            self.ctx.alive_workers =
+                self.workers.iter().filter(|worker| worker.alive).map(|worker| (worker.index, worker.generation)).collect();
+            self.deliver()?;
+            for trainer in &mut self.trainers {
+                trainer.tick(&mut self.ctx, &self.setup)?;
+            }
+            for worker in &mut self.workers {
+                worker.tick(&mut self.ctx, &self.setup);
+            }
+        }
+    }
+
+    fn inject_faults(&mut self) -> Result<(), String> {
+        for index in 0..self.workers.len() {
+            if self.workers[index].alive && self.ctx.chance(0.003) {
+                self.ctx.counts.worker_deaths += 1;
+                self.ctx.note(format!("worker {index} killed: {}", self.workers[index].describe()));
+                self.workers[index].alive = false;
+            } else if !self.workers[index].alive && self.ctx.chance(0.01) {
+                self.start_worker_again(index);
+            } else if self.workers[index].alive && self.ctx.chance(0.002) {
+                let until = self.ctx.now_ms + 5_000 + self.ctx.rng.below(15_000);
+                self.ctx.counts.worker_wedges += 1;
+                self.ctx.note(format!("worker {index} wedged until {until} ms"));
+                self.workers[index].wedged_until_ms = until;
+            }
+        }
+        for rank in 0..self.trainers.len() {
+            if !self.trainers[rank].is_done() && self.ctx.chance(0.002) {
+                self.restart_trainer(rank);
+            }
+        }
+        if self.ctx.chance(0.0005) {
+            self.ctx.counts.coordinator_restarts += 1;
+            self.ctx.note("coordinator restarts (soft state lost)".to_owned());
+            self.id_base += 1_000_000_000;
+            self.coordinator =
+                Coordinator::in_memory(self.config.clone(), self.coordinator.state(), self.id_base).map_err(|error| error.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// A new worker process in place of a dead one; trainers connect to it (they learn of it
+    /// from their progress answers).
+    fn start_worker_again(&mut self, index: usize) {
+        self.ctx.note(format!("worker {index} starts again"));
+        self.workers[index] = SimWorker::new(index, self.next_generation);
+        self.next_generation += 1;
+        let worker_generation = self.workers[index].generation;
+        for trainer in &self.trainers {
+            if let Some(session) = trainer.session_opt {
+                let at = self.ctx.now_ms + 50 + self.ctx.rng.below(1_000);
+                let hello = Hello { worker: index, worker_generation, rank: trainer.rank, session, trainer_generation: trainer.generation };
+                self.ctx.hellos.send(at, hello);
+            }
+        }
+    }
+
+    /// A trainer process stops (killed, or its loader dropped: then it detaches) and a new one
+    /// starts from the state the program saved.
+    fn restart_trainer(&mut self, rank: usize) {
+        let old = &self.trainers[rank];
+        let graceful = self.ctx.chance(0.5);
+        self.ctx.counts.trainer_restarts += 1;
+        self.ctx.note(format!("{} restarts ({}): {}", old.rank, if graceful { "detaches" } else { "killed" }, old.describe()));
+        if graceful && let Some(session) = old.session_opt {
+            let from = Sender::Trainer { rank: old.rank, generation: old.generation };
+            self.ctx.call(from, ControlRequest::Detach { job: self.setup.job, rank: old.rank, session });
+        }
+        let mut program = old.program.clone();
+        program.resume_opt = None;
+        let start_ms = self.ctx.now_ms + 500 + self.ctx.rng.below(2_500);
+        let new = SimTrainer::new(old.rank, self.next_generation, program, &self.setup, start_ms);
+        self.next_generation += 1;
+        self.trainers[rank] = new;
+    }
+
+    fn deliver(&mut self) -> Result<(), String> {
+        let now = self.ctx.now();
+        for (from, call, request) in self.ctx.requests.due(self.ctx.now_ms) {
+            let answer = self.coordinator.handle(request, now);
+            let at = self.ctx.now_ms + self.ctx.latency();
+            self.ctx.replies.send(at, (from, call, answer));
+        }
+        for (to, call, answer) in self.ctx.replies.due(self.ctx.now_ms) {
+            match to {
+                Sender::Trainer { rank, generation } => {
+                    if let Some(trainer) = self.trainers.get_mut(rank.0 as usize).filter(|trainer| trainer.generation == generation) {
+                        trainer.on_reply(&mut self.ctx, &self.setup, call, answer)?;
+                    }
+                }
+                Sender::Worker { index, generation } => {
+                    if let Some(worker) = self.workers.get_mut(index).filter(|worker| worker.generation == generation && worker.alive) {
+                        worker.on_reply(&mut self.ctx, call, answer);
+                    }
+                }
+            }
+        }
+        for hello in self.ctx.hellos.due(self.ctx.now_ms) {
+            let trainers = &self.trainers;
+            let alive = |generation: u64| trainers.iter().any(|trainer| trainer.generation == generation);
+            if let Some(worker) =
+                self.workers.get_mut(hello.worker).filter(|worker| worker.generation == hello.worker_generation && worker.alive)
+            {
+                worker.on_hello(hello.rank, hello.session, hello.trainer_generation, alive);
+            }
+        }
+        for delivery in self.ctx.deliveries.due(self.ctx.now_ms) {
+            let rank = delivery.batch.rank.0 as usize;
+            let reached = self.trainers.get(rank).is_some_and(|trainer| trainer.generation == delivery.trainer_generation);
+            if reached {
+                if self.ctx.faulty && self.ctx.chance(0.03) {
+                    self.ctx.counts.lost_batches += 1;
+                    self.ctx.note(format!("batch {:?} {} acknowledged, then lost by the trainer", delivery.batch.run, delivery.batch.step));
+                } else if let Some(trainer) = self.trainers.get_mut(rank) {
+                    trainer.on_batch(&mut self.ctx, delivery.batch);
+                }
+            }
+            if delivery.lease != LeaseId(u64::MAX) {
+                let at = self.ctx.now_ms + self.ctx.latency();
+                self.ctx.acks.send(
+                    at,
+                    Ack {
+                        worker: delivery.worker,
+                        worker_generation: delivery.worker_generation,
+                        lease: delivery.lease,
+                        delivered: reached,
+                    },
+                );
+            }
+        }
+        for ack in self.ctx.acks.due(self.ctx.now_ms) {
+            if let Some(worker) =
+                self.workers.get_mut(ack.worker).filter(|worker| worker.generation == ack.worker_generation && worker.alive)
+            {
+                worker.on_ack(&mut self.ctx, ack.lease, ack.delivered);
+            }
+        }
+        Ok(())
+    }
+
+    fn wedged(&mut self) -> String {
+        let mut lines = vec![format!("not every rank finished within 120 s of the last fault (at {} ms):", self.ctx.now_ms)];
+        lines.extend(self.trainers.iter().map(|trainer| format!("  {}", trainer.describe())));
+        lines.extend(self.workers.iter().map(|worker| format!("  {}", worker.describe())));
+        if let Ok(ControlResponse::Status { status }) = self.coordinator.handle(ControlRequest::Status, self.ctx.now()) {
+            for job in status.jobs {
+                lines.push(format!(
+                    "  coordinator: steps queued {} chunks leased {} ranks {:?}",
+                    job.steps_queued, job.chunks_leased, job.ranks
+                ));
+            }
+        }
+        lines.push(format!("  messages in flight: {}", self.ctx.requests.len()));
+        lines.join("\n")
+    }
+}
