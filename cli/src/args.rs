@@ -83,6 +83,11 @@ pub(crate) struct CoordinatorArgs {
     /// Milliseconds a worker's lease lives without a heartbeat before its chunk is granted again.
     #[arg(long, default_value_t = 3000)]
     pub(crate) lease_ttl_ms: u64,
+    /// Milliseconds a lease may go without any of its batches finished before it is granted
+    /// again, even though its worker still lists it (the worker is stuck: a hung dataset open
+    /// or decode, a delivery that never completes). Longer than one batch may take.
+    #[arg(long, default_value_t = 60_000)]
+    pub(crate) lease_stall_ms: u64,
     /// Milliseconds a rank's trainer may stay silent (trainers report every second) before its
     /// work waits for it instead of occupying workers.
     #[arg(long, default_value_t = 5000)]
@@ -109,6 +114,16 @@ pub(crate) struct WorkerArgs {
     /// Batches made or in delivery at once [default: 2 x threads, at least 4].
     #[arg(long)]
     pub(crate) in_flight: Option<usize>,
+    /// Milliseconds one batch's delivery may take (until the trainer acknowledged every byte)
+    /// before it is failed and made again: a trainer that stopped reading does not hold this
+    /// worker's slots.
+    #[arg(long, default_value_t = 30_000)]
+    pub(crate) delivery_timeout_ms: u64,
+    /// Milliseconds a job may go without work here before its pipeline (decode threads, batch
+    /// buffers, mapped shards) is released; a job the coordinator no longer lists as live (all
+    /// its trainers gone) is released at once.
+    #[arg(long, default_value_t = 60_000)]
+    pub(crate) job_idle_ms: u64,
     /// Largest UDP payload for batches to trainers on other hosts. MTU discovery probes up to
     /// it, so too high costs only probes. Raise it where every hop carries jumbo frames (9000-byte
     /// MTU: 8952). Trainers on this host always get 65527 (loopback).

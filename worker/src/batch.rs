@@ -10,10 +10,10 @@ use stoker_common::ids::{Epoch, Rank, Step};
 use stoker_common::transform::{OutputDtype, OutputLayout};
 
 /// The reusable memory of one batch.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct BatchStorage {
     /// Images, `len * sample_bytes` used.
-    pub(crate) images: Vec<u8>,
+    pub(crate) images: ImageBuffer,
     pub(crate) labels: Vec<i64>,
     /// Keys, concatenated; `key_ends[i]` is where key i ends.
     pub(crate) key_text: String,
@@ -33,17 +33,17 @@ pub(crate) const SLOT_CORRUPT: u8 = 2;
 
 impl BatchStorage {
     /// Storage for batches of up to `batch_size` samples of `sample_bytes` each. The image
-    /// buffer is allocated (and zeroed, so its pages are touched once) here, not per batch.
-    pub(crate) fn new(batch_size: usize, sample_bytes: usize) -> Self {
-        Self {
-            images: touched_zeros(batch_size * sample_bytes),
+    /// buffer is allocated (and written, so its pages are touched once) here, not per batch.
+    pub(crate) fn new(batch_size: usize, sample_bytes: usize) -> std::io::Result<Self> {
+        Ok(Self {
+            images: ImageBuffer::touched(batch_size * sample_bytes)?,
             labels: Vec::with_capacity(batch_size),
             key_text: String::with_capacity(batch_size * 32),
             key_ends: Vec::with_capacity(batch_size),
             replaced: Vec::with_capacity(batch_size),
             corrupt: Vec::new(),
             slot_flags: (0..batch_size).map(|_| AtomicU8::new(0)).collect(),
-        }
+        })
     }
 
     pub(crate) fn clear(&mut self) {
@@ -137,11 +137,35 @@ impl Drop for Batch {
     }
 }
 
-/// `len` zero bytes written now. `vec![0; len]` maps untouched pages that fault on first write,
-/// which put ~9,400 page faults into each of the first batches a pipeline makes.
-fn touched_zeros(len: usize) -> Vec<u8> {
-    let mut bytes = vec![0; len];
-    // `black_box` keeps the compiler from dropping the fill as a store of zeros over calloc.
-    std::hint::black_box(bytes.as_mut_slice()).fill(0);
-    bytes
+/// A batch's image memory: an anonymous mapping of its own, so that it goes back to the
+/// operating system when the pipeline that owns it is dropped. A heap allocation of this size
+/// (megabytes) would stay in the allocator after the first one is freed (glibc raises its mmap
+/// threshold to the size freed), and a worker serving one job after another would keep the
+/// buffers of the largest job it ever served.
+#[derive(Debug)]
+pub(crate) struct ImageBuffer(memmap2::MmapMut);
+
+impl ImageBuffer {
+    /// `len` zero bytes, their pages written now: an untouched mapping faults on first write,
+    /// which put ~9,400 page faults into each of the first batches a pipeline made.
+    fn touched(len: usize) -> std::io::Result<Self> {
+        let mut map = memmap2::MmapMut::map_anon(len.max(1))?;
+        // `black_box` keeps the compiler from dropping the fill as a store of zeros over zeros.
+        std::hint::black_box(&mut map[..]).fill(0);
+        Ok(Self(map))
+    }
+}
+
+impl std::ops::Deref for ImageBuffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for ImageBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
 }

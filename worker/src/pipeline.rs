@@ -171,7 +171,9 @@ impl Pipeline {
         let in_flight = config.in_flight.max(1);
         let (pool_tx, pool_rx) = bounded(in_flight);
         for _ in 0..in_flight {
-            let _ = pool_tx.try_send(BatchStorage::new(config.batch_size.max(1), recipe.sample_bytes()));
+            let storage = BatchStorage::new(config.batch_size.max(1), recipe.sample_bytes())
+                .map_err(|error| PipelineError::Start(format!("cannot allocate batch buffers: {error}")))?;
+            let _ = pool_tx.try_send(storage);
         }
         // Room for every slot of every batch buffer: the feeder then waits for a free buffer,
         // not for queue space, and decode threads do not wake it once per sample (a futex

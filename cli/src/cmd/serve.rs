@@ -14,6 +14,10 @@ use tracing::warn;
 use super::remote::{resolve, runtime};
 use crate::args::{CoordinatorArgs, WorkerArgs};
 
+/// How long a stopping node waits for its blocking tasks: one stuck opening a dataset on a
+/// hung file system never returns, and must not keep the process from exiting.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
 const INSECURE: &str =
     "TLS peers are not verified (self-signed certificates; mutual TLS is not built yet): run Stoker on a trusted network only";
 
@@ -23,6 +27,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let mut config = CoordinatorConfig::new(args.data_dir.clone());
     config.lease_ttl = Duration::from_millis(args.lease_ttl_ms);
     config.trainer_ttl = Duration::from_millis(args.trainer_ttl_ms);
+    config.lease_stall = Duration::from_millis(args.lease_stall_ms);
     config.heartbeat = (config.lease_ttl / 6).max(Duration::from_millis(10));
     config.chunk_steps = args.chunk_steps;
     let runtime = runtime()?;
@@ -32,6 +37,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     eprintln!("coordinator listening on {} (data in {}); Ctrl-C stops it", handle.local_addr(), args.data_dir.display());
     runtime.block_on(tokio::signal::ctrl_c()).context("cannot wait for Ctrl-C")?;
     handle.shutdown();
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -50,6 +56,8 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     if let Some(in_flight) = args.in_flight {
         config.in_flight = in_flight.max(1);
     }
+    config.delivery_timeout = Duration::from_millis(args.delivery_timeout_ms.max(1));
+    config.job_idle = Duration::from_millis(args.job_idle_ms);
     let runtime = runtime()?;
     let _guard = runtime.enter();
     warn!("{INSECURE}");
@@ -59,5 +67,6 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     eprintln!("worker listening on {} with {threads} decode threads, coordinator {coordinator}; Ctrl-C stops it", handle.local_addr());
     runtime.block_on(tokio::signal::ctrl_c()).context("cannot wait for Ctrl-C")?;
     runtime.block_on(handle.shutdown());
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
     Ok(ExitCode::SUCCESS)
 }

@@ -5,3 +5,4 @@ mod bench_pipeline;
 mod pack_inspect;
 mod process_faults;
 mod support;
+mod worker_memory;

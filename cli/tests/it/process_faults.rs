@@ -3,45 +3,15 @@
 //! PID while it holds a lease, and every sample still arrives exactly once per epoch.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use stoker_common::api::CoordinatorApi;
 use stoker_common::net::{QuicCoordinator, TlsConfigs};
 use stoker_common::proto::{ControlRequest, ControlResponse};
 
-/// A child process killed (SIGKILL) when dropped, so a failing test leaves nothing behind.
-struct Node(Child);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn stoker() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_stoker"))
-}
-
-/// Start a node and read its "listening on ADDR" line from stderr.
-fn start_node(args: &[&str]) -> (Node, String) {
-    let mut child = stoker().args(args).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn stoker");
-    let stderr = child.stderr.take().expect("stderr");
-    let (line_tx, line_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("listening on") {
-                let _ = line_tx.send(line);
-            }
-        }
-    });
-    let line = line_rx.recv_timeout(Duration::from_secs(20)).expect("the node says where it listens");
-    let addr = line.split("listening on ").nth(1).and_then(|rest| rest.split_whitespace().next()).expect("an address").to_owned();
-    (Node(child), addr)
-}
+use crate::support::{Node, start_node, stoker_command as stoker};
 
 /// Chunks `worker_addr` holds, asked of the coordinator over one connection kept open: a
 /// chunk of this small dataset is held for milliseconds, so polling must be fast.

@@ -2,10 +2,13 @@
 
 mod bad_data;
 mod common;
+mod dataset_binding;
 mod delivery;
 mod exactly_once;
 mod faults;
+mod loss_paths;
 mod protocol_model;
 mod restart;
 mod resume;
+mod wedged;
 mod wire;

@@ -98,9 +98,14 @@ fn grayscale_cmyk_and_png_become_rgb() {
 }
 
 fn run_with_policy(policy: OnError, manifest: &std::path::Path) -> Vec<Result<stoker_worker::Batch, PipelineError>> {
-    let dataset = Arc::new(Dataset::open(manifest).expect("open"));
     let mut spec = TransformSpec::imagenet_train(16);
     spec.on_error = policy;
+    run_spec(spec, manifest)
+}
+
+/// Every batch of epoch 0 of `manifest` (batches of 4, in order) made with `spec`.
+fn run_spec(spec: TransformSpec, manifest: &std::path::Path) -> Vec<Result<stoker_worker::Batch, PipelineError>> {
+    let dataset = Arc::new(Dataset::open(manifest).expect("open"));
     let plan_spec = PlanSpec {
         seed: 0,
         world_size: std::num::NonZeroU32::MIN,
@@ -138,4 +143,46 @@ fn bad_samples_are_replaced_and_flagged_or_fail_by_policy() {
     let error = results.into_iter().find_map(Result::err).expect("on_error=fail stops");
     let text = error.to_string();
     assert!(text.contains("class0/zz_") && text.contains("shard-000000.tar"), "{text}");
+}
+
+/// Issue 15, item 9: a JPEG whose data is damaged mid-stream decodes with a libjpeg warning
+/// (here a premature end: the rows after it are gray). It was delivered unflagged; now it is
+/// kept as decoded and flagged `corrupt` under on_error=replace, and fails the job (naming
+/// shard and key) under on_error=fail.
+#[test]
+fn a_jpeg_that_decodes_only_with_warnings_is_flagged_or_fails_by_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let good = jpeg(100, 80, 9, Subsamp::Sub2x2);
+    let damaged = good[..good.len() * 2 / 3].to_vec();
+    {
+        // The whole image is decoded (Resize to the shorter side it has, then CenterCrop of
+        // it), so the decode always reaches the damage.
+        let spec = TransformSpec::new(vec![
+            stoker_common::transform::Transform::Resize { shorter_side: 80, interpolation: Default::default() },
+            stoker_common::transform::Transform::CenterCrop { size: stoker_common::transform::Size::square(80) },
+        ]);
+        let mut m = SampleMaker::new(Recipe::new(&spec).expect("valid")).expect("maker");
+        let mut slot = vec![0; 80 * 80 * 3];
+        let report = m.make(&damaged, 0, &mut slot).expect("decodes, with a warning");
+        assert!(report.warned, "libjpeg warned");
+        assert!(m.last_warning().to_lowercase().contains("premature end"), "{}", m.last_warning());
+        assert!(!m.make(&good, 0, &mut slot).expect("decodes").warned, "the intact file decodes cleanly");
+    }
+    let manifest = packed_dataset(dir.path(), 1, 3, &[("class0/zz_damaged.jpg", &damaged)]);
+    let run = |policy: OnError| {
+        let mut spec = TransformSpec::new(vec![
+            stoker_common::transform::Transform::Resize { shorter_side: 80, interpolation: Default::default() },
+            stoker_common::transform::Transform::CenterCrop { size: stoker_common::transform::Size::square(64) },
+        ]);
+        spec.on_error = policy;
+        run_spec(spec, &manifest)
+    };
+    let batches: Vec<_> = run(OnError::Replace).into_iter().map(|batch| batch.expect("replace never fails")).collect();
+    let corrupt: Vec<String> =
+        batches.iter().flat_map(|batch| batch.corrupt().iter().map(|&slot| batch.key(slot as usize).expect("key").to_owned())).collect();
+    assert_eq!(corrupt, ["class0/zz_damaged"], "flagged");
+    assert!(batches.iter().all(|batch| batch.replaced().is_empty()), "kept as decoded, not replaced");
+    let error = run(OnError::Fail).into_iter().find_map(Result::err).expect("on_error=fail stops");
+    let text = error.to_string();
+    assert!(text.contains("class0/zz_damaged") && text.contains("corrupt JPEG data"), "{text}");
 }

@@ -1,0 +1,138 @@
+//! Issue 15, item 6: a worker stuck on one thing must not keep its chunks, nor stop serving
+//! everything else. Both tests wedged the worker (and timed out the trainer) before: leases
+//! were renewed for as long as the worker listed them, `send_batch` waited forever, and a
+//! dataset being opened held the lock every job's pull went through.
+
+use std::time::Duration;
+
+use stoker_client::Loader;
+use stoker_common::expect_response;
+use stoker_common::ids::{Epoch, Pass, Position, Rank};
+use stoker_common::net::{TlsConfigs, Tuning, client_endpoint};
+use stoker_common::plan::Tail;
+use stoker_common::proto::{ControlRequest, TrainerHello};
+use stoker_common::shard::{Manifest, ManifestShard};
+use stoker_common::transform::{Size, Transform, TransformSpec};
+use stoker_testkit::{ClusterConfig, TestCluster, wait_until};
+use tracing::info;
+
+use crate::common::{config_for, dataset, trainer_hello};
+
+/// A trainer that says hello and then reads nothing: the worker's pushes to it block on QUIC
+/// flow control. They time out and their chunks are made again, so the trainer that replaces
+/// it gets every step, from the same worker.
+#[test]
+fn a_trainer_that_stops_reading_does_not_hold_the_worker() {
+    let config = ClusterConfig { workers: 1, delivery_timeout: Duration::from_secs(2), ..ClusterConfig::default() };
+    let cluster = TestCluster::start(config).expect("cluster");
+    cluster.add_dataset("train", &dataset()).expect("dataset");
+    cluster.wait_for_workers().expect("workers");
+    let worker_addr = cluster.worker(0).expect("worker").local_addr();
+    let mut base = cluster.loader_config("train", 16);
+    base.tail = Tail::Partial;
+    base.batch_timeout = Duration::from_secs(30);
+    let mut config = config_for(&base, 0, 1);
+    // 256×256 crops: a 3 MB batch, over the 1.25 MB a stream may carry unread by default.
+    config.transforms = TransformSpec::new(vec![Transform::RandomResizedCrop {
+        size: Size::square(256),
+        scale: (0.08, 1.0),
+        ratio: (3.0 / 4.0, 4.0 / 3.0),
+        interpolation: Default::default(),
+    }]);
+    let spec = config.job_spec().expect("spec");
+    let tls = TlsConfigs::insecure().expect("tls");
+    info!("--- a trainer attaches, opens epoch 0, says hello, and never reads");
+    let attached = cluster.call(ControlRequest::Attach { spec, rank: Rank(0), client: 77 }).expect("attach");
+    let (job, _, _, _, session) = expect_response!(attached, Attached { job, dataset, workers, checkpoint, session }).expect("attached");
+    let open = ControlRequest::OpenEpoch {
+        job,
+        rank: Rank(0),
+        epoch: Epoch(0),
+        start: Position(0),
+        session,
+        pass: Pass(1),
+        consumed: 0,
+        holding: Vec::new(),
+    };
+    cluster.call(open).expect("open");
+    let (_endpoint, silent) = cluster.block_on(async {
+        let endpoint = client_endpoint(&tls, worker_addr, Tuning { batch_windows: false, ..Tuning::default() }).expect("endpoint");
+        let (connection, answer) = trainer_hello(&endpoint, worker_addr, TrainerHello { job, rank: Rank(0), session }).await;
+        assert_eq!(answer, Ok(()));
+        (endpoint, connection)
+    });
+    // quinn's default stream window is 1.25 MB: two batches blocked at it have sent 2.5 MB.
+    wait_until(Duration::from_secs(30), "two pushes are stuck at the silent trainer's window", || silent.stats().udp_rx.bytes >= 2_400_000)
+        .expect("stuck");
+    info!("--- a new trainer of the rank iterates the epoch");
+    let mut loader = Loader::attach(&config).expect("attach");
+    loader.set_epoch(Epoch(0));
+    let steps: Vec<u64> = (&mut loader).map(|batch| batch.expect("every step arrives").step().0).collect();
+    assert_eq!(steps, (0..8).collect::<Vec<_>>(), "120 samples / batch 16, partial tail");
+}
+
+/// A job whose dataset cannot be opened (a FIFO where a shard should be: opening it blocks,
+/// as an NFS hang would) and a healthy job on the same worker. The healthy job's epoch
+/// completes; the stuck job's lease expires although the worker keeps listing it.
+#[test]
+fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
+    let config = ClusterConfig { workers: 1, lease_stall: Duration::from_secs(3), ..ClusterConfig::default() };
+    let cluster = TestCluster::start(config).expect("cluster");
+    cluster.add_dataset("train", &dataset()).expect("dataset");
+    let dir = stoker_testkit::unique_temp_dir("stoker-it-fifo").expect("dir");
+    let fifo = dir.join("shard-000000.tar");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    let _unblock = Unblock(fifo.clone());
+    let manifest = Manifest {
+        version: stoker_common::shard::manifest::MANIFEST_VERSION,
+        shards: vec![ManifestShard { uri: "shard-000000.tar".into(), samples: 40, bytes: 1 << 20 }],
+        classes: Vec::new(),
+    };
+    manifest.save(&dir.join("manifest.json")).expect("manifest");
+    cluster.add_dataset("stuck", &dir.join("manifest.json")).expect("dataset");
+    cluster.wait_for_workers().expect("workers");
+    let mut stuck_config = config_for(&cluster.loader_config("stuck", 4), 0, 1);
+    stuck_config.batch_timeout = Duration::from_secs(15);
+    info!("--- a trainer of the stuck dataset: the worker starts opening it, and hangs");
+    let stuck = std::thread::spawn(move || {
+        let mut loader = Loader::attach(&stuck_config).expect("attach");
+        loader.set_epoch(Epoch(0));
+        loader.next_batch().map(|batch| batch.map(drop))
+    });
+    let core = cluster.coordinator().expect("coordinator");
+    wait_until(Duration::from_secs(20), "the worker holds a lease of the stuck job", || {
+        let status = core.handle(ControlRequest::Status, std::time::Instant::now());
+        matches!(status, Ok(stoker_common::proto::ControlResponse::Status { status }) if status.jobs.iter().any(|job| job.spec.dataset == "stuck" && job.chunks_leased > 0))
+    })
+    .expect("leased");
+    {
+        info!("--- a healthy job on the same worker runs its whole epoch");
+        let mut config = config_for(&cluster.loader_config("train", 4), 0, 1);
+        config.tail = Tail::Partial;
+        config.batch_timeout = Duration::from_secs(30);
+        let mut loader = Loader::attach(&config).expect("attach");
+        loader.set_epoch(Epoch(0));
+        let steps = (&mut loader).inspect(|batch| assert!(batch.is_ok(), "{batch:?}")).count();
+        assert_eq!(steps, 30);
+    }
+    wait_until(Duration::from_secs(20), "the stuck lease expires without progress", || core.leases_expired() >= 1).expect("expired");
+    info!("--- unblock the open (a writer appears and goes), so no thread is left hanging");
+    drop(_unblock);
+    let outcome = stuck.join().expect("stuck trainer");
+    assert!(!matches!(outcome, Some(Ok(()))), "no batch of a dataset that does not exist: {outcome:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// On drop (also when the test fails), opens the FIFO for writing without blocking: a reader
+/// stuck in its open then returns (and reads end-of-file).
+struct Unblock(std::path::PathBuf);
+
+impl Drop for Unblock {
+    fn drop(&mut self) {
+        use std::os::unix::fs::OpenOptionsExt;
+        /// Linux's `O_NONBLOCK`: with no reader waiting, the open fails at once instead.
+        const O_NONBLOCK: i32 = 0o4000;
+        let _ = std::fs::OpenOptions::new().write(true).custom_flags(O_NONBLOCK).open(&self.0);
+    }
+}
