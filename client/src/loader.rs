@@ -107,6 +107,9 @@ where
     /// Where the rank stands after a pass ran to its end (the next epoch's start), until the
     /// next pass opens or `set_epoch` picks another epoch.
     completed_opt: Option<Checkpoint>,
+    /// An `OpenEpoch` the coordinator could not be reached for (it restarts), with its plan:
+    /// sent again, unchanged, by the next call.
+    opening_opt: Option<(ControlRequest, Arc<EpochPlan>)>,
     finished: bool,
     waited: Duration,
     batch_timeout: Duration,
@@ -195,6 +198,9 @@ where
             Recipe::new(&config.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?.sample_bytes();
         let _guard = runtime.enter();
         let attach = ControlRequest::Attach { spec: spec.clone(), rank, client: loader_id() };
+        // Not tried again: at the start an unreachable coordinator is most likely a wrong
+        // address, and the user hears of it in seconds (a restart mid-training is what
+        // `open_epoch` waits out).
         let answer = call_on_runtime(&runtime, &coordinator, attach)?;
         let (job, dataset, workers, _checkpoint, session) =
             expect_response!(answer, Attached { job, dataset, workers, checkpoint, session })?;
@@ -226,7 +232,7 @@ where
             let connector = Arc::clone(&connector);
             move |workers: &[WorkerInfo]| connector.connect_new(workers)
         };
-        runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, workers_seen));
+        runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, workers_seen, config.nack_after));
         info!(%job, %rank, name = %spec.name, workers = workers.len(), "attached");
         drop(_guard);
         Ok(Self {
@@ -246,6 +252,7 @@ where
             resume_opt: None,
             plan_opt: None,
             completed_opt: None,
+            opening_opt: None,
             finished: false,
             waited: Duration::ZERO,
             batch_timeout: config.batch_timeout,
@@ -275,6 +282,7 @@ where
         self.protocol.close();
         self.plan_opt = None;
         self.completed_opt = None;
+        self.opening_opt = None;
         self.finished = false;
         self.deadline_opt = None;
     }
@@ -349,43 +357,52 @@ where
     }
 
     /// Open a new pass over the epoch's run: the coordinator makes every step this rank does
-    /// not hold, whatever it delivered before.
-    fn open_epoch(&mut self) -> Result<(), ClientError> {
-        let plan = Arc::new(self.plan_for(self.epoch)?);
-        // Batches already here count as held, so they are not made again.
-        while let Ok(batch) = self.batches_rx.try_recv() {
-            self.protocol.offer(batch);
-        }
+    /// not hold, whatever it delivered before. Returns whether it is open; `false` when the
+    /// coordinator could not be reached (it is restarting): the same open is tried again at the
+    /// next call, until the batch timeout.
+    fn open_epoch(&mut self) -> Result<bool, ClientError> {
+        let (request, plan) = match self.opening_opt.take() {
+            Some(opening) => opening,
+            None => {
+                let plan = Arc::new(self.plan_for(self.epoch)?);
+                // Batches already here count as held, so they are not made again.
+                while let Ok(batch) = self.batches_rx.try_recv() {
+                    self.protocol.offer(batch);
+                }
+                let Open { run: (epoch, start), pass, consumed, holding } = self.protocol.open((self.epoch, plan.start()), plan.steps());
+                let session = self.session.session;
+                let request = ControlRequest::OpenEpoch { job: self.job, rank: self.rank, epoch, start, session, pass, consumed, holding };
+                (request, plan)
+            }
+        };
         // Reports of the previous pass go out before the open, and the progress is the new
         // pass's before the reporter can read it again (see `session`).
-        let _turn = self.runtime.block_on(self.session.turn());
-        let Open { run: (epoch, start), pass, consumed, holding } = self.protocol.open((self.epoch, plan.start()), plan.steps());
-        let request = ControlRequest::OpenEpoch {
-            job: self.job,
-            rank: self.rank,
-            epoch,
-            start,
-            session: self.session.session,
-            pass,
-            consumed,
-            holding,
-        };
-        let answer = match call_on_runtime(&self.runtime, &self.coordinator, request) {
+        let turn = self.runtime.block_on(self.session.turn());
+        let answer = call_on_runtime(&self.runtime, &self.coordinator, request.clone());
+        drop(turn);
+        let steps = match answer.and_then(|answer| expect_response!(answer, EpochOpened { steps })) {
+            Ok(steps) => steps,
             Err(error) if error.code == ErrorCode::Superseded => {
                 self.session.superseded.store(true, Ordering::Release);
                 self.protocol.close();
                 return Err(self.session.superseded_error());
             }
-            answer => answer,
-        };
-        let opened =
-            answer.map_err(ClientError::from).and_then(|answer| expect_response!(answer, EpochOpened { steps }).map_err(ClientError::from));
-        let steps = match opened {
-            Ok(steps) => steps,
+            Err(error) if error.is_retryable() => {
+                // The same pass, asked again: the coordinator takes a repeated open as one.
+                let deadline = *self.deadline_opt.get_or_insert(Instant::now() + self.batch_timeout);
+                if Instant::now() >= deadline {
+                    self.protocol.close();
+                    self.deadline_opt = None;
+                    return Err(ClientError::Coordinator { source: error });
+                }
+                debug!(%error, "cannot open the epoch yet; trying again");
+                self.opening_opt = Some((request, plan));
+                return Ok(false);
+            }
             Err(error) => {
                 // Not opened: the next call opens a new pass.
                 self.protocol.close();
-                return Err(error);
+                return Err(ClientError::Coordinator { source: error });
             }
         };
         if steps != plan.steps() {
@@ -394,10 +411,11 @@ where
                 message: format!("the coordinator plans {steps} steps, this trainer {}: the dataset changed under the job", plan.steps()),
             });
         }
+        self.deadline_opt = None;
         self.plan_opt = Some(plan);
         self.completed_opt = None;
         self.report();
-        Ok(())
+        Ok(true)
     }
 
     /// The pass ran to its end: remember where that leaves the rank, and leave the run.
@@ -445,8 +463,10 @@ where
             return Ok(Next::EndOfEpoch);
         }
         self.session.check()?;
-        if self.plan_opt.is_none() {
-            self.open_epoch()?;
+        if self.plan_opt.is_none() && !self.open_epoch()? {
+            let pause = slice.min(Duration::from_millis(200));
+            self.runtime.block_on(async { tokio::time::sleep(pause).await });
+            return Ok(Next::Waiting);
         }
         let slice_end = Instant::now() + slice;
         loop {
@@ -463,6 +483,7 @@ where
             }
             let waiting_since = Instant::now();
             self.protocol.waiting(waiting_since);
+            self.session.mark_waiting();
             let deadline = *self.deadline_opt.get_or_insert(waiting_since + self.batch_timeout);
             if waiting_since >= deadline {
                 self.deadline_opt = None;
@@ -483,11 +504,15 @@ where
             let received = self.runtime.block_on(async { tokio::time::timeout(remaining, self.batches_rx.recv()).await });
             self.waited += waiting_since.elapsed();
             match received {
-                Ok(Some(batch)) => match self.protocol.offer(batch) {
-                    Offered::Kept | Offered::Early => {}
-                    Offered::Duplicate => debug!(rank = %self.rank, "duplicate batch dropped"),
-                    Offered::Dropped => debug!(rank = %self.rank, "batch of a past run dropped"),
-                },
+                Ok(Some(batch)) => {
+                    match self.protocol.offer(batch) {
+                        Offered::Kept | Offered::Early => {}
+                        Offered::Duplicate => debug!(rank = %self.rank, "duplicate batch dropped"),
+                        Offered::Dropped => debug!(rank = %self.rank, "batch of a past run dropped"),
+                    }
+                    // Batches that cannot be yielded yet must not hold back the missing report.
+                    self.report();
+                }
                 Ok(None) => return Err(ClientError::Runtime { message: "the receive side stopped".to_owned() }),
                 Err(_) => self.report(),
             }

@@ -12,6 +12,7 @@
 //!   step lost after delivery (refused, dropped as another run's, taken by an older trainer)
 //!   is made again too.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use stoker_common::ids::{Pass, Step};
@@ -81,8 +82,9 @@ pub struct TrainerProtocol<B> {
     pass: Pass,
     current_opt: Option<Current<B>>,
     /// Batches of runs not opened (yet): the next epoch's, made while this rank finished the
-    /// current one, or the current run's kept across `close`. Bounded by the flow window.
-    early: Vec<B>,
+    /// current one, or the current run's kept across `close`; one per (run, step), so copies
+    /// do not pile up. Bounded by the flow windows of those runs.
+    early: BTreeMap<(RunId, u64), B>,
     nack_after: Duration,
     /// Since when the rank has waited for its next step.
     waiting_since_opt: Option<Instant>,
@@ -105,7 +107,7 @@ where
 {
     /// A rank in no run yet, that reports steps missing after waiting `nack_after` for them.
     pub fn new(nack_after: Duration) -> Self {
-        Self { pass: Pass(0), current_opt: None, early: Vec::new(), nack_after, waiting_since_opt: None }
+        Self { pass: Pass(0), current_opt: None, early: BTreeMap::new(), nack_after, waiting_since_opt: None }
     }
 
     /// How long the rank waits for a step before reporting it missing.
@@ -119,13 +121,10 @@ where
         self.close();
         self.pass = Pass(self.pass.0 + 1);
         let mut reorder = Reorder::new(run, steps);
-        for batch in std::mem::take(&mut self.early) {
-            let batch_run = batch.run();
+        let later = self.early.split_off(&((run.0, stoker_common::ids::Position(run.1.0.saturating_add(1))), 0));
+        for ((batch_run, step), batch) in std::mem::replace(&mut self.early, later) {
             if batch_run == run {
-                let step = batch.step();
-                let _ = reorder.offer(batch_run, step, batch);
-            } else if batch_run > run {
-                self.early.push(batch);
+                let _ = reorder.offer(batch_run, Step(step), batch);
             }
         }
         let holding = reorder.waiting_steps().collect();
@@ -138,7 +137,9 @@ where
     /// yielded are kept, so that opening the same run again does not make them again.
     pub fn close(&mut self) {
         if let Some(current) = self.current_opt.take() {
-            self.early.extend(current.reorder.into_waiting());
+            for batch in current.reorder.into_waiting() {
+                self.early.insert((batch.run(), batch.step().0), batch);
+            }
         }
         self.waiting_since_opt = None;
     }
@@ -146,18 +147,22 @@ where
     /// A batch arrived.
     pub fn offer(&mut self, batch: B) -> Offered {
         let (run, step) = (batch.run(), batch.step());
-        let Some(current) = self.current_opt.as_mut() else {
-            self.early.push(batch);
-            return Offered::Early;
-        };
+        let Some(current) = self.current_opt.as_mut() else { return self.keep_early(run, step, batch) };
         match current.reorder.offer(run, step, batch) {
             Offer::Kept => Offered::Kept,
             Offer::Duplicate => Offered::Duplicate,
-            Offer::Foreign(batch) if run > current.run => {
-                self.early.push(batch);
+            Offer::Foreign(batch) if run > current.run => self.keep_early(run, step, batch),
+            Offer::Foreign(_) => Offered::Dropped,
+        }
+    }
+
+    fn keep_early(&mut self, run: RunId, step: Step, batch: B) -> Offered {
+        match self.early.entry((run, step.0)) {
+            std::collections::btree_map::Entry::Occupied(_) => Offered::Duplicate,
+            std::collections::btree_map::Entry::Vacant(entry) => {
+                entry.insert(batch);
                 Offered::Early
             }
-            Offer::Foreign(_) => Offered::Dropped,
         }
     }
 
@@ -216,7 +221,7 @@ where
     }
 
     /// What to report at `now`: steps consumed, and, once the rank has waited `nack_after`,
-    /// the steps it is missing.
+    /// the steps it is missing (send them through a [`MissingDamper`]).
     pub fn report(&self, now: Instant) -> Option<Report> {
         let current = self.current_opt.as_ref()?;
         let consumed = current.reorder.next_step().0;
@@ -230,3 +235,35 @@ where
 #[cfg(test)]
 #[path = "protocol_tests.rs"]
 mod tests;
+
+/// Decides which reports carry their `missing` steps to the coordinator: at most once per
+/// `nack_after`, and only while the trainer is actually waiting for them. A report is sent
+/// again every second whether or not the training loop still iterates; without this, a
+/// trainer that stopped iterating while it waited (Ctrl-C in a notebook, a caught timeout,
+/// validation after `set_epoch`) would have the same steps made again every few seconds, for
+/// as long as its loader lived.
+#[derive(Debug)]
+pub struct MissingDamper {
+    nack_after: Duration,
+    sent_at_opt: Option<Instant>,
+}
+
+impl MissingDamper {
+    /// Missing steps at most once per `nack_after`.
+    pub fn new(nack_after: Duration) -> Self {
+        Self { nack_after, sent_at_opt: None }
+    }
+
+    /// The `missing` list to send at `now`: `missing` if the trainer waited at `waited_at_opt`
+    /// (its last wait, if it is waiting) within `nack_after` and none was sent in the last
+    /// `nack_after`; else nothing.
+    pub fn filter(&mut self, missing: Vec<Step>, waited_at_opt: Option<Instant>, now: Instant) -> Vec<Step> {
+        let waiting = waited_at_opt.is_some_and(|waited_at| now.saturating_duration_since(waited_at) <= self.nack_after);
+        let due = self.sent_at_opt.is_none_or(|sent_at| now.saturating_duration_since(sent_at) >= self.nack_after);
+        if missing.is_empty() || !waiting || !due {
+            return Vec::new();
+        }
+        self.sent_at_opt = Some(now);
+        missing
+    }
+}

@@ -83,3 +83,33 @@ fn a_finished_pass_is_done_and_reports_every_step_consumed() {
     assert_eq!((report.consumed, report.steps), (2, 2));
     assert_eq!(protocol.yielded(), Some(Step(1)));
 }
+
+/// Found by review: every copy of a later run's step was kept (lease re-grants, duplicated
+/// deliveries), so early batches were not bounded by the flow window.
+#[test]
+fn copies_of_an_early_batch_are_dropped() {
+    let mut protocol = protocol();
+    protocol.open(EPOCH0, 3);
+    assert_eq!(protocol.offer(Fake(EPOCH1, 0)), Offered::Early);
+    assert_eq!(protocol.offer(Fake(EPOCH1, 0)), Offered::Duplicate);
+    assert_eq!(protocol.buffered(), 1);
+    protocol.close();
+    assert_eq!(protocol.offer(Fake(EPOCH1, 0)), Offered::Duplicate, "also with no run open");
+}
+
+/// Found by review: the reporter sends the latest report again every second, `missing`
+/// included, whether or not the training loop still waits; a trainer that stopped iterating
+/// while overdue had the same steps made again every few seconds, for as long as it lived.
+#[test]
+fn missing_steps_go_out_once_per_period_and_only_while_the_trainer_waits() {
+    let start = Instant::now();
+    let second = Duration::from_secs(1);
+    let mut damper = MissingDamper::new(second);
+    let missing = vec![Step(4)];
+    assert_eq!(damper.filter(missing.clone(), Some(start), start), missing, "waiting now: sent");
+    assert!(damper.filter(missing.clone(), Some(start), start + second / 2).is_empty(), "again within the period: not sent");
+    assert_eq!(damper.filter(missing.clone(), Some(start + second), start + second), missing, "still waiting a period later: sent");
+    assert!(damper.filter(missing.clone(), Some(start + second), start + second * 3).is_empty(), "the loop stopped waiting: not sent");
+    assert!(damper.filter(missing.clone(), None, start + second * 5).is_empty(), "not waiting at all");
+    assert!(damper.filter(Vec::new(), Some(start + second * 6), start + second * 6).is_empty());
+}

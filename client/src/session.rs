@@ -15,9 +15,9 @@
 //! So every call also names its pass ([`crate::protocol`]), and the coordinator ignores a report
 //! of an older pass than the last one it saw opened.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
@@ -27,7 +27,7 @@ use tokio::sync::{OwnedMutexGuard, watch};
 use tracing::{debug, info, warn};
 
 use crate::error::ClientError;
-use crate::protocol::Report;
+use crate::protocol::{MissingDamper, Report};
 
 /// What the progress reporter sends.
 #[derive(Clone, Debug, PartialEq)]
@@ -52,11 +52,38 @@ pub(crate) struct Session {
     failed: Arc<Mutex<Option<RemoteError>>>,
     /// Whose turn it is to call; `true` once the trainer detached.
     turn: Arc<tokio::sync::Mutex<bool>>,
+    /// When the training loop last waited for a batch, in milliseconds after `created`
+    /// (`u64::MAX`: never): missing steps are reported only while it waits.
+    waited_ms: Arc<AtomicU64>,
+    created: Instant,
 }
 
 impl Session {
     pub(crate) fn new(job: JobId, rank: Rank, session: SessionId) -> Self {
-        Self { job, rank, session, superseded: Arc::default(), failed: Arc::default(), turn: Arc::default() }
+        Self {
+            job,
+            rank,
+            session,
+            superseded: Arc::default(),
+            failed: Arc::default(),
+            turn: Arc::default(),
+            waited_ms: Arc::new(AtomicU64::new(u64::MAX)),
+            created: Instant::now(),
+        }
+    }
+
+    /// The training loop is waiting for a batch now.
+    pub(crate) fn mark_waiting(&self) {
+        let millis = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        self.waited_ms.store(millis, Ordering::Release);
+    }
+
+    /// When the training loop last waited for a batch.
+    pub(crate) fn waited_at(&self) -> Option<Instant> {
+        match self.waited_ms.load(Ordering::Acquire) {
+            u64::MAX => None,
+            millis => Some(self.created + Duration::from_millis(millis)),
+        }
     }
 
     /// Wait for the turn to call the coordinator: every earlier call has been answered, and no
@@ -82,17 +109,20 @@ impl Session {
 }
 
 /// Send the latest progress whenever it changes (coalesced: one report in flight at a time),
-/// and at least every second; pass the workers each answer lists to `workers_seen`. Ends
-/// when the session detached, was superseded, or its job failed.
+/// and at least every second; pass the workers each answer lists to `workers_seen`. Missing
+/// steps go out at most once per `nack_after` and only while the training loop waits
+/// ([`MissingDamper`]). Ends when the session detached, was superseded, or its job failed.
 pub(crate) async fn report_progress<A>(
     coordinator: Arc<A>,
     session: Session,
     mut progress_rx: watch::Receiver<Option<Progress>>,
     workers_seen: impl Fn(&[WorkerInfo]) + Send + 'static,
+    nack_after: Duration,
 ) where
     A: CoordinatorApi,
 {
     let Session { job, rank, .. } = session;
+    let mut damper = MissingDamper::new(nack_after);
     loop {
         let _ = tokio::time::timeout(Duration::from_secs(1), progress_rx.changed()).await;
         let turn = session.turn().await;
@@ -101,6 +131,7 @@ pub(crate) async fn report_progress<A>(
         }
         let Some(progress) = progress_rx.borrow_and_update().clone() else { continue };
         let Report { run: (epoch, start), pass, steps, consumed, missing } = progress.report.clone();
+        let missing = damper.filter(missing, session.waited_at(), Instant::now());
         let request = ControlRequest::ReportProgress {
             job,
             rank,
@@ -204,7 +235,8 @@ mod tests {
         let coordinator = Arc::new(SlowCoordinator::default());
         let session = Session::new(JobId(1), Rank(0), SessionId(1));
         let (progress_tx, progress_rx) = watch::channel(None);
-        let reporter = tokio::spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, |_| {}));
+        let reporter =
+            tokio::spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, |_| {}, Duration::from_secs(1)));
         let arrived = coordinator.report_arrived.notified();
         progress_tx.send_replace(progress(consumed));
         tokio::time::timeout(Duration::from_secs(5), arrived).await.expect("the report went out");

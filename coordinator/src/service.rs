@@ -125,15 +125,18 @@ impl Coordinator {
                 inner.check_job(job, rank)?;
                 inner.scheduler.check_session(job, rank, session).map_err(refused)?;
                 inner.check_not_failed(job)?;
+                check_list_len("holding", holding.len())?;
                 let opening = Opening { session, pass, consumed, holding };
-                let steps = inner.open_run(RunKey { job, epoch, start }, rank, &opening, now)?;
-                Ok(ControlResponse::EpochOpened { steps })
+                let steps = inner.open_run(RunKey { job, epoch, start }, rank, &opening, now);
+                inner.forget_plans_of_finished_runs();
+                Ok(ControlResponse::EpochOpened { steps: steps? })
             }
             ControlRequest::ReportProgress { job, rank, epoch, start, consumed, wait_seconds, session, pass, missing } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
                 inner.scheduler.check_session(job, rank, session).map_err(refused)?;
                 inner.check_not_failed(job)?;
+                check_list_len("missing", missing.len())?;
                 let reporting = Reporting { session, pass, consumed, missing };
                 let run_known = inner.record_progress(RunKey { job, epoch, start }, rank, &reporting, wait_seconds, now)?;
                 Ok(ControlResponse::ProgressRecorded { workers: inner.scheduler.alive_workers(now), run_known })
@@ -147,6 +150,7 @@ impl Coordinator {
                 })
             }
             ControlRequest::Heartbeat { worker, leases, images } => {
+                check_list_len("leases", leases.len())?;
                 let mut inner = self.lock();
                 let revoked = inner.scheduler.heartbeat(worker, &leases, images, now).map_err(refused)?;
                 Ok(ControlResponse::HeartbeatAck { revoked, live_jobs: inner.scheduler.live_jobs(now) })
@@ -166,6 +170,7 @@ impl Coordinator {
                 if let Some(job) = inner.scheduler.chunk_fatal(worker, lease) {
                     tracing::error!(%job, %worker, %lease, %reason, "job failed: a chunk cannot be made");
                     inner.failed.entry(job).or_insert(reason);
+                    inner.forget_plans_of_finished_runs();
                 }
                 Ok(ControlResponse::Ack)
             }
@@ -178,6 +183,7 @@ impl Coordinator {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
                 inner.scheduler.detach(job, rank, session).map_err(refused)?;
+                inner.forget_plans_of_finished_runs();
                 tracing::info!(%job, %rank, %session, "trainer detached");
                 Ok(ControlResponse::Ack)
             }
@@ -317,7 +323,24 @@ impl Coordinator {
     }
 }
 
+/// Most entries a list in a request may hold (`holding`, `missing`, a heartbeat's leases):
+/// far more than any flow window or worker holds, far less than a frame could carry.
+const MAX_LIST_LEN: usize = 65_536;
+
+fn check_list_len(what: &str, len: usize) -> Result<(), RemoteError> {
+    if len > MAX_LIST_LEN {
+        return Err(invalid(format!("{len} entries in `{what}`, over the limit of {MAX_LIST_LEN}")));
+    }
+    Ok(())
+}
+
 impl Inner {
+    /// Drop the plans of runs that are gone (finished, left by every rank, or failed).
+    fn forget_plans_of_finished_runs(&mut self) {
+        let scheduler = &self.scheduler;
+        self.plans.retain(|key, _| scheduler.has_run(*key));
+    }
+
     /// Refuse a trainer's request for a job that does not exist or a rank outside it.
     fn check_job(&self, job: JobId, rank: Rank) -> Result<(), RemoteError> {
         let Some(spec) = self.state.jobs.get(&job) else {

@@ -184,20 +184,28 @@ impl TestCluster {
 
     /// Stop the coordinator and start it again on the same address and data directory.
     pub fn restart_coordinator(&mut self) -> Result<(), TestkitError> {
+        self.stop_coordinator();
+        self.start_coordinator_again()
+    }
+
+    /// Stop the coordinator (its address stays reserved for [`Self::start_coordinator_again`]).
+    pub fn stop_coordinator(&mut self) {
         if let Some(mut handle) = self.coordinator.take() {
             handle.shutdown();
             let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), handle.join()).await });
         }
+    }
+
+    /// Start the coordinator stopped by [`Self::stop_coordinator`], on the same address and
+    /// data directory.
+    pub fn start_coordinator_again(&mut self) -> Result<(), TestkitError> {
         self.start_coordinator(self.coordinator_addr.port())
     }
 
     /// Stop the coordinator, lose its data directory (as a machine replaced without its disk
     /// would), and start an empty one on the same address: job ids start again from 1.
     pub fn restart_coordinator_with_empty_state(&mut self) -> Result<(), TestkitError> {
-        if let Some(mut handle) = self.coordinator.take() {
-            handle.shutdown();
-            let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), handle.join()).await });
-        }
+        self.stop_coordinator();
         std::fs::remove_dir_all(&self.data_dir).map_err(|error| format!("cannot remove {}: {error}", self.data_dir.display()))?;
         self.start_coordinator(self.coordinator_addr.port())
     }

@@ -17,7 +17,7 @@ fn rss_mib(pid: u32) -> f64 {
         .find_map(|line| line.strip_prefix("VmRSS:"))
         .and_then(|value| value.split_whitespace().next())
         .and_then(|value| value.parse().ok())
-        .unwrap_or(0.0);
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status: {status:?}"));
     kib / 1024.0
 }
 

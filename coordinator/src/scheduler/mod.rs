@@ -17,7 +17,7 @@ use stoker_common::ids::{JobId, LeaseId, Rank, SessionId, WorkerId};
 use stoker_common::proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
 use tracing::{info, warn};
 
-pub use self::run::{Run, RunKey};
+pub use self::run::{Counted, Run, RunKey};
 use self::seats::Seats;
 pub use self::seats::{Opening, Reporting, SeatRefusal, Standing};
 
@@ -87,8 +87,8 @@ pub struct Recorded {
     /// Whether the run is known. After a coordinator restart it is not, and a rank still
     /// inside it opens it again.
     pub run_known: bool,
-    /// The slowest rank's consumed steps, if the report was for the rank's current pass of a
-    /// known run (what a checkpoint records).
+    /// The steps every rank has consumed, if the report was for the rank's current pass of a
+    /// known run and every rank's position in it is known (what a checkpoint records).
     pub slowest_opt: Option<u64>,
 }
 
@@ -100,6 +100,10 @@ pub struct Scheduler {
     leases: BTreeMap<LeaseId, Lease>,
     workers: BTreeMap<WorkerId, Worker>,
     seats: Seats,
+    /// Workers whose lease of a job stalled, and until when they get none of that job's work:
+    /// a worker stuck on a job (a hung open or decode) would otherwise take the very steps it
+    /// stalled on straight back.
+    stalled: BTreeMap<(WorkerId, JobId), Instant>,
     next_lease: u64,
     next_worker: u64,
     leases_expired: u64,
@@ -115,6 +119,7 @@ impl Scheduler {
             leases: BTreeMap::new(),
             workers: BTreeMap::new(),
             seats: Seats::default(),
+            stalled: BTreeMap::new(),
             next_lease: id_base,
             next_worker: id_base,
             leases_expired: 0,
@@ -153,7 +158,7 @@ impl Scheduler {
     /// repeated open of the current pass changes nothing; an older pass is refused as stale.
     ///
     /// A new run counts the job's other ranks in only if they may still come to it
-    /// ([`Seats::may_come`]); the others must not hold its flow window.
+    /// ([`Seats::counted`]); the others must not hold its flow window.
     pub fn open_run(&mut self, key: RunKey, rank: Rank, opening: &Opening, shape: RunShape, now: Instant) -> Result<(), Refusal> {
         let fresh = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat)?;
         if !fresh && self.runs.contains_key(&key) {
@@ -164,7 +169,7 @@ impl Scheduler {
         let run = self.runs.entry(key).or_insert_with(|| {
             info!(job = %key.job, epoch = %key.epoch, start = %key.start, steps = shape.steps, "epoch run opened");
             Run::new(key, shape.steps, shape.world_size, shape.prefetch, chunk_steps, |other| {
-                other != rank && !seats.may_come(key.job, other, key)
+                if other == rank { Counted::MayCome } else { seats.counted(key.job, other, key) }
             })
         });
         run.restart_rank(rank, opening.consumed, &opening.holding, now);
@@ -190,11 +195,11 @@ impl Scheduler {
         if requeued > 0 {
             warn!(job = %key.job, %rank, epoch = %key.epoch, requeued, "steps delivered but missing at the trainer: making them again");
         }
-        let slowest = run.slowest_consumed();
+        let slowest_opt = run.checkpointable_consumed();
         if run.is_finished() {
             self.runs.remove(&key);
         }
-        Ok(Recorded { run_known: true, slowest_opt: Some(slowest) })
+        Ok(Recorded { run_known: true, slowest_opt })
     }
 
     /// The trainer of `rank` stopped: nothing more of this session is taken for a sign of
@@ -204,7 +209,7 @@ impl Scheduler {
     pub fn detach(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), Refusal> {
         self.seats.detach(job, rank, session).map_err(Refusal::Seat)?;
         for (_, run) in self.runs.iter_mut().filter(|(key, _)| key.job == job) {
-            run.depart(rank);
+            run.detach(rank);
         }
         self.runs.retain(|_, run| !run.is_finished());
         Ok(())
@@ -266,8 +271,10 @@ impl Scheduler {
         for lease in stalled {
             if let Some(held) = self.leases.remove(&lease) {
                 warn!(%lease, %worker, job = %held.chunk.job, rank = %held.chunk.rank, step = %held.chunk.first_step,
-                    stalled_seconds = now.saturating_duration_since(held.progressed).as_secs_f64(), "lease made no progress: granting it again");
+                    stalled_seconds = now.saturating_duration_since(held.progressed).as_secs_f64(),
+                    "lease made no progress: granting it to another worker");
                 self.leases_expired += 1;
+                self.stalled.insert((worker, held.chunk.job), now + self.config.lease_stall);
                 self.requeue(&held.chunk, lease, None);
                 revoked.push(lease);
             }
@@ -284,9 +291,13 @@ impl Scheduler {
         let mut room = max as usize;
         let (seats, trainer_ttl) = (&self.seats, self.config.trainer_ttl);
         let next_lease = &mut self.next_lease;
+        let stalled = &self.stalled;
         for (key, run) in &mut self.runs {
             if room == 0 {
                 break;
+            }
+            if stalled.get(&(worker, key.job)).is_some_and(|until| *until > now) {
+                continue;
             }
             let live = |rank: Rank| seats.is_live(key.job, rank, now, trainer_ttl);
             let chunks = run.grant(room, now, live, || {
@@ -361,6 +372,7 @@ impl Scheduler {
         }
         let forget_after = self.config.lease_ttl * 10;
         self.workers.retain(|_, worker| now.saturating_duration_since(worker.last_seen) < forget_after);
+        self.stalled.retain(|_, until| *until > now);
     }
 
     fn requeue(&mut self, chunk: &Chunk, lease: LeaseId, not_before_opt: Option<Instant>) {

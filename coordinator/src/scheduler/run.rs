@@ -43,13 +43,31 @@ enum StepState {
     Delivered { at: Instant },
 }
 
+/// How a rank was counted in when the run was created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counted {
+    /// Its trainer is attached and may come to this run (it is in an earlier epoch, or in
+    /// none yet): the run makes its steps and waits for it.
+    MayCome,
+    /// It is past this run (in a later epoch, or in this epoch from another start).
+    Ahead,
+    /// Its trainer detached, or this coordinator has not heard of it (it restarted since).
+    Absent,
+}
+
 /// One rank's steps in the run.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct RankSteps {
     /// Steps `0..consumed` are consumed.
     consumed: u64,
+    /// Steps `< cut` have entered the flow window for this rank (are or were pending): the
+    /// only ones that may have been delivered to it.
+    cut: u64,
     /// Steps in `consumed..cut` not yet consumed, by step.
     pending: BTreeMap<u64, StepState>,
+    /// Whether the rank's position here is known: it opened the run, or is past it. An absent
+    /// rank's is not, and no checkpoint of the run is taken while one is.
+    accounted: bool,
 }
 
 /// The steps of one epoch run and how far each rank has consumed.
@@ -60,21 +78,23 @@ pub struct Run {
     prefetch: u64,
     chunk_steps: u32,
     ranks: Vec<RankSteps>,
-    /// Steps `< cut` have entered the flow window (for every rank that needs them).
-    cut: u64,
     /// The queued steps, as (step, rank): the grant order.
     queued: BTreeSet<(u64, u32)>,
 }
 
 impl Run {
-    /// A run of `steps` steps for `world_size` ranks. Ranks for which `departed` holds have
-    /// moved past this run (they are in a later one): they hold no window and get no work
-    /// here unless they open this run themselves.
-    pub fn new(key: RunKey, steps: u64, world_size: u32, prefetch: u32, chunk_steps: u32, departed: impl Fn(Rank) -> bool) -> Self {
+    /// A run of `steps` steps for `world_size` ranks, counted in as `counted` says. Ranks that
+    /// may not come (ahead, absent) hold no window and get no work here unless they open the
+    /// run themselves.
+    pub fn new(key: RunKey, steps: u64, world_size: u32, prefetch: u32, chunk_steps: u32, counted: impl Fn(Rank) -> Counted) -> Self {
         let ranks = (0..world_size)
-            .map(|rank| RankSteps { consumed: if departed(Rank(rank)) { steps } else { 0 }, pending: BTreeMap::new() })
+            .map(|rank| {
+                let counted = counted(Rank(rank));
+                let consumed = if counted == Counted::MayCome { 0 } else { steps };
+                RankSteps { consumed, cut: 0, pending: BTreeMap::new(), accounted: counted != Counted::Absent }
+            })
             .collect();
-        Self { key, steps, prefetch: u64::from(prefetch.max(1)), chunk_steps: chunk_steps.max(1), ranks, cut: 0, queued: BTreeSet::new() }
+        Self { key, steps, prefetch: u64::from(prefetch.max(1)), chunk_steps: chunk_steps.max(1), ranks, queued: BTreeSet::new() }
     }
 
     /// Steps in the run.
@@ -95,6 +115,12 @@ impl Run {
     /// Whether every rank has consumed every step (or moved past the run).
     pub fn is_finished(&self) -> bool {
         self.slowest_consumed() >= self.steps
+    }
+
+    /// Steps every rank has consumed, if every rank's position is known (a checkpoint of the
+    /// job): not while a rank that was absent when the run was made has not opened it.
+    pub fn checkpointable_consumed(&self) -> Option<u64> {
+        self.ranks.iter().all(|rank| rank.accounted).then(|| self.slowest_consumed())
     }
 
     /// Steps (of all ranks) waiting for a worker.
@@ -122,6 +148,14 @@ impl Run {
         self.set_consumed(rank, self.steps);
     }
 
+    /// `rank`'s trainer detached: it leaves the run, and its position is no longer known.
+    pub fn detach(&mut self, rank: Rank) {
+        self.depart(rank);
+        if let Some(entry) = self.ranks.get_mut(rank.0 as usize) {
+            entry.accounted = false;
+        }
+    }
+
     /// `rank` (a new pass: a restarted trainer, a second iteration of the epoch, a resume)
     /// needs every step from `consumed` on except those in `holding`. Steps delivered before
     /// and not held (they went to a trainer that is gone, or were dropped with its buffer)
@@ -136,7 +170,8 @@ impl Run {
             self.queued.remove(&(step, rank.0));
         }
         entry.consumed = consumed;
-        for step in consumed..self.cut {
+        entry.accounted = true;
+        for step in consumed..entry.cut {
             let state = entry.pending.get(&step).copied();
             match (state, held.contains(&step)) {
                 (Some(StepState::Queued { .. } | StepState::Leased { .. }), _) => {}
@@ -205,13 +240,12 @@ impl Run {
         }
     }
 
-    /// Steps every rank whose trainer is live has consumed: the flow window's base. A rank
-    /// whose trainer is gone (crashed, detached, not heard from since a restart of the
-    /// coordinator) gets nothing made meanwhile, so it need not hold back the ranks that are
-    /// consuming; when its trainer is back, it counts again.
-    fn slowest_live(&self, trainer_live: &impl Fn(Rank) -> bool) -> u64 {
-        let live = self.ranks.iter().enumerate().filter(|(rank, _)| trainer_live(Rank(u32::try_from(*rank).unwrap_or(u32::MAX))));
-        live.map(|(_, steps)| steps.consumed).min().unwrap_or(self.steps)
+    /// Steps every rank whose trainer is live has consumed: the flow window's base (`None`
+    /// when no trainer is live). A rank whose trainer is gone (crashed, detached, not heard
+    /// from since a restart of the coordinator) gets nothing made meanwhile, so it need not
+    /// hold back the ranks that are consuming; when its trainer is back, it counts again.
+    fn slowest_live(&self, live: &[bool]) -> Option<u64> {
+        self.ranks.iter().zip(live).filter(|(_, live)| **live).map(|(steps, _)| steps.consumed).min()
     }
 
     /// Grant up to `max` chunks that start inside the flow window, whose rank's trainer is
@@ -224,15 +258,20 @@ impl Run {
         trainer_live: impl Fn(Rank) -> bool,
         mut next_lease: impl FnMut() -> LeaseId,
     ) -> Vec<(LeaseId, Chunk)> {
-        let window_end = self.slowest_live(&trainer_live) + self.prefetch;
-        self.cut_chunks(window_end);
+        let live: Vec<bool> = (0..self.ranks.len()).map(|rank| trainer_live(Rank(u32::try_from(rank).unwrap_or(u32::MAX)))).collect();
+        // No trainer live: nothing is made, and nothing more enters the window (a job whose
+        // trainers all died costs no work at each pull).
+        let Some(slowest) = self.slowest_live(&live) else { return Vec::new() };
+        let window_end = slowest + self.prefetch;
+        self.cut_chunks(window_end, &live);
         let candidates: Vec<(u64, u32)> = self.queued.range(..(window_end, 0)).copied().collect();
         let mut granted = Vec::new();
         for (first, rank) in candidates {
             if granted.len() >= max {
                 break;
             }
-            if !self.queued.contains(&(first, rank)) || !self.ready(rank, first, now) || !trainer_live(Rank(rank)) {
+            if !self.queued.contains(&(first, rank)) || !self.ready(rank, first, now) || !live.get(rank as usize).copied().unwrap_or(false)
+            {
                 continue;
             }
             let mut steps = 1;
@@ -261,18 +300,24 @@ impl Run {
         matches!(state_opt, Some(StepState::Queued { not_before_opt }) if not_before_opt.is_none_or(|not_before| not_before <= now))
     }
 
-    /// Cut the steps below `window_end` (in whole chunks) for every rank that needs them.
-    fn cut_chunks(&mut self, window_end: u64) {
-        while self.cut < self.steps && self.cut < window_end {
-            let end = (self.cut + u64::from(self.chunk_steps)).min(self.steps);
-            for (rank, entry) in self.ranks.iter_mut().enumerate() {
-                let rank = u32::try_from(rank).unwrap_or(u32::MAX);
-                for step in self.cut.max(entry.consumed)..end {
-                    entry.pending.insert(step, StepState::Queued { not_before_opt: None });
-                    self.queued.insert((step, rank));
-                }
+    /// Let the steps below `window_end` (rounded up to whole chunks) enter the window, for
+    /// every rank whose trainer is live. A rank whose trainer is not live is cut when it is
+    /// back, from where it was: the run holds no more of its steps than the window did.
+    fn cut_chunks(&mut self, window_end: u64, live: &[bool]) {
+        let chunk = u64::from(self.chunk_steps);
+        let target = window_end.div_ceil(chunk).saturating_mul(chunk).min(self.steps);
+        for (rank, entry) in self.ranks.iter_mut().enumerate() {
+            // Not live, cut already, or departed (consumed is the run's end; its cut stays where
+            // it was, so a re-open knows which steps may have reached it).
+            if !live.get(rank).copied().unwrap_or(false) || entry.cut >= target || entry.consumed >= target {
+                continue;
             }
-            self.cut = end;
+            let rank = u32::try_from(rank).unwrap_or(u32::MAX);
+            for step in entry.cut.max(entry.consumed)..target {
+                entry.pending.insert(step, StepState::Queued { not_before_opt: None });
+                self.queued.insert((step, rank));
+            }
+            entry.cut = target;
         }
     }
 }

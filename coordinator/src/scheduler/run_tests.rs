@@ -8,7 +8,7 @@ fn key() -> RunKey {
 }
 
 fn run(steps: u64, world_size: u32, prefetch: u32, chunk_steps: u32) -> Run {
-    Run::new(key(), steps, world_size, prefetch, chunk_steps, |_| false)
+    Run::new(key(), steps, world_size, prefetch, chunk_steps, |_| Counted::MayCome)
 }
 
 /// Grant everything grantable now to live trainers, numbering leases from 1.
@@ -145,7 +145,7 @@ fn a_failed_lease_is_queued_again_with_its_delay_and_a_late_report_of_an_old_lea
 #[test]
 fn a_rank_already_past_the_run_holds_no_window_in_it() {
     let now = Instant::now();
-    let mut run = Run::new(key(), 10, 2, 2, 1, |rank| rank == Rank(1));
+    let mut run = Run::new(key(), 10, 2, 2, 1, |rank| if rank == Rank(1) { Counted::Ahead } else { Counted::MayCome });
     let mut granted = Vec::new();
     for step in 0..10 {
         granted.extend(grant_all(&mut run, now));
@@ -165,4 +165,48 @@ fn a_departed_rank_releases_the_window_and_its_queued_steps() {
     let next = grant_all(&mut run, now);
     assert_eq!(order(&next), vec![(2, 0)], "rank 1 gets nothing more");
     assert_eq!(run.queued_len(), 0);
+}
+
+/// Found by review: with no trainer live, the window's base used to be the run's end, and a
+/// pull cut and scanned every step of every rank. Nothing enters the window of a rank whose
+/// trainer is not live.
+#[test]
+fn a_run_with_no_live_trainer_cuts_nothing_and_a_silent_rank_holds_only_its_window() {
+    let now = Instant::now();
+    let mut run = run(1000, 4, 4, 2);
+    assert!(run.grant(100, now, |_| false, || LeaseId(1)).is_empty());
+    assert_eq!(run.queued_len(), 0, "nothing cut with nobody to take it");
+    // Rank 0 live, consuming through the run; the others silent.
+    let mut lease = 0;
+    for consumed in 0..1000 {
+        for (id, chunk) in run.grant(
+            100,
+            now,
+            |rank| rank == Rank(0),
+            || {
+                lease += 1;
+                LeaseId(lease)
+            },
+        ) {
+            run.delivered(&chunk, id, now);
+        }
+        run.set_consumed(Rank(0), consumed + 1);
+    }
+    assert_eq!(run.queued_len(), 0, "no steps of the silent ranks pile up");
+    // A silent rank that comes back is cut from where it was.
+    let back = run.grant(100, now, |rank| rank == Rank(1), || LeaseId(9999));
+    assert_eq!(order(&back), vec![(0, 1), (2, 1)], "its first window");
+}
+
+#[test]
+fn a_checkpoint_waits_for_every_ranks_position_to_be_known() {
+    let now = Instant::now();
+    let mut run = Run::new(key(), 4, 2, 4, 2, |rank| if rank == Rank(1) { Counted::Absent } else { Counted::MayCome });
+    run.restart_rank(Rank(0), 0, &[], now);
+    run.set_consumed(Rank(0), 2);
+    assert_eq!(run.checkpointable_consumed(), None, "rank 1 was absent: its position is unknown");
+    run.restart_rank(Rank(1), 1, &[], now);
+    assert_eq!(run.checkpointable_consumed(), Some(1));
+    run.detach(Rank(1));
+    assert_eq!(run.checkpointable_consumed(), None, "it detached");
 }

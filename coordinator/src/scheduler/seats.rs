@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use stoker_common::ids::{JobId, Pass, Rank, SessionId, Step};
 
-use super::run::RunKey;
+use super::run::{Counted, RunKey};
 
 /// A trainer's `OpenEpoch`, as the scheduler needs it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -190,16 +190,21 @@ impl Seats {
         self.seats.get(&(job, rank)).and_then(|seat| seat.seen_opt).is_some_and(|seen| now.saturating_duration_since(seen) < ttl)
     }
 
-    /// Whether `rank` may still come to the new run `key`, and so must hold its flow window:
-    /// its trainer is attached here (not detached, not unknown since a restart of this
-    /// coordinator) and is in no run of this epoch or a later one. A rank in an earlier epoch
-    /// will come (the run's batches for it are made early); one in this epoch from another start
-    /// (it resumed elsewhere, or finished this run) or in a later epoch never will, nor will a
-    /// trainer that detached. A rank left out is counted in when it opens the run.
-    pub(super) fn may_come(&self, job: JobId, rank: Rank, key: RunKey) -> bool {
-        self.seats
-            .get(&(job, rank))
-            .is_some_and(|seat| !seat.detached() && seat.run_opt.is_none_or(|their_run| their_run.epoch < key.epoch))
+    /// How the new run `key` counts `rank` in. It may still come, and so holds the run's flow
+    /// window, when its trainer is attached here and in no run of this epoch or a later one: a
+    /// rank in an earlier epoch will come (the run's batches for it are made early). One in this
+    /// epoch from another start (it resumed elsewhere, or finished this run) or in a later epoch
+    /// is ahead and never will; one whose trainer detached, or that this coordinator has not
+    /// heard of since it started, is absent. A rank left out is counted in when it opens the run.
+    pub(super) fn counted(&self, job: JobId, rank: Rank, key: RunKey) -> Counted {
+        match self.seats.get(&(job, rank)) {
+            None => Counted::Absent,
+            Some(seat) if seat.detached() => Counted::Absent,
+            Some(seat) => match seat.run_opt {
+                Some(their_run) if their_run.epoch >= key.epoch => Counted::Ahead,
+                _ => Counted::MayCome,
+            },
+        }
     }
 
     /// The session that holds the rank.

@@ -346,3 +346,33 @@ fn a_rank_whose_trainer_went_silent_does_not_hold_back_the_others() {
     assert_eq!(made, 8, "rank 0 got its whole run once rank 1 was silent for the trainer TTL");
     assert_eq!(scheduler.consumed(key(), Rank(1)), Some(0), "rank 1's place is kept for its return");
 }
+
+/// Found by review: a worker stuck on a job (its lease stalled) took the very steps it stalled
+/// on straight back at its next pull, and the job advanced a window per stall timeout. After a
+/// stall, that worker gets none of the job's work for a stall timeout; another worker does.
+#[test]
+fn a_worker_whose_lease_stalled_does_not_get_the_job_back_at_once() {
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
+    let stuck = scheduler.register_worker(addr(), 1, start);
+    let healthy = scheduler.register_worker(addr(), 1, start);
+    let granted = scheduler.pull(stuck, 1, start).expect("registered");
+    let stuck_lease = granted[0].0;
+    let mut now = start;
+    let mut revoked = Vec::new();
+    while revoked.is_empty() && now < start + Duration::from_secs(30) {
+        now += Duration::from_millis(500);
+        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(stuck_lease, 0)]), 0, now).expect("registered");
+        scheduler.heartbeat(healthy, &[], 0, now).expect("registered");
+        report(&mut scheduler, key(), 0, 1, 0, now);
+    }
+    assert_eq!(revoked, vec![stuck_lease]);
+    assert!(scheduler.pull(stuck, 10, now).expect("registered").is_empty(), "not back to the stuck worker");
+    let regranted = scheduler.pull(healthy, 10, now).expect("registered");
+    assert_eq!(regranted.first().map(|(_, chunk)| chunk.first_step), Some(Step(0)), "to the healthy one");
+    let later = now + config().lease_stall + Duration::from_millis(1);
+    scheduler.heartbeat(stuck, &[], 0, later).expect("registered");
+    report(&mut scheduler, key(), 0, 1, 0, later);
+    assert!(!scheduler.pull(stuck, 10, later).expect("registered").is_empty(), "after the backoff it may try again");
+}

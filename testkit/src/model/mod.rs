@@ -22,7 +22,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{Epoch, JobId, LeaseId, Rank, SessionId};
+use stoker_client::reorder::RunId;
+use stoker_common::ids::{Epoch, JobId, LeaseId, Rank, SessionId, Step};
 use stoker_common::plan::prng::SplitMix64;
 use stoker_common::plan::{PlanSpec, ShardTable, Shuffle, Tail};
 use stoker_common::proto::{ControlRequest, ControlResponse, JobSpec, RemoteError};
@@ -72,6 +73,10 @@ pub struct FaultCounts {
     pub loads: u64,
     /// Progress reports that named missing steps.
     pub missing_reports: u64,
+    /// Training loops that stopped iterating for a while, their loader alive.
+    pub pauses: u64,
+    /// The most times one step of one run of one rank was made.
+    pub most_makes_of_a_step: u32,
     /// Copies of a step the trainers dropped.
     pub duplicates: u64,
     /// Batches of past runs the trainers dropped.
@@ -169,7 +174,7 @@ impl Setup {
 /// The clock, the network, the random choices and the schedule log.
 pub(crate) struct Ctx {
     pub(crate) rng: SplitMix64,
-    base: Instant,
+    pub(crate) base: Instant,
     pub(crate) now_ms: u64,
     /// Whether faults happen now.
     pub(crate) faulty: bool,
@@ -183,6 +188,8 @@ pub(crate) struct Ctx {
     hellos: Net<Hello>,
     /// Workers alive now (index, generation), for trainers' hellos.
     alive_workers: Vec<(usize, u64)>,
+    /// Times each step of each run of each rank was made in the quiet phase.
+    quiet_makes: std::collections::HashMap<(RunId, Rank, Step), u32>,
     pub(crate) counts: FaultCounts,
     log: Vec<String>,
 }
@@ -243,6 +250,16 @@ impl Ctx {
         self.deliveries.send(at, delivery);
     }
 
+    /// A worker made `step` of `run` for `rank`: in the quiet phase, count it.
+    pub(crate) fn made(&mut self, run: RunId, rank: Rank, step: Step) {
+        if self.faulty {
+            return;
+        }
+        let makes = self.quiet_makes.entry((run, rank, step)).or_default();
+        *makes += 1;
+        self.counts.most_makes_of_a_step = self.counts.most_makes_of_a_step.max(*makes);
+    }
+
     /// A trainer session says hello to every worker alive it has not greeted yet (as the
     /// client connects to the workers each answer lists); returns those it greeted now.
     pub(crate) fn hello_new(
@@ -284,6 +301,9 @@ fn manifest() -> Result<PathBuf, String> {
     })
     .clone()
 }
+
+/// The most times a step may be made once the faults have stopped.
+const MAX_QUIET_MAKES: u32 = 6;
 
 struct World {
     ctx: Ctx,
@@ -354,6 +374,7 @@ impl World {
             acks: Net::default(),
             hellos: Net::default(),
             alive_workers: Vec::new(),
+            quiet_makes: std::collections::HashMap::new(),
             counts: FaultCounts::default(),
             log: Vec::new(),
         };
@@ -381,6 +402,14 @@ impl World {
             if self.trainers.iter().all(SimTrainer::is_done) {
                 let steps_yielded = self.trainers.iter().map(|trainer| trainer.yielded_total).sum();
                 return Ok(Outcome { steps_yielded, simulated: Duration::from_millis(self.ctx.now_ms), counts: self.ctx.counts.clone() });
+            }
+            // Once the faults stop, a step is made again only for what the faults left behind,
+            // a few times at most; more means a loop (a stale request repeated, a step handed
+            // back and forth).
+            if self.ctx.counts.most_makes_of_a_step > MAX_QUIET_MAKES {
+                let (key, makes) =
+                    self.ctx.quiet_makes.iter().max_by_key(|(_, makes)| **makes).map(|(key, makes)| (*key, *makes)).unwrap_or_default();
+                return Err(format!("{key:?} was made {makes} times after the faults stopped:\n{}", self.state()));
             }
             if self.ctx.now_ms > deadline_ms {
                 return Err(self.wedged());
@@ -419,9 +448,22 @@ impl World {
             } else if !self.workers[index].alive && self.ctx.chance(0.01) {
                 self.start_worker_again(index);
             } else if self.workers[index].alive && self.ctx.chance(0.002) {
-                let until = self.ctx.now_ms + 5_000 + self.ctx.rng.below(15_000);
+                // Often past the lease stall timeout (10 s here): the coordinator takes the
+                // leases back, and the worker must not take the job's steps straight back.
+                // Sometimes for good (a mount that never comes back), while another worker is
+                // healthy: the job must go on without it.
+                let others_healthy =
+                    self.workers.iter().filter(|worker| worker.index != index && worker.wedged_until_ms != u64::MAX).count();
+                let until = if others_healthy > 0 && self.ctx.chance(0.3) {
+                    u64::MAX
+                } else {
+                    self.ctx.now_ms + 5_000 + self.ctx.rng.below(35_000)
+                };
                 self.ctx.counts.worker_wedges += 1;
-                self.ctx.note(format!("worker {index} wedged until {until} ms"));
+                self.ctx.note(format!(
+                    "worker {index} wedged until {}",
+                    if until == u64::MAX { "forever".to_owned() } else { format!("{until} ms") }
+                ));
                 self.workers[index].wedged_until_ms = until;
             }
         }
@@ -540,7 +582,13 @@ impl World {
     }
 
     fn wedged(&mut self) -> String {
-        let mut lines = vec![format!("not every rank finished within 120 s of the last fault (at {} ms):", self.ctx.now_ms)];
+        let now_ms = self.ctx.now_ms;
+        format!("not every rank finished within 120 s of the last fault (at {now_ms} ms):\n{}", self.state())
+    }
+
+    /// Every actor's state and the coordinator's view, for a failure report.
+    fn state(&mut self) -> String {
+        let mut lines = Vec::new();
         lines.extend(self.trainers.iter().map(|trainer| format!("  {}", trainer.describe())));
         lines.extend(self.workers.iter().map(|worker| format!("  {}", worker.describe())));
         if let Ok(ControlResponse::Status { status }) = self.coordinator.handle(ControlRequest::Status, self.ctx.now()) {

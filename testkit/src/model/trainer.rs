@@ -1,16 +1,20 @@
 //! A trainer rank in the model: the real [`TrainerProtocol`] driven the way
-//! `stoker_client::Loader` and its progress reporter drive it (attach, open a pass and wait for
-//! the answer, report progress one report at a time and at least every second, open the pass
-//! again when the coordinator lost its run, detach), by a training program that iterates its
-//! epochs, saves its state after every batch, and in the fault phase restarts its process,
-//! calls `set_epoch` or `load_state_dict` mid-epoch, or iterates an epoch again.
+//! `stoker_client::Loader` and its progress reporter drive it. The training loop attaches,
+//! opens a pass and waits for the answer, yields what has arrived and publishes the rank's
+//! standing; the reporter, independently and in every phase, sends the latest published
+//! standing when it changes and at least every second, one report at a time, its missing steps
+//! through the real [`MissingDamper`], and opens the pass again when the coordinator lost its
+//! run. The program iterates its epochs, saves its state after every batch, and in the fault
+//! phase restarts its process, calls `set_epoch` or `load_state_dict` mid-epoch, pauses (stops
+//! iterating for a while, as validation or a Ctrl-C in a notebook does), or iterates an epoch
+//! again.
 //!
 //! The oracle lives here: every batch a pass yields is the pass's next step (no gap, no
 //! repeat, no other run's or rank's batch), with the content the plan gives it.
 
 use std::sync::Arc;
 
-use stoker_client::protocol::{Delivered, Offered, Open, Report, TrainerProtocol};
+use stoker_client::protocol::{Delivered, MissingDamper, Offered, Open, Report, TrainerProtocol};
 use stoker_client::reorder::RunId;
 use stoker_common::ids::{Epoch, JobId, Rank, SessionId, Step};
 use stoker_common::plan::{Checkpoint, EpochPlan};
@@ -76,7 +80,17 @@ pub(crate) struct SimTrainer {
     yielded: Vec<u64>,
     /// The report in flight: when it was sent, and its call.
     report_sent_opt: Option<(u64, u64)>,
+    /// The last report sent, and when.
     last_report_opt: Option<(u64, Report)>,
+    /// The standing the training loop published last (the loader's watch value).
+    published_opt: Option<Report>,
+    /// When the training loop last waited for a batch.
+    waited_at_ms_opt: Option<u64>,
+    damper: MissingDamper,
+    /// The training loop does nothing before this (validation, a Ctrl-C'd notebook cell).
+    paused_until_ms: u64,
+    /// Whether this process already stopped once while overdue.
+    paused_while_waiting: bool,
     pub(crate) yielded_total: u64,
     start_ms: u64,
     /// Workers (index, generation) this session said hello to.
@@ -99,6 +113,11 @@ impl SimTrainer {
             yielded: Vec::new(),
             report_sent_opt: None,
             last_report_opt: None,
+            published_opt: None,
+            waited_at_ms_opt: None,
+            damper: MissingDamper::new(setup.nack_after),
+            paused_until_ms: 0,
+            paused_while_waiting: false,
             yielded_total: 0,
             greeted: Vec::new(),
         }
@@ -138,8 +157,17 @@ impl SimTrainer {
         }
     }
 
-    /// One tick: attach, open, yield what has arrived, report.
+    /// One tick: the training loop (attach, open, yield what has arrived), then the reporter.
     pub(crate) fn tick(&mut self, ctx: &mut Ctx, setup: &Setup) -> Result<(), String> {
+        self.step_loop(ctx, setup)?;
+        self.run_reporter(ctx);
+        Ok(())
+    }
+
+    fn step_loop(&mut self, ctx: &mut Ctx, setup: &Setup) -> Result<(), String> {
+        if ctx.now_ms < self.paused_until_ms && matches!(self.phase, Phase::Ready | Phase::Iterating) {
+            return Ok(());
+        }
         match self.phase {
             Phase::Attaching { sent_ms, .. } => {
                 if ctx.now_ms < self.start_ms {
@@ -174,9 +202,15 @@ impl SimTrainer {
             .call(self.me(), ControlRequest::OpenEpoch { job: setup.job, rank: self.rank, epoch, start, session, pass, consumed, holding });
         self.plan_opt = Some(plan);
         self.yielded.clear();
-        self.last_report_opt = None;
         self.phase = Phase::Opening { sent_ms: ctx.now_ms, call };
         Ok(())
+    }
+
+    /// The loader publishes the rank's standing (the reporter sends it).
+    fn publish(&mut self, ctx: &Ctx) {
+        if let Some(report) = self.protocol.report(ctx.now()) {
+            self.published_opt = Some(report);
+        }
     }
 
     fn iterate(&mut self, ctx: &mut Ctx, setup: &Setup) -> Result<(), String> {
@@ -186,6 +220,7 @@ impl SimTrainer {
             self.yielded.push(step.0);
             self.yielded_total += 1;
             self.program.saved_opt = Some(plan.checkpoint_after(step));
+            self.publish(ctx);
             if self.protocol.is_done() {
                 return self.finish_pass(ctx);
             }
@@ -197,7 +232,18 @@ impl SimTrainer {
             return self.finish_pass(ctx);
         }
         self.protocol.waiting(ctx.now());
-        self.report(ctx, setup);
+        self.waited_at_ms_opt = Some(ctx.now_ms);
+        self.publish(ctx);
+        // A Ctrl-C (or a caught timeout) while overdue: the loop stops with missing steps
+        // published, the loader lives on, and its reporter keeps reporting.
+        let overdue = self.protocol.nack_due().is_some_and(|due| ctx.now() >= due + setup.nack_after);
+        if overdue && !self.paused_while_waiting && ctx.chance(0.05) {
+            self.paused_while_waiting = true;
+            let until = ctx.now_ms + 20_000 + ctx.rng.below(40_000);
+            ctx.note(format!("{} stops iterating while overdue, until {until} ms", self.rank));
+            ctx.counts.pauses += 1;
+            self.paused_until_ms = until;
+        }
         Ok(())
     }
 
@@ -218,7 +264,6 @@ impl SimTrainer {
     }
 
     fn finish_pass(&mut self, ctx: &mut Ctx) -> Result<(), String> {
-        self.report_now(ctx);
         let again = ctx.faulty && ctx.chance(0.2);
         if again {
             ctx.note(format!("{} iterates {} again (no set_epoch)", self.rank, self.program.epoch));
@@ -241,6 +286,13 @@ impl SimTrainer {
     /// In the fault phase, now and then: what a training script does to a loader mid-epoch.
     /// Returns whether the pass was left.
     fn user_action(&mut self, ctx: &mut Ctx) -> bool {
+        if ctx.chance(0.03) {
+            let until = ctx.now_ms + 3_000 + ctx.rng.below(17_000);
+            ctx.note(format!("{} stops iterating until {until} ms (validation, a Ctrl-C'd cell)", self.rank));
+            ctx.counts.pauses += 1;
+            self.paused_until_ms = until;
+            return true;
+        }
         if ctx.chance(0.04) {
             ctx.note(format!("{} set_epoch({}) mid-pass: the next iteration opens it again", self.rank, self.program.epoch));
             ctx.counts.set_epochs += 1;
@@ -262,8 +314,13 @@ impl SimTrainer {
         false
     }
 
-    fn report(&mut self, ctx: &mut Ctx, setup: &Setup) {
-        let _ = setup;
+    /// The reporter: the latest published standing when it changed, and at least every
+    /// second, one report at a time; not while an open holds the session's turn, nor after the
+    /// detach.
+    fn run_reporter(&mut self, ctx: &mut Ctx) {
+        if self.session_opt.is_none() || matches!(self.phase, Phase::Opening { .. } | Phase::Done | Phase::Attaching { .. }) {
+            return;
+        }
         if let Some((sent_ms, _)) = self.report_sent_opt {
             if ctx.now_ms.saturating_sub(sent_ms) <= CALL_TIMEOUT_MS {
                 return;
@@ -271,7 +328,7 @@ impl SimTrainer {
             // The client gives up on it (and the turn); the report may still arrive.
             self.report_sent_opt = None;
         }
-        let Some(report) = self.protocol.report(ctx.now()) else { return };
+        let Some(report) = self.published_opt.clone() else { return };
         let due = match &self.last_report_opt {
             Some((at_ms, last)) => *last != report || ctx.now_ms.saturating_sub(*at_ms) >= 1000,
             None => true,
@@ -281,15 +338,11 @@ impl SimTrainer {
         }
     }
 
-    fn report_now(&mut self, ctx: &mut Ctx) {
-        if let Some(report) = self.protocol.report(ctx.now()) {
-            self.send_report(ctx, report);
-        }
-    }
-
     fn send_report(&mut self, ctx: &mut Ctx, report: Report) {
         let Some(session) = self.session_opt else { return };
         let Report { run: (epoch, start), pass, consumed, missing, .. } = report.clone();
+        let waited_at = self.waited_at_ms_opt.map(|at| ctx.base + std::time::Duration::from_millis(at));
+        let missing = self.damper.filter(missing, waited_at, ctx.now());
         if !missing.is_empty() {
             ctx.counts.missing_reports += 1;
         }
@@ -349,6 +402,7 @@ impl SimTrainer {
                         return Err(format!("{} coordinator plans {steps} steps, the trainer {planned}", self.rank));
                     }
                     self.phase = Phase::Iterating;
+                    self.publish(ctx);
                 }
             }
             Ok(ControlResponse::ProgressRecorded { run_known, .. }) => {
@@ -364,8 +418,7 @@ impl SimTrainer {
                 // rank is inside it, in this pass: open the same pass again from where it stands.
                 if let (false, Some((_, last)), Some(session)) = (run_known, &self.last_report_opt, self.session_opt)
                     && last.consumed < last.steps
-                    && last.pass == self.protocol.pass()
-                    && matches!(self.phase, Phase::Iterating)
+                    && self.published_opt.as_ref().is_some_and(|latest| latest.pass == last.pass)
                 {
                     let (epoch, start) = last.run;
                     let reopen = ControlRequest::OpenEpoch {

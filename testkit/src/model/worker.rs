@@ -132,6 +132,7 @@ impl SimWorker {
             self.finish(ctx, lease, Ok(()));
             return;
         }
+        ctx.made((chunk.epoch, chunk.start), chunk.rank, step);
         let plan = EpochPlan::starting_at(std::sync::Arc::clone(&setup.table), setup.spec.plan, chunk.epoch, chunk.start);
         let batch = SimBatch {
             job: chunk.job,
@@ -205,13 +206,23 @@ impl SimWorker {
             }
             Ok(ControlResponse::Chunks { grants }) => {
                 for grant in grants {
-                    if self.ledger.grant(grant.lease, grant.chunk.job, grant.chunk.steps) {
-                        ctx.note(format!(
-                            "worker {} leased {} {} {} steps {}..+{}",
-                            self.index, grant.lease, grant.chunk.epoch, grant.chunk.rank, grant.chunk.first_step, grant.chunk.steps
-                        ));
-                        self.held.insert(grant.lease, Held { grant, made: 0 });
+                    if !self.ledger.grant(grant.lease, grant.chunk.job, grant.chunk.steps) {
+                        continue;
                     }
+                    if self.ledger.job_stuck(grant.chunk.job) {
+                        // As the worker does: refused at once while batches the coordinator took
+                        // back are stuck in the job's pipeline.
+                        ctx.note(format!("worker {} refuses {}: its pipeline is stuck", self.index, grant.lease));
+                        for _ in 0..grant.chunk.steps {
+                            self.finish(ctx, grant.lease, Err(Failure::retry("stuck")));
+                        }
+                        continue;
+                    }
+                    ctx.note(format!(
+                        "worker {} leased {} {} {} steps {}..+{}",
+                        self.index, grant.lease, grant.chunk.epoch, grant.chunk.rank, grant.chunk.first_step, grant.chunk.steps
+                    ));
+                    self.held.insert(grant.lease, Held { grant, made: 0 });
                 }
             }
             Err(error) if error.code == ErrorCode::NotFound => {

@@ -22,10 +22,11 @@ use tracing::info;
 
 use crate::common::{cluster_with, config_for};
 
-/// Loss path 1: a trainer that dies (here: is dropped) after its first batches arrived and
-/// before it yielded any. Its replacement (a new session) needs every step; before, the
-/// coordinator left a rank that had consumed nothing alone, and the steps delivered to the
-/// first trainer were never made again.
+/// Loss path 1: a trainer that dies after its first batches arrived and before it yielded
+/// any. It is leaked, not dropped: like a process killed with SIGKILL it sends no detach, so
+/// the run keeps it, and its replacement (a new session) must get every step from the run's
+/// delivered steps being queued again. Before, the coordinator left a rank that had consumed
+/// nothing alone, and the steps delivered to the first trainer were never made again.
 #[test]
 fn a_trainer_replaced_before_its_first_batch_gets_every_step() {
     let cluster = cluster_with(2);
@@ -34,10 +35,11 @@ fn a_trainer_replaced_before_its_first_batch_gets_every_step() {
     base.batch_timeout = Duration::from_secs(20);
     let config = config_for(&base, 0, 1);
     {
-        info!("--- the first trainer opens epoch 0 and receives batches, but yields none");
+        info!("--- the first trainer opens epoch 0 and receives batches, but yields none; then it dies");
         let mut first = Loader::attach(&config).expect("attach");
         assert!(matches!(first.next_within(Duration::ZERO).expect("opens"), Next::Waiting | Next::Batch(_)));
         wait_until(Duration::from_secs(20), "batches reach the first trainer", || first.buffered_batches() >= 3).expect("delivered");
+        std::mem::forget(first);
     }
     {
         info!("--- a new trainer of the rank iterates the epoch");

@@ -46,6 +46,8 @@ fn every_step_is_yielded_exactly_once_under_random_faults() {
         total.missing_reports += c.missing_reports;
         total.duplicates += c.duplicates;
         total.dropped += c.dropped;
+        total.pauses += c.pauses;
+        total.most_makes_of_a_step = total.most_makes_of_a_step.max(c.most_makes_of_a_step);
     }
     eprintln!("{schedules} schedules in {:.1} s, {steps} steps yielded; {total:?}", started.elapsed().as_secs_f64());
     // The model is only as good as the faults it makes: each kind must have happened.
@@ -60,6 +62,7 @@ fn every_step_is_yielded_exactly_once_under_random_faults() {
         ("set_epoch calls", total.set_epochs),
         ("load_state_dict calls", total.loads),
         ("missing-step reports", total.missing_reports),
+        ("paused training loops", total.pauses),
     ] {
         assert!(count > 0 || schedules < 200, "no {what} in {schedules} schedules: the model does not exercise them");
     }

@@ -10,7 +10,7 @@
 //!   lease (its batches were in the pipeline) changes nothing, so the count never wraps;
 //! * a batch finished for a lease the ledger does not know changes nothing.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 
 use stoker_common::ids::{JobId, LeaseId};
 use stoker_common::proto::LeaseProgress;
@@ -55,7 +55,7 @@ struct Entry {
 /// bookkeeping as a worker.
 #[derive(Debug, Default)]
 pub struct LeaseLedger {
-    leases: HashMap<LeaseId, Entry>,
+    leases: BTreeMap<LeaseId, Entry>,
     outstanding: usize,
 }
 
@@ -135,6 +135,13 @@ impl LeaseLedger {
     pub fn job_busy(&self, job: JobId) -> bool {
         self.leases.values().any(|entry| entry.job == job)
     }
+
+    /// Whether the coordinator took back a lease of `job` whose batches have not come out of
+    /// the pipeline yet: the job's pipeline is stuck (a hung open or decode), and new work of
+    /// the job would only queue behind it. Such grants are refused until the batches finish.
+    pub fn job_stuck(&self, job: JobId) -> bool {
+        self.leases.values().any(|entry| entry.job == job && entry.revoked)
+    }
 }
 
 #[cfg(test)]
@@ -182,11 +189,13 @@ mod tests {
         assert_eq!(ledger.outstanding(), 1, "only lease 2's batch counts");
         assert_eq!(ledger.progress(), vec![LeaseProgress { lease: LeaseId(2), finished: 0 }]);
         assert!(ledger.job_busy(JOB), "its batches may still be in the pipeline");
+        assert!(ledger.job_stuck(JOB) && !ledger.job_stuck(JobId(2)), "lease 1 was taken back unfinished");
         for _ in 0..3 {
             assert_eq!(ledger.finish(LeaseId(1), Ok(())), None);
         }
         assert_eq!(ledger.outstanding(), 1);
         assert!(!ledger.job_busy(JOB));
+        assert!(!ledger.job_stuck(JOB), "its batches came out");
     }
 
     #[derive(Clone, Debug)]
@@ -213,8 +222,8 @@ mod tests {
         ) {
             let mut ledger = LeaseLedger::default();
             // Per lease id: (steps, finished, revoked, reports), for leases granted and not ended.
-            let mut model: HashMap<u8, (u32, u32, bool)> = HashMap::new();
-            let mut reports: HashMap<u8, u32> = HashMap::new();
+            let mut model: std::collections::HashMap<u8, (u32, u32, bool)> = std::collections::HashMap::new();
+            let mut reports: std::collections::HashMap<u8, u32> = std::collections::HashMap::new();
             for event in events {
                 match event {
                     Event::Grant(lease, steps) => {

@@ -146,7 +146,21 @@ where
 {
     let chunk = grant.chunk;
     debug!(lease = %grant.lease, job = %chunk.job, epoch = %chunk.epoch, rank = %chunk.rank, first_step = %chunk.first_step, steps = chunk.steps, "chunk granted");
-    if !ledger(shared).grant(grant.lease, chunk.job, chunk.steps) {
+    let stuck = {
+        let mut ledger = ledger(shared);
+        if !ledger.grant(grant.lease, chunk.job, chunk.steps) {
+            return;
+        }
+        ledger.job_stuck(chunk.job)
+    };
+    if stuck {
+        // Refused at once, so another worker makes it (the coordinator retries it after its
+        // retry delay) instead of it waiting behind the stuck batches here.
+        let reason =
+            format!("this worker's pipeline for {} is stuck: batches the coordinator took back have not come out of it", chunk.job);
+        for _ in 0..chunk.steps {
+            batch_finished(shared, grant.lease, Err(Failure::retry(reason.clone())));
+        }
         return;
     }
     let shared = Arc::clone(shared);
