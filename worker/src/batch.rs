@@ -137,22 +137,25 @@ impl Drop for Batch {
     }
 }
 
-/// A batch's image memory: an anonymous mapping of its own, so that it goes back to the
-/// operating system when the pipeline that owns it is dropped. A heap allocation of this size
-/// (megabytes) would stay in the allocator after the first one is freed (glibc raises its mmap
-/// threshold to the size freed), and a worker serving one job after another would keep the
-/// buffers of the largest job it ever served.
+/// A batch's image memory: `len` zero bytes, their pages written when the buffer is made (an
+/// untouched allocation faults on first write, which put ~9,400 page faults into each of the
+/// first batches a pipeline made).
+///
+/// A heap allocation, not an anonymous mapping of its own: with a mapping the pipeline made
+/// ~4% fewer images per second on these machines (measured in turns, BENCHMARKS.md; the cause
+/// is not pinned down). The memory of a released pipeline is returned to the system by
+/// `return_freed_memory` once its threads have ended.
 #[derive(Debug)]
-pub(crate) struct ImageBuffer(memmap2::MmapMut);
+pub(crate) struct ImageBuffer(Vec<u8>);
 
 impl ImageBuffer {
-    /// `len` zero bytes, their pages written now: an untouched mapping faults on first write,
-    /// which put ~9,400 page faults into each of the first batches a pipeline made.
     fn touched(len: usize) -> std::io::Result<Self> {
-        let mut map = memmap2::MmapMut::map_anon(len.max(1))?;
-        // `black_box` keeps the compiler from dropping the fill as a store of zeros over zeros.
-        std::hint::black_box(&mut map[..]).fill(0);
-        Ok(Self(map))
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(len).map_err(|error| std::io::Error::new(std::io::ErrorKind::OutOfMemory, error.to_string()))?;
+        bytes.resize(len, 0);
+        // `black_box` keeps the compiler from dropping the fill as a store of zeros over calloc.
+        std::hint::black_box(bytes.as_mut_slice()).fill(0);
+        Ok(Self(bytes))
     }
 }
 
@@ -167,5 +170,22 @@ impl std::ops::Deref for ImageBuffer {
 impl std::ops::DerefMut for ImageBuffer {
     fn deref_mut(&mut self) -> &mut [u8] {
         &mut self.0
+    }
+}
+
+/// Hand the memory the allocator holds free back to the system. glibc keeps freed buffers of
+/// up to 32 MiB in its arenas (its mmap threshold rises to the size of the first one freed),
+/// so without this a worker that served one job after another kept the buffers of the largest
+/// job it ever served (measured: 18 MiB after the first job, 60 MiB from the third on).
+pub(crate) fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        unsafe extern "C" {
+            fn malloc_trim(pad: usize) -> std::ffi::c_int;
+        }
+        // SAFETY: malloc_trim takes no pointers; it only walks the allocator's own free lists.
+        unsafe {
+            malloc_trim(0);
+        }
     }
 }

@@ -188,7 +188,11 @@ impl JobPipeline {
         let thread_dead = Arc::clone(&dead);
         std::thread::Builder::new()
             .name(format!("stoker-out-{}", grant.chunk.job))
-            .spawn(move || hand_over(pipeline, &meta_rx, &out, &thread_dead))
+            .spawn(move || {
+                hand_over(pipeline, &meta_rx, &out, &thread_dead);
+                // The pipeline (its threads and batch buffers) is gone: give the memory back.
+                crate::batch::return_freed_memory();
+            })
             .map_err(|error| PipelineError::Start(error.to_string()))?;
         Ok(Self {
             job: grant.chunk.job,
