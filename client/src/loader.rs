@@ -400,18 +400,21 @@ where
                 return Ok(false);
             }
             Err(error) => {
-                // Not opened: the next call opens a new pass.
+                // Not opened: the next call opens a new pass, with a wait of its own.
                 self.protocol.close();
+                self.deadline_opt = None;
                 return Err(ClientError::Coordinator { source: error });
             }
         };
         if steps != plan.steps() {
             self.protocol.close();
+            self.deadline_opt = None;
             return Err(ClientError::Config {
                 message: format!("the coordinator plans {steps} steps, this trainer {}: the dataset changed under the job", plan.steps()),
             });
         }
-        self.deadline_opt = None;
+        // The deadline of an open asked again stands: the first batch is waited for within the
+        // same batch timeout.
         self.plan_opt = Some(plan);
         self.completed_opt = None;
         self.report();
@@ -497,9 +500,11 @@ where
                 self.session.check()?;
                 return Ok(Next::Waiting);
             }
-            // Wake when the steps waited for are due to be reported missing, too.
+            // Wake when the steps waited for are due to be reported missing, and often enough
+            // that the reporter sees the loop still waiting (`MissingDamper`).
             let nack_due = self.protocol.nack_due().filter(|due| *due > waiting_since);
-            let wake = nack_due.map_or(deadline.min(slice_end), |due| due.min(deadline).min(slice_end));
+            let refresh = waiting_since + self.protocol.waiting_refresh();
+            let wake = nack_due.map_or(refresh, |due| due.min(refresh)).min(deadline).min(slice_end);
             let remaining = wake.saturating_duration_since(waiting_since);
             let received = self.runtime.block_on(async { tokio::time::timeout(remaining, self.batches_rx.recv()).await });
             self.waited += waiting_since.elapsed();

@@ -205,6 +205,13 @@ where
         self.current_opt.as_ref().and_then(|current| current.yielded_opt)
     }
 
+    /// How often a waiting training loop says it still waits: half of `nack_after`, between
+    /// 10 ms and 500 ms, so the reporter (which reports at least every second) always finds the
+    /// last wait within `nack_after` while the loop waits.
+    pub fn waiting_refresh(&self) -> Duration {
+        (self.nack_after / 2).clamp(Duration::from_millis(10), Duration::from_millis(500))
+    }
+
     /// The step waited for next.
     pub fn next_step(&self) -> Option<Step> {
         self.current_opt.as_ref().map(|current| current.reorder.next_step())
@@ -255,15 +262,20 @@ impl MissingDamper {
     }
 
     /// The `missing` list to send at `now`: `missing` if the trainer waited at `waited_at_opt`
-    /// (its last wait, if it is waiting) within `nack_after` and none was sent in the last
-    /// `nack_after`; else nothing.
-    pub fn filter(&mut self, missing: Vec<Step>, waited_at_opt: Option<Instant>, now: Instant) -> Vec<Step> {
+    /// (its last wait, if it is waiting) within `nack_after` and none reached the coordinator
+    /// in the last `nack_after`; else nothing. Call [`Self::delivered`] once it is answered.
+    pub fn filter(&self, missing: Vec<Step>, waited_at_opt: Option<Instant>, now: Instant) -> Vec<Step> {
         let waiting = waited_at_opt.is_some_and(|waited_at| now.saturating_duration_since(waited_at) <= self.nack_after);
         let due = self.sent_at_opt.is_none_or(|sent_at| now.saturating_duration_since(sent_at) >= self.nack_after);
         if missing.is_empty() || !waiting || !due {
             return Vec::new();
         }
-        self.sent_at_opt = Some(now);
         missing
+    }
+
+    /// A report sent at `sent_at` with a non-empty `missing` list was answered: the next goes
+    /// out `nack_after` later. (One that failed does not hold the next back.)
+    pub fn delivered(&mut self, sent_at: Instant) {
+        self.sent_at_opt = Some(sent_at);
     }
 }

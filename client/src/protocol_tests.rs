@@ -107,8 +107,11 @@ fn missing_steps_go_out_once_per_period_and_only_while_the_trainer_waits() {
     let mut damper = MissingDamper::new(second);
     let missing = vec![Step(4)];
     assert_eq!(damper.filter(missing.clone(), Some(start), start), missing, "waiting now: sent");
+    assert_eq!(damper.filter(missing.clone(), Some(start), start), missing, "that report failed: sent again");
+    damper.delivered(start);
     assert!(damper.filter(missing.clone(), Some(start), start + second / 2).is_empty(), "again within the period: not sent");
     assert_eq!(damper.filter(missing.clone(), Some(start + second), start + second), missing, "still waiting a period later: sent");
+    damper.delivered(start + second);
     assert!(damper.filter(missing.clone(), Some(start + second), start + second * 3).is_empty(), "the loop stopped waiting: not sent");
     assert!(damper.filter(missing.clone(), None, start + second * 5).is_empty(), "not waiting at all");
     assert!(damper.filter(Vec::new(), Some(start + second * 6), start + second * 6).is_empty());

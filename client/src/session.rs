@@ -131,7 +131,9 @@ pub(crate) async fn report_progress<A>(
         }
         let Some(progress) = progress_rx.borrow_and_update().clone() else { continue };
         let Report { run: (epoch, start), pass, steps, consumed, missing } = progress.report.clone();
-        let missing = damper.filter(missing, session.waited_at(), Instant::now());
+        let sent_at = Instant::now();
+        let missing = damper.filter(missing, session.waited_at(), sent_at);
+        let carries_missing = !missing.is_empty();
         let request = ControlRequest::ReportProgress {
             job,
             rank,
@@ -145,6 +147,9 @@ pub(crate) async fn report_progress<A>(
         };
         match coordinator.call(request).await.and_then(|answer| expect_response!(answer, ProgressRecorded { workers, run_known })) {
             Ok((workers, run_known)) => {
+                if carries_missing {
+                    damper.delivered(sent_at);
+                }
                 workers_seen(&workers);
                 // The coordinator restarted and lost the run while this rank is still inside it
                 // (and has not moved on meanwhile): open the same pass again, from where the

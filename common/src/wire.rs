@@ -132,7 +132,7 @@ mod tests {
 
     #[test]
     fn a_request_round_trips() {
-        let request = ControlRequest::Heartbeat { worker: WorkerId(3), leases: vec![], images: 7 };
+        let request = ControlRequest::Heartbeat { worker: WorkerId(3), leases: vec![], images: 7, stuck_jobs: vec![crate::ids::JobId(2)] };
         let frame = encode(&request, CONTROL_FRAME_LIMIT).expect("encodes");
         let len = body_len(frame[..4].try_into().expect("prefix"), CONTROL_FRAME_LIMIT).expect("fits");
         assert_eq!(len, frame.len() - 4);

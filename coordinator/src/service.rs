@@ -147,12 +147,14 @@ impl Coordinator {
                     worker,
                     heartbeat_millis: self.config.heartbeat.as_millis() as u64,
                     lease_ttl_millis: self.config.lease_ttl.as_millis() as u64,
+                    lease_stall_millis: self.config.lease_stall.as_millis() as u64,
                 })
             }
-            ControlRequest::Heartbeat { worker, leases, images } => {
+            ControlRequest::Heartbeat { worker, leases, images, stuck_jobs } => {
                 check_list_len("leases", leases.len())?;
+                check_list_len("stuck_jobs", stuck_jobs.len())?;
                 let mut inner = self.lock();
-                let revoked = inner.scheduler.heartbeat(worker, &leases, images, now).map_err(refused)?;
+                let revoked = inner.scheduler.heartbeat(worker, &leases, images, &stuck_jobs, now).map_err(refused)?;
                 Ok(ControlResponse::HeartbeatAck { revoked, live_jobs: inner.scheduler.live_jobs(now) })
             }
             ControlRequest::PullChunks { worker, max } => self.pull(worker, max, now),

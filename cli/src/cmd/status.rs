@@ -15,16 +15,18 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!("coordinator {} (single node; Raft replication not built yet), {} datasets", status.coordinator, status.datasets);
-    println!("\nWORKER                      ADDRESS                ALIVE  THREADS  CHUNKS  IMG/S");
+    println!("\nWORKER                      ADDRESS                ALIVE  THREADS  CHUNKS  IMG/S  STUCK ON");
     for worker in &status.workers {
+        let stuck: Vec<String> = worker.stuck_jobs.iter().map(ToString::to_string).collect();
         println!(
-            "{:<27} {:<22} {:<6} {:>7} {:>7} {:>6.0}",
+            "{:<27} {:<22} {:<6} {:>7} {:>7} {:>6.0}  {}",
             worker.info.id.to_string(),
             worker.info.addr.to_string(),
             if worker.alive { "yes" } else { "no" },
             worker.threads,
             worker.chunks_in_flight,
-            worker.images_per_sec
+            worker.images_per_sec,
+            if stuck.is_empty() { "-".to_owned() } else { stuck.join(",") }
         );
     }
     for job in &status.jobs {
@@ -53,6 +55,7 @@ fn json(status: &ClusterStatus) -> serde_json::Value {
         "workers": status.workers.iter().map(|w| serde_json::json!({
             "id": w.info.id.0, "addr": w.info.addr.to_string(), "alive": w.alive, "threads": w.threads,
             "chunks_in_flight": w.chunks_in_flight, "images_per_sec": w.images_per_sec,
+            "stuck_jobs": w.stuck_jobs.iter().map(|job| job.0).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "jobs": status.jobs.iter().map(|j| serde_json::json!({
             "id": j.id.0, "name": j.spec.name, "dataset": j.spec.dataset, "world_size": j.spec.plan.world_size.get(),

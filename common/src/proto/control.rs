@@ -186,6 +186,10 @@ pub enum ControlRequest {
         leases: Vec<LeaseProgress>,
         /// Images it has made since it started.
         images: u64,
+        /// Jobs whose pipeline on this worker is stuck: it holds unfinished work of the job and
+        /// nothing of the job came out for half the stall timeout. The coordinator grants it no
+        /// more of those jobs' work until it reports them no longer stuck.
+        stuck_jobs: Vec<JobId>,
     },
     /// A worker has room for up to `max` more chunks.
     PullChunks {
@@ -289,6 +293,9 @@ pub enum ControlResponse {
         heartbeat_millis: u64,
         /// Leases expire this long after the last heartbeat.
         lease_ttl_millis: u64,
+        /// A lease that makes no progress for this long is taken back; a worker reports a job
+        /// stuck after half of it.
+        lease_stall_millis: u64,
     },
     /// Heartbeat taken.
     HeartbeatAck {
@@ -339,6 +346,8 @@ pub struct WorkerStatus {
     pub chunks_in_flight: u32,
     /// Images per second over the last heartbeats.
     pub images_per_sec: f64,
+    /// Jobs it reports stuck (their pipeline there makes nothing): it gets none of their work.
+    pub stuck_jobs: Vec<JobId>,
 }
 
 /// One job in [`ClusterStatus`].

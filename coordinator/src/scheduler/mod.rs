@@ -100,9 +100,10 @@ pub struct Scheduler {
     leases: BTreeMap<LeaseId, Lease>,
     workers: BTreeMap<WorkerId, Worker>,
     seats: Seats,
-    /// Workers whose lease of a job stalled, and until when they get none of that job's work:
-    /// a worker stuck on a job (a hung open or decode) would otherwise take the very steps it
-    /// stalled on straight back.
+    /// Workers stuck on a job (a hung open or decode), and until when they get none of its
+    /// work: each heartbeat sets the jobs its worker reports stuck, for a lease TTL (a stall
+    /// taken back here counts too, until the next heartbeat). A worker stuck on a job would
+    /// otherwise take the very steps it stalled on straight back.
     stalled: BTreeMap<(WorkerId, JobId), Instant>,
     next_lease: u64,
     next_worker: u64,
@@ -239,10 +240,25 @@ impl Scheduler {
     }
 
     /// A worker's heartbeat: renew the leases it still holds and works on; return those it
-    /// holds but that are no longer its own (expired, stalled, granted again).
-    pub fn heartbeat(&mut self, worker: WorkerId, leases: &[LeaseProgress], images: u64, now: Instant) -> Result<Vec<LeaseId>, Refusal> {
+    /// holds but that are no longer its own (expired, stalled, granted again). It gets no work
+    /// of `stuck_jobs` until a heartbeat no longer lists them.
+    pub fn heartbeat(
+        &mut self,
+        worker: WorkerId,
+        leases: &[LeaseProgress],
+        images: u64,
+        stuck_jobs: &[JobId],
+        now: Instant,
+    ) -> Result<Vec<LeaseId>, Refusal> {
         self.expire(now);
         let entry = self.workers.get_mut(&worker).ok_or(Refusal::UnknownWorker(worker))?;
+        let until = now + self.config.lease_ttl;
+        self.stalled.retain(|(stuck, job), _| *stuck != worker || stuck_jobs.contains(job));
+        for job in stuck_jobs {
+            if self.stalled.insert((worker, *job), until).is_none() {
+                warn!(%worker, %job, "the worker's pipeline for the job is stuck: it gets none of the job's work until it recovers");
+            }
+        }
         let elapsed = now.saturating_duration_since(entry.last_seen).as_secs_f64();
         if elapsed > 0.0 {
             entry.images_per_sec = images.saturating_sub(entry.images) as f64 / elapsed;
@@ -274,7 +290,7 @@ impl Scheduler {
                     stalled_seconds = now.saturating_duration_since(held.progressed).as_secs_f64(),
                     "lease made no progress: granting it to another worker");
                 self.leases_expired += 1;
-                self.stalled.insert((worker, held.chunk.job), now + self.config.lease_stall);
+                self.stalled.insert((worker, held.chunk.job), until);
                 self.requeue(&held.chunk, lease, None);
                 revoked.push(lease);
             }
@@ -404,6 +420,12 @@ impl Scheduler {
                 threads: worker.threads,
                 chunks_in_flight: self.leases.values().filter(|held| held.worker == *id).count() as u32,
                 images_per_sec: worker.images_per_sec,
+                stuck_jobs: self
+                    .stalled
+                    .range((*id, JobId(0))..=(*id, JobId(u64::MAX)))
+                    .filter(|(_, until)| **until > now)
+                    .map(|((_, job), _)| *job)
+                    .collect(),
             })
             .collect()
     }

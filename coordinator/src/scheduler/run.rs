@@ -143,9 +143,13 @@ impl Run {
         }
     }
 
-    /// `rank` left the run for another one: it needs nothing more here and holds no window.
+    /// `rank` left the run for another one: it needs nothing more here, holds no window, and
+    /// its position here is known (past the run).
     pub fn depart(&mut self, rank: Rank) {
         self.set_consumed(rank, self.steps);
+        if let Some(entry) = self.ranks.get_mut(rank.0 as usize) {
+            entry.accounted = true;
+        }
     }
 
     /// `rank`'s trainer detached: it leaves the run, and its position is no longer known.

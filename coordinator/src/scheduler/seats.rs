@@ -195,11 +195,14 @@ impl Seats {
     /// rank in an earlier epoch will come (the run's batches for it are made early). One in this
     /// epoch from another start (it resumed elsewhere, or finished this run) or in a later epoch
     /// is ahead and never will; one whose trainer detached, or that this coordinator has not
-    /// heard of since it started, is absent. A rank left out is counted in when it opens the run.
+    /// heard of since it started, is absent, and so is a new session that has not opened a run
+    /// yet where an earlier one had (a restarted trainer: where it resumes is not known). A
+    /// rank left out is counted in when it opens the run.
     pub(super) fn counted(&self, job: JobId, rank: Rank, key: RunKey) -> Counted {
         match self.seats.get(&(job, rank)) {
             None => Counted::Absent,
             Some(seat) if seat.detached() => Counted::Absent,
+            Some(seat) if seat.pass == Pass(0) && seat.run_opt.is_some() => Counted::Absent,
             Some(seat) => match seat.run_opt {
                 Some(their_run) if their_run.epoch >= key.epoch => Counted::Ahead,
                 _ => Counted::MayCome,
@@ -270,6 +273,25 @@ mod tests {
         assert_eq!(restarted.check(JobId(1), Rank(0), SessionId(5)), Ok(()));
         assert_eq!(restarted.check(JobId(1), Rank(0), SessionId(6)), Ok(()));
         assert!(matches!(restarted.check(JobId(1), Rank(0), SessionId(5)), Err(SeatRefusal::Superseded { .. })));
+    }
+
+    /// Found by review: a restarted trainer's new session inherited the old session's run, and
+    /// a new run of that epoch counted the rank as ahead of it (past it, for the job's
+    /// checkpoint) though where the new session resumes is not known until it opens a run.
+    #[test]
+    fn a_new_session_that_has_not_opened_a_run_is_absent_from_new_runs() {
+        let now = Instant::now();
+        let mut seats = Seats::default();
+        assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::Absent, "never heard of");
+        seats.attach(JobId(1), Rank(0), SessionId(5), 50, now);
+        assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::MayCome, "attached, in no run yet");
+        seats.open(key(1), Rank(0), &opening(5, 1), now).expect("opens");
+        assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::Ahead, "in this epoch's other run");
+        assert_eq!(seats.counted(JobId(1), Rank(0), key(2)), Counted::MayCome, "an earlier epoch: it will come");
+        seats.attach(JobId(1), Rank(0), SessionId(6), 60, now);
+        assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::Absent, "restarted: where it resumes is not known");
+        seats.open(key(0), Rank(0), &opening(6, 1), now).expect("opens");
+        assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::MayCome, "it resumed in epoch 0");
     }
 
     #[test]

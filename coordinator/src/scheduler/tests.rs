@@ -62,15 +62,15 @@ fn an_expired_lease_is_granted_again_to_another_worker() {
     let granted = scheduler.pull(dead, 1, start).expect("registered");
     assert_eq!(granted.len(), 1);
     let later = start + Duration::from_secs(2);
-    scheduler.heartbeat(alive, &[], 0, later).expect("registered");
+    scheduler.heartbeat(alive, &[], 0, &[], later).expect("registered");
     let others = scheduler.pull(alive, 10, later).expect("registered");
     assert_eq!(others.iter().map(|(_, c)| c.first_step).collect::<Vec<_>>(), vec![Step(2)], "the dead worker's lease is still valid");
     let expired_at = start + Duration::from_secs(4);
-    scheduler.heartbeat(alive, &lease_progress(&[(others[0].0, 0)]), 0, expired_at).expect("registered");
+    scheduler.heartbeat(alive, &lease_progress(&[(others[0].0, 0)]), 0, &[], expired_at).expect("registered");
     let regranted = scheduler.pull(alive, 10, expired_at).expect("registered");
     assert_eq!(regranted.iter().map(|(_, c)| c.first_step).collect::<Vec<_>>(), vec![Step(0)]);
     assert_eq!(scheduler.leases_expired(), 1);
-    let revoked = scheduler.heartbeat(dead, &lease_progress(&[(granted[0].0, 0)]), 0, expired_at).expect("still known");
+    let revoked = scheduler.heartbeat(dead, &lease_progress(&[(granted[0].0, 0)]), 0, &[], expired_at).expect("still known");
     assert_eq!(revoked, vec![granted[0].0], "the dead worker learns its lease is gone");
 }
 
@@ -103,7 +103,7 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
     let mut now = start;
     for round in 0..200u32 {
         now += Duration::from_millis(500);
-        scheduler.heartbeat(worker, &[], 0, now).expect("registered");
+        scheduler.heartbeat(worker, &[], 0, &[], now).expect("registered");
         let granted = scheduler.pull(worker, 2, now).expect("registered");
         for (index, (lease, chunk)) in granted.iter().enumerate() {
             let slowest = *consumed.iter().min().unwrap_or(&0);
@@ -157,7 +157,7 @@ fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
     }
     // Rank 1's trainer goes away; rank 0 keeps reporting.
     let later = start + config().trainer_ttl + Duration::from_secs(1);
-    scheduler.heartbeat(worker, &[], 0, later).expect("registered");
+    scheduler.heartbeat(worker, &[], 0, &[], later).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, later);
     assert_eq!(ranks(&scheduler.pull(worker, 10, later).expect("registered")), [0, 0, 0], "rank 1's chunks wait");
     // A restarted trainer attaches as rank 1 and opens the run: it gets the steps the gone
@@ -185,7 +185,7 @@ fn a_lease_without_progress_expires_even_though_its_worker_lists_it() {
     let mut revoked = Vec::new();
     for beat in 1..=30u32 {
         now += Duration::from_millis(500);
-        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(progressing, beat), (hung, 0)]), 0, now).expect("registered");
+        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(progressing, beat), (hung, 0)]), 0, &[], now).expect("registered");
         if !revoked.is_empty() {
             break;
         }
@@ -334,7 +334,7 @@ fn a_rank_whose_trainer_went_silent_does_not_hold_back_the_others() {
     let mut made = 0u64;
     for _ in 0..12 {
         now += Duration::from_secs(1);
-        scheduler.heartbeat(worker, &[], 0, now).expect("registered");
+        scheduler.heartbeat(worker, &[], 0, &[], now).expect("registered");
         let granted = scheduler.pull(worker, 10, now).expect("registered");
         made += granted.iter().filter(|(_, chunk)| chunk.rank == Rank(0)).map(|(_, chunk)| u64::from(chunk.steps)).sum::<u64>();
         for (lease, _) in granted {
@@ -349,9 +349,10 @@ fn a_rank_whose_trainer_went_silent_does_not_hold_back_the_others() {
 
 /// Found by review: a worker stuck on a job (its lease stalled) took the very steps it stalled
 /// on straight back at its next pull, and the job advanced a window per stall timeout. After a
-/// stall, that worker gets none of the job's work for a stall timeout; another worker does.
+/// stall, that worker gets none of the job's work while it reports the job stuck; another
+/// worker does.
 #[test]
-fn a_worker_whose_lease_stalled_does_not_get_the_job_back_at_once() {
+fn a_worker_stuck_on_a_job_gets_none_of_its_work_until_it_recovers() {
     let start = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
@@ -363,16 +364,38 @@ fn a_worker_whose_lease_stalled_does_not_get_the_job_back_at_once() {
     let mut revoked = Vec::new();
     while revoked.is_empty() && now < start + Duration::from_secs(30) {
         now += Duration::from_millis(500);
-        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(stuck_lease, 0)]), 0, now).expect("registered");
-        scheduler.heartbeat(healthy, &[], 0, now).expect("registered");
+        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(stuck_lease, 0)]), 0, &[], now).expect("registered");
+        scheduler.heartbeat(healthy, &[], 0, &[], now).expect("registered");
         report(&mut scheduler, key(), 0, 1, 0, now);
     }
     assert_eq!(revoked, vec![stuck_lease]);
     assert!(scheduler.pull(stuck, 10, now).expect("registered").is_empty(), "not back to the stuck worker");
     let regranted = scheduler.pull(healthy, 10, now).expect("registered");
     assert_eq!(regranted.first().map(|(_, chunk)| chunk.first_step), Some(Step(0)), "to the healthy one");
-    let later = now + config().lease_stall + Duration::from_millis(1);
-    scheduler.heartbeat(stuck, &[], 0, later).expect("registered");
+    let job = key().job;
+    let later = now + config().lease_ttl + Duration::from_millis(1);
+    scheduler.heartbeat(stuck, &[], 0, &[job], later).expect("registered");
+    scheduler.heartbeat(healthy, &[], 0, &[], later).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, later);
-    assert!(!scheduler.pull(stuck, 10, later).expect("registered").is_empty(), "after the backoff it may try again");
+    assert!(scheduler.pull(stuck, 10, later).expect("registered").is_empty(), "still stuck, by its own report");
+    let recovered = later + Duration::from_millis(500);
+    scheduler.heartbeat(stuck, &[], 0, &[], recovered).expect("registered");
+    report(&mut scheduler, key(), 0, 1, 0, recovered);
+    assert!(!scheduler.pull(stuck, 10, recovered).expect("registered").is_empty(), "no longer stuck: it gets work again");
+}
+
+/// A worker that reports a job stuck before any of its leases stalled gets none of the job's
+/// work from then on, and other jobs' work as before.
+#[test]
+fn a_job_reported_stuck_is_not_granted_to_that_worker() {
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
+    let other = RunKey { job: JobId(2), ..key() };
+    open(&mut scheduler, other, 0, 1, shape(8, 1, 4), start);
+    let worker = scheduler.register_worker(addr(), 1, start);
+    scheduler.heartbeat(worker, &[], 0, &[key().job], start).expect("registered");
+    let granted = scheduler.pull(worker, 10, start).expect("registered");
+    assert!(!granted.is_empty());
+    assert!(granted.iter().all(|(_, chunk)| chunk.job == other.job), "only the other job's work: {granted:?}");
 }

@@ -77,6 +77,14 @@ pub struct FaultCounts {
     pub pauses: u64,
     /// The most times one step of one run of one rank was made.
     pub most_makes_of_a_step: u32,
+    /// Grants a worker refused because the job's pipeline there was stuck.
+    pub refusals: u64,
+    /// The most times one chunk was refused after the faults stopped.
+    pub most_quiet_refusals_of_a_chunk: u32,
+    /// Heartbeats that reported a job stuck.
+    pub stuck_reports: u64,
+    /// Opens asked again (unanswered, or the coordinator could not answer yet).
+    pub open_retries: u64,
     /// Copies of a step the trainers dropped.
     pub duplicates: u64,
     /// Batches of past runs the trainers dropped.
@@ -190,6 +198,8 @@ pub(crate) struct Ctx {
     alive_workers: Vec<(usize, u64)>,
     /// Times each step of each run of each rank was made in the quiet phase.
     quiet_makes: std::collections::HashMap<(RunId, Rank, Step), u32>,
+    /// Times each chunk (by its first step) was refused in the quiet phase.
+    quiet_refusals: std::collections::HashMap<(RunId, Rank, Step), u32>,
     pub(crate) counts: FaultCounts,
     log: Vec<String>,
 }
@@ -260,6 +270,18 @@ impl Ctx {
         self.counts.most_makes_of_a_step = self.counts.most_makes_of_a_step.max(*makes);
     }
 
+    /// A worker refused the chunk of `run` for `rank` from `first_step` (its pipeline for the
+    /// job is stuck): in the quiet phase, count it.
+    pub(crate) fn refused(&mut self, run: RunId, rank: Rank, first_step: Step) {
+        self.counts.refusals += 1;
+        if self.faulty {
+            return;
+        }
+        let refusals = self.quiet_refusals.entry((run, rank, first_step)).or_default();
+        *refusals += 1;
+        self.counts.most_quiet_refusals_of_a_chunk = self.counts.most_quiet_refusals_of_a_chunk.max(*refusals);
+    }
+
     /// A trainer session says hello to every worker alive it has not greeted yet (as the
     /// client connects to the workers each answer lists); returns those it greeted now.
     pub(crate) fn hello_new(
@@ -304,6 +326,9 @@ fn manifest() -> Result<PathBuf, String> {
 
 /// The most times a step may be made once the faults have stopped.
 const MAX_QUIET_MAKES: u32 = 6;
+/// The most times a chunk may be refused once the faults have stopped: a stuck worker reports
+/// the job at its next heartbeat, and then gets none of it.
+const MAX_QUIET_REFUSALS: u32 = 2;
 
 struct World {
     ctx: Ctx,
@@ -330,6 +355,7 @@ impl World {
         let workers = pick(1, 3) as usize;
         let epochs = pick(1, 3);
         let fault_until_ms = if pick(0, 9) == 0 { 0 } else { pick(2_000, 25_000) };
+        let nack_after = Duration::from_millis([250, 1_000, 2_000][pick(0, 2) as usize]);
         let mut config = CoordinatorConfig::new(PathBuf::new());
         config.lease_ttl = Duration::from_secs(3);
         config.heartbeat = Duration::from_millis(500);
@@ -360,7 +386,7 @@ impl World {
             .map_err(|error| error.to_string())?;
         let ControlResponse::Attached { job, .. } = attached else { return Err(format!("unexpected {attached:?}")) };
         let table = Arc::new(ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| error.to_string())?);
-        let setup = Setup { spec, job, table, dataset_version: dataset.version, nack_after: Duration::from_secs(1), heartbeat_ms: 500 };
+        let setup = Setup { spec, job, table, dataset_version: dataset.version, nack_after, heartbeat_ms: 500 };
         let mut ctx = Ctx {
             rng,
             base,
@@ -375,11 +401,12 @@ impl World {
             hellos: Net::default(),
             alive_workers: Vec::new(),
             quiet_makes: std::collections::HashMap::new(),
+            quiet_refusals: std::collections::HashMap::new(),
             counts: FaultCounts::default(),
             log: Vec::new(),
         };
         ctx.note(format!(
-            "W={world_size} B={batch_size} {tail:?} {shuffle:?} chunk={chunk_steps} prefetch={prefetch} workers={workers} epochs={epochs} faults until {fault_until_ms} ms"
+            "W={world_size} B={batch_size} {tail:?} {shuffle:?} chunk={chunk_steps} prefetch={prefetch} workers={workers} epochs={epochs} nack_after={nack_after:?} faults until {fault_until_ms} ms"
         ));
         let program = Program { epoch: Epoch(0), last_epoch: Epoch(epochs - 1), saved_opt: None, resume_opt: None };
         let mut next_generation = 1;
@@ -410,6 +437,11 @@ impl World {
                 let (key, makes) =
                     self.ctx.quiet_makes.iter().max_by_key(|(_, makes)| **makes).map(|(key, makes)| (*key, *makes)).unwrap_or_default();
                 return Err(format!("{key:?} was made {makes} times after the faults stopped:\n{}", self.state()));
+            }
+            if self.ctx.counts.most_quiet_refusals_of_a_chunk > MAX_QUIET_REFUSALS {
+                let (key, refusals) =
+                    self.ctx.quiet_refusals.iter().max_by_key(|(_, refusals)| **refusals).map(|(key, n)| (*key, *n)).unwrap_or_default();
+                return Err(format!("the chunk {key:?} was refused {refusals} times after the faults stopped:\n{}", self.state()));
             }
             if self.ctx.now_ms > deadline_ms {
                 return Err(self.wedged());

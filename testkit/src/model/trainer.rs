@@ -45,12 +45,25 @@ impl Delivered for SimBatch {
 /// How long the client waits for an answer before it gives up on a call (its QUIC call
 /// timeout); the call may still be applied later.
 const CALL_TIMEOUT_MS: u64 = 10_000;
+/// The trainer's batch timeout: how long the loader asks again for an open that is not
+/// answered before it gives up (and the next call opens a new pass).
+const BATCH_TIMEOUT_MS: u64 = 30_000;
 
 #[derive(Debug)]
 enum Phase {
-    Attaching { sent_ms: u64, call: u64 },
+    Attaching {
+        sent_ms: u64,
+        call: u64,
+    },
     Ready,
-    Opening { sent_ms: u64, call: u64 },
+    /// The open in flight: when it went out, its call, the request (asked again unchanged
+    /// while unanswered, as the loader does), and when the loader gives up.
+    Opening {
+        sent_ms: u64,
+        call: u64,
+        request: ControlRequest,
+        give_up_ms: u64,
+    },
     Iterating,
     Done,
 }
@@ -79,7 +92,8 @@ pub(crate) struct SimTrainer {
     /// Steps yielded in the current pass, in order.
     yielded: Vec<u64>,
     /// The report in flight: when it was sent, and its call.
-    report_sent_opt: Option<(u64, u64)>,
+    /// The report in flight: when it went out, its call, and whether it named missing steps.
+    report_sent_opt: Option<(u64, u64, bool)>,
     /// The last report sent, and when.
     last_report_opt: Option<(u64, Report)>,
     /// The standing the training loop published last (the loader's watch value).
@@ -182,9 +196,7 @@ impl SimTrainer {
             Phase::Ready => self.open(ctx, setup)?,
             Phase::Opening { sent_ms, .. } => {
                 if ctx.now_ms.saturating_sub(sent_ms) > CALL_TIMEOUT_MS {
-                    ctx.note(format!("{} open timed out: next call opens a new pass", self.rank));
-                    self.protocol.close();
-                    self.phase = Phase::Ready;
+                    self.open_again(ctx, "timed out");
                 }
             }
             Phase::Iterating => self.iterate(ctx, setup)?,
@@ -198,12 +210,29 @@ impl SimTrainer {
         let plan = Arc::new(self.plan_for(setup)?);
         let Open { run: (epoch, start), pass, consumed, holding } = self.protocol.open((self.program.epoch, plan.start()), plan.steps());
         ctx.note(format!("{} opens {epoch} from {start} in {pass}, holding {holding:?}", self.rank));
-        let call = ctx
-            .call(self.me(), ControlRequest::OpenEpoch { job: setup.job, rank: self.rank, epoch, start, session, pass, consumed, holding });
+        let request = ControlRequest::OpenEpoch { job: setup.job, rank: self.rank, epoch, start, session, pass, consumed, holding };
+        let call = ctx.call(self.me(), request.clone());
         self.plan_opt = Some(plan);
         self.yielded.clear();
-        self.phase = Phase::Opening { sent_ms: ctx.now_ms, call };
+        self.phase = Phase::Opening { sent_ms: ctx.now_ms, call, request, give_up_ms: ctx.now_ms + BATCH_TIMEOUT_MS };
         Ok(())
+    }
+
+    /// The open was not answered (or the coordinator cannot answer yet): ask the same again,
+    /// until the batch timeout; then the loader gives up and its next call opens a new pass.
+    fn open_again(&mut self, ctx: &mut Ctx, why: &str) {
+        let Phase::Opening { request, give_up_ms, .. } = &self.phase else { return };
+        if ctx.now_ms >= *give_up_ms {
+            ctx.note(format!("{} open {why}; gives up: next call opens a new pass", self.rank));
+            self.protocol.close();
+            self.phase = Phase::Ready;
+            return;
+        }
+        ctx.note(format!("{} open {why}; asks again", self.rank));
+        ctx.counts.open_retries += 1;
+        let (request, give_up_ms) = (request.clone(), *give_up_ms);
+        let call = ctx.call(self.me(), request.clone());
+        self.phase = Phase::Opening { sent_ms: ctx.now_ms, call, request, give_up_ms };
     }
 
     /// The loader publishes the rank's standing (the reporter sends it).
@@ -232,7 +261,12 @@ impl SimTrainer {
             return self.finish_pass(ctx);
         }
         self.protocol.waiting(ctx.now());
-        self.waited_at_ms_opt = Some(ctx.now_ms);
+        // As the loader does: it says it waits each time it wakes, at least every
+        // `waiting_refresh` (not at every tick of the model).
+        let refresh_ms = self.protocol.waiting_refresh().as_millis() as u64;
+        if self.waited_at_ms_opt.is_none_or(|at| ctx.now_ms.saturating_sub(at) >= refresh_ms) {
+            self.waited_at_ms_opt = Some(ctx.now_ms);
+        }
         self.publish(ctx);
         // A Ctrl-C (or a caught timeout) while overdue: the loop stops with missing steps
         // published, the loader lives on, and its reporter keeps reporting.
@@ -321,7 +355,7 @@ impl SimTrainer {
         if self.session_opt.is_none() || matches!(self.phase, Phase::Opening { .. } | Phase::Done | Phase::Attaching { .. }) {
             return;
         }
-        if let Some((sent_ms, _)) = self.report_sent_opt {
+        if let Some((sent_ms, _, _)) = self.report_sent_opt {
             if ctx.now_ms.saturating_sub(sent_ms) <= CALL_TIMEOUT_MS {
                 return;
             }
@@ -343,7 +377,8 @@ impl SimTrainer {
         let Report { run: (epoch, start), pass, consumed, missing, .. } = report.clone();
         let waited_at = self.waited_at_ms_opt.map(|at| ctx.base + std::time::Duration::from_millis(at));
         let missing = self.damper.filter(missing, waited_at, ctx.now());
-        if !missing.is_empty() {
+        let carries_missing = !missing.is_empty();
+        if carries_missing {
             ctx.counts.missing_reports += 1;
         }
         let request = ControlRequest::ReportProgress {
@@ -358,7 +393,7 @@ impl SimTrainer {
             missing,
         };
         let call = ctx.call(self.me(), request);
-        self.report_sent_opt = Some((ctx.now_ms, call));
+        self.report_sent_opt = Some((ctx.now_ms, call, carries_missing));
         self.last_report_opt = Some((ctx.now_ms, report));
     }
 
@@ -371,7 +406,7 @@ impl SimTrainer {
         answer: Result<ControlResponse, RemoteError>,
     ) -> Result<(), String> {
         let opening = matches!(self.phase, Phase::Opening { call: open_call, .. } if open_call == call);
-        let reporting = self.report_sent_opt.is_some_and(|(_, report_call)| report_call == call);
+        let reporting = self.report_sent_opt.is_some_and(|(_, report_call, _)| report_call == call);
         match answer {
             Ok(ControlResponse::Attached { session, job, .. }) => {
                 if !matches!(self.phase, Phase::Attaching { call: attach_call, .. } if attach_call == call) {
@@ -409,7 +444,10 @@ impl SimTrainer {
                 if !reporting {
                     return Ok(());
                 }
-                self.report_sent_opt = None;
+                let Some((sent_ms, _, carried_missing)) = self.report_sent_opt.take() else { return Ok(()) };
+                if carried_missing {
+                    self.damper.delivered(ctx.base + std::time::Duration::from_millis(sent_ms));
+                }
                 if let Some(session) = self.session_opt {
                     let greeted = ctx.hello_new(self.rank, self.generation, session, &self.greeted);
                     self.greeted.extend(greeted);
@@ -445,6 +483,7 @@ impl SimTrainer {
             Err(error) if error.code == ErrorCode::Superseded => {
                 return Err(format!("{} (gen {}) was superseded though it is the newest trainer: {error}", self.rank, self.generation));
             }
+            Err(error) if opening && error.is_retryable() => self.open_again(ctx, &format!("failed ({error})")),
             Err(error) => {
                 ctx.note(format!("{} call failed: {error}", self.rank));
                 if opening {

@@ -44,6 +44,9 @@ pub(crate) struct SimWorker {
     /// The pull in flight: when it was sent, and its call.
     pull_sent_opt: Option<(u64, u64)>,
     heartbeat_sent_ms: u64,
+    /// Half the coordinator's lease stall, from the registration: a job's pipeline is stuck
+    /// after making nothing of its work for this long.
+    stuck_after: std::time::Duration,
 }
 
 impl SimWorker {
@@ -61,6 +64,7 @@ impl SimWorker {
             waiting: Vec::new(),
             pull_sent_opt: None,
             heartbeat_sent_ms: 0,
+            stuck_after: std::time::Duration::from_secs(30),
         }
     }
 
@@ -97,7 +101,12 @@ impl SimWorker {
             return;
         };
         if ctx.now_ms.saturating_sub(self.heartbeat_sent_ms) >= setup.heartbeat_ms {
-            ctx.call(self.me(), ControlRequest::Heartbeat { worker, leases: self.ledger.progress(), images: 0 });
+            let stuck_jobs = self.ledger.stuck_jobs(ctx.now(), self.stuck_after);
+            if !stuck_jobs.is_empty() {
+                ctx.counts.stuck_reports += 1;
+                ctx.note(format!("worker {} reports {stuck_jobs:?} stuck", self.index));
+            }
+            ctx.call(self.me(), ControlRequest::Heartbeat { worker, leases: self.ledger.progress(), images: 0, stuck_jobs });
             self.heartbeat_sent_ms = ctx.now_ms;
         }
         if self.ledger.outstanding() < IN_FLIGHT && self.pull_sent_opt.is_none_or(|(sent, _)| ctx.now_ms.saturating_sub(sent) > 10_000) {
@@ -128,6 +137,7 @@ impl SimWorker {
         if held.made == chunk.steps {
             self.held.remove(&lease);
         }
+        self.ledger.made(chunk.job, ctx.now());
         if self.ledger.is_revoked(lease) {
             self.finish(ctx, lease, Ok(()));
             return;
@@ -170,7 +180,7 @@ impl SimWorker {
     }
 
     fn finish(&mut self, ctx: &mut Ctx, lease: LeaseId, result: Result<(), Failure>) {
-        let (Some(ending), Some(worker)) = (self.ledger.finish(lease, result), self.id_opt) else { return };
+        let (Some(ending), Some(worker)) = (self.ledger.finish(lease, result, ctx.now()), self.id_opt) else { return };
         let request = match ending {
             Ending::Done => ControlRequest::ChunkDone { worker, lease },
             Ending::Failed(failure) => ControlRequest::ChunkFailed { worker, lease, reason: failure.reason },
@@ -195,7 +205,8 @@ impl SimWorker {
             self.pull_sent_opt = None;
         }
         match answer {
-            Ok(ControlResponse::WorkerRegistered { worker, .. }) => {
+            Ok(ControlResponse::WorkerRegistered { worker, lease_stall_millis, .. }) => {
+                self.stuck_after = std::time::Duration::from_millis(lease_stall_millis / 2);
                 self.id_opt = Some(worker);
                 self.register_sent_opt = None;
             }
@@ -206,13 +217,15 @@ impl SimWorker {
             }
             Ok(ControlResponse::Chunks { grants }) => {
                 for grant in grants {
-                    if !self.ledger.grant(grant.lease, grant.chunk.job, grant.chunk.steps) {
+                    let stuck = self.ledger.job_stuck(grant.chunk.job, ctx.now(), self.stuck_after);
+                    if !self.ledger.grant(grant.lease, grant.chunk.job, grant.chunk.steps, ctx.now()) {
                         continue;
                     }
-                    if self.ledger.job_stuck(grant.chunk.job) {
-                        // As the worker does: refused at once while batches the coordinator took
-                        // back are stuck in the job's pipeline.
+                    if stuck {
+                        // As the worker does: refused at once while the job's pipeline makes
+                        // nothing of the work it holds.
                         ctx.note(format!("worker {} refuses {}: its pipeline is stuck", self.index, grant.lease));
+                        ctx.refused((grant.chunk.epoch, grant.chunk.start), grant.chunk.rank, grant.chunk.first_step);
                         for _ in 0..grant.chunk.steps {
                             self.finish(ctx, grant.lease, Err(Failure::retry("stuck")));
                         }

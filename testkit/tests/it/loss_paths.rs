@@ -94,6 +94,9 @@ fn a_batch_refused_after_acknowledgement_is_made_again() {
     let mut base = cluster.loader_config("train", 4);
     base.tail = Tail::Partial;
     base.batch_timeout = Duration::from_secs(30);
+    // Shorter than the reporter's one-second beat (found by review: the training loop then
+    // did not count as waiting when the reporter looked, and the step was never asked for).
+    base.nack_after = Duration::from_millis(250);
     let config = config_for(&base, 0, 1);
     let tls = TlsConfigs::insecure().expect("tls");
     let datasets = expect_response!(cluster.call(ControlRequest::ListDatasets).expect("lists"), Datasets { datasets }).expect("datasets");
@@ -105,9 +108,11 @@ fn a_batch_refused_after_acknowledgement_is_made_again() {
         .expect("endpoint");
     let fake_addr = fake.local_addr().expect("address");
     let register = ControlRequest::RegisterWorker { addr: fake_addr, threads: 1 };
-    let registered =
-        expect_response!(cluster.call(register).expect("registers"), WorkerRegistered { worker, heartbeat_millis, lease_ttl_millis });
-    let (worker, _, _) = registered.expect("registered");
+    let registered = expect_response!(
+        cluster.call(register).expect("registers"),
+        WorkerRegistered { worker, heartbeat_millis, lease_ttl_millis, lease_stall_millis }
+    );
+    let (worker, _, _, _) = registered.expect("registered");
     info!("--- the trainer attaches (and dials the fake worker); the fake worker takes step 0");
     let trainer_config = config.clone();
     let trainer = std::thread::spawn(move || {
@@ -128,8 +133,12 @@ fn a_batch_refused_after_acknowledgement_is_made_again() {
         .expect("granted");
         grant_opt.expect("a grant")
     };
-    let alive =
-        |finished: u32| ControlRequest::Heartbeat { worker, leases: vec![LeaseProgress { lease: grant.lease, finished }], images: 0 };
+    let alive = |finished: u32| ControlRequest::Heartbeat {
+        worker,
+        leases: vec![LeaseProgress { lease: grant.lease, finished }],
+        images: 0,
+        stuck_jobs: vec![],
+    };
     cluster.call(alive(0)).expect("heartbeat");
     let table = Arc::new(ShardTable::new(dataset.shard_counts.iter().copied()).expect("table"));
     let plan = EpochPlan::starting_at(table, grant.spec.plan, grant.chunk.epoch, grant.chunk.start);

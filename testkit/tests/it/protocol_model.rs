@@ -48,6 +48,10 @@ fn every_step_is_yielded_exactly_once_under_random_faults() {
         total.dropped += c.dropped;
         total.pauses += c.pauses;
         total.most_makes_of_a_step = total.most_makes_of_a_step.max(c.most_makes_of_a_step);
+        total.refusals += c.refusals;
+        total.most_quiet_refusals_of_a_chunk = total.most_quiet_refusals_of_a_chunk.max(c.most_quiet_refusals_of_a_chunk);
+        total.stuck_reports += c.stuck_reports;
+        total.open_retries += c.open_retries;
     }
     eprintln!("{schedules} schedules in {:.1} s, {steps} steps yielded; {total:?}", started.elapsed().as_secs_f64());
     // The model is only as good as the faults it makes: each kind must have happened.
@@ -63,6 +67,8 @@ fn every_step_is_yielded_exactly_once_under_random_faults() {
         ("load_state_dict calls", total.loads),
         ("missing-step reports", total.missing_reports),
         ("paused training loops", total.pauses),
+        ("stuck jobs reported", total.stuck_reports),
+        ("opens asked again", total.open_retries),
     ] {
         assert!(count > 0 || schedules < 200, "no {what} in {schedules} schedules: the model does not exercise them");
     }

@@ -117,6 +117,24 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
         assert_eq!(steps, 30);
     }
     wait_until(Duration::from_secs(20), "the stuck lease expires without progress", || core.leases_expired() >= 1).expect("expired");
+    info!("--- the worker reports the job stuck, and is granted none of it while it is");
+    let stuck_job = |status: &stoker_common::proto::ClusterStatus| {
+        status.jobs.iter().find(|job| job.spec.dataset == "stuck").map(|job| (job.id, job.chunks_leased))
+    };
+    let status = || match core.handle(ControlRequest::Status, std::time::Instant::now()) {
+        Ok(stoker_common::proto::ControlResponse::Status { status }) => status,
+        other => panic!("status: {other:?}"),
+    };
+    wait_until(Duration::from_secs(10), "the worker reports the job stuck", || {
+        let status = status();
+        let job_opt = stuck_job(&status).map(|(job, _)| job);
+        status.workers.iter().any(|worker| job_opt.is_some_and(|job| worker.stuck_jobs.contains(&job)))
+    })
+    .expect("reported stuck");
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(stuck_job(&status()).map(|(_, leased)| leased), Some(0), "no lease of the stuck job goes back to the stuck worker");
+    }
     info!("--- unblock the open (a writer appears and goes), so no thread is left hanging");
     drop(_unblock);
     let outcome = stuck.join().expect("stuck trainer");

@@ -9,8 +9,13 @@
 //!   it once, a revoke writes off what its lease had left, and a late finish of a revoked
 //!   lease (its batches were in the pipeline) changes nothing, so the count never wraps;
 //! * a batch finished for a lease the ledger does not know changes nothing.
+//!
+//! It also tells which jobs' pipelines are stuck: a job is stuck when the ledger holds
+//! unfinished work of it (revoked leases included: their batches are still in the pipeline)
+//! and nothing of the job came out since the oldest of that work was granted, for a while.
 
 use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
 
 use stoker_common::ids::{JobId, LeaseId};
 use stoker_common::proto::LeaseProgress;
@@ -49,6 +54,7 @@ struct Entry {
     /// The coordinator took the lease back: no report, and its unfinished batches were
     /// written off `outstanding`.
     revoked: bool,
+    granted_at: Instant,
 }
 
 /// The leases a worker holds. Public so that the protocol model in `testkit` runs the same
@@ -57,28 +63,32 @@ struct Entry {
 pub struct LeaseLedger {
     leases: BTreeMap<LeaseId, Entry>,
     outstanding: usize,
+    /// When a batch of each job with leases here last came out of its pipeline.
+    progressed_at: BTreeMap<JobId, Instant>,
 }
 
 impl LeaseLedger {
-    /// A lease of `steps` batches of `job` was granted. `false` (and nothing changes) if the
-    /// ledger already holds it.
-    pub fn grant(&mut self, lease: LeaseId, job: JobId, steps: u32) -> bool {
+    /// A lease of `steps` batches of `job` was granted at `now`. `false` (and nothing changes)
+    /// if the ledger already holds it.
+    pub fn grant(&mut self, lease: LeaseId, job: JobId, steps: u32, now: Instant) -> bool {
         if self.leases.contains_key(&lease) {
             return false;
         }
-        self.leases.insert(lease, Entry { job, steps, finished: 0, failure_opt: None, revoked: false });
+        self.leases.insert(lease, Entry { job, steps, finished: 0, failure_opt: None, revoked: false, granted_at: now });
         self.outstanding += steps as usize;
         true
     }
 
-    /// One batch of `lease` is finished (delivered, or not). When it is the last of a lease
-    /// that was not revoked, returns how the lease ended: report it, once.
-    pub fn finish(&mut self, lease: LeaseId, result: Result<(), Failure>) -> Option<Ending> {
+    /// One batch of `lease` is finished at `now` (delivered, or not). When it is the last of a
+    /// lease that was not revoked, returns how the lease ended: report it, once.
+    pub fn finish(&mut self, lease: LeaseId, result: Result<(), Failure>, now: Instant) -> Option<Ending> {
         let entry = self.leases.get_mut(&lease)?;
         if entry.finished >= entry.steps {
             return None;
         }
         entry.finished += 1;
+        let job = entry.job;
+        self.progressed_at.insert(job, now);
         if !entry.revoked {
             self.outstanding -= 1;
         }
@@ -93,6 +103,9 @@ impl LeaseLedger {
             return None;
         }
         let ended = self.leases.remove(&lease)?;
+        if !self.job_busy(job) {
+            self.progressed_at.remove(&job);
+        }
         if ended.revoked {
             return None;
         }
@@ -136,11 +149,32 @@ impl LeaseLedger {
         self.leases.values().any(|entry| entry.job == job)
     }
 
-    /// Whether the coordinator took back a lease of `job` whose batches have not come out of
-    /// the pipeline yet: the job's pipeline is stuck (a hung open or decode), and new work of
-    /// the job would only queue behind it. Such grants are refused until the batches finish.
-    pub fn job_stuck(&self, job: JobId) -> bool {
-        self.leases.values().any(|entry| entry.job == job && entry.revoked)
+    /// A batch of `job` came out of its pipeline at `now` (it is being delivered).
+    pub fn made(&mut self, job: JobId, now: Instant) {
+        if self.job_busy(job) {
+            self.progressed_at.insert(job, now);
+        }
+    }
+
+    /// Whether `job`'s pipeline is stuck at `now` (a hung open or decode): work of the job has
+    /// waited `after` since its grant and nothing of the job came out meanwhile. New work of
+    /// the job would only queue behind it: the worker refuses it, and reports the job (see
+    /// [`Self::stuck_jobs`]) so that the coordinator grants it elsewhere.
+    pub fn job_stuck(&self, job: JobId, now: Instant, after: Duration) -> bool {
+        let Some(oldest) = self.leases.values().filter(|entry| entry.job == job).map(|entry| entry.granted_at).min() else {
+            return false;
+        };
+        let quiet_since = self.progressed_at.get(&job).map_or(oldest, |progressed| oldest.max(*progressed));
+        now.saturating_duration_since(quiet_since) >= after
+    }
+
+    /// The jobs stuck at `now` ([`Self::job_stuck`]), for the heartbeat.
+    pub fn stuck_jobs(&self, now: Instant, after: Duration) -> Vec<JobId> {
+        let mut jobs: Vec<JobId> = self.leases.values().map(|entry| entry.job).collect();
+        jobs.sort_unstable();
+        jobs.dedup();
+        jobs.retain(|job| self.job_stuck(*job, now, after));
+        jobs
     }
 }
 
@@ -152,16 +186,22 @@ mod tests {
 
     const JOB: JobId = JobId(1);
 
+    /// One instant for the tests that are not about time.
+    fn at() -> Instant {
+        static AT: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+        *AT.get_or_init(Instant::now)
+    }
+
     #[test]
     fn a_lease_reports_once_when_its_last_batch_finishes() {
         let mut ledger = LeaseLedger::default();
-        assert!(ledger.grant(LeaseId(1), JOB, 2));
-        assert!(!ledger.grant(LeaseId(1), JOB, 2), "a repeated grant changes nothing");
+        assert!(ledger.grant(LeaseId(1), JOB, 2, at()));
+        assert!(!ledger.grant(LeaseId(1), JOB, 2, at()), "a repeated grant changes nothing");
         assert_eq!(ledger.outstanding(), 2);
-        assert_eq!(ledger.finish(LeaseId(1), Ok(())), None);
+        assert_eq!(ledger.finish(LeaseId(1), Ok(()), at()), None);
         assert_eq!(ledger.progress(), vec![LeaseProgress { lease: LeaseId(1), finished: 1 }]);
-        assert_eq!(ledger.finish(LeaseId(1), Err(Failure::retry("no trainer"))), Some(Ending::Failed(Failure::retry("no trainer"))));
-        assert_eq!(ledger.finish(LeaseId(1), Ok(())), None, "a finish after the end is ignored");
+        assert_eq!(ledger.finish(LeaseId(1), Err(Failure::retry("no trainer")), at()), Some(Ending::Failed(Failure::retry("no trainer"))));
+        assert_eq!(ledger.finish(LeaseId(1), Ok(()), at()), None, "a finish after the end is ignored");
         assert_eq!(ledger.outstanding(), 0);
         assert!(!ledger.job_busy(JOB));
     }
@@ -169,10 +209,10 @@ mod tests {
     #[test]
     fn a_fatal_failure_wins_over_an_earlier_retryable_one() {
         let mut ledger = LeaseLedger::default();
-        ledger.grant(LeaseId(1), JOB, 3);
-        ledger.finish(LeaseId(1), Err(Failure::retry("first")));
-        ledger.finish(LeaseId(1), Err(Failure { reason: "bad sample".into(), fatal: true }));
-        let ending = ledger.finish(LeaseId(1), Err(Failure::retry("third")));
+        ledger.grant(LeaseId(1), JOB, 3, at());
+        ledger.finish(LeaseId(1), Err(Failure::retry("first")), at());
+        ledger.finish(LeaseId(1), Err(Failure { reason: "bad sample".into(), fatal: true }), at());
+        let ending = ledger.finish(LeaseId(1), Err(Failure::retry("third")), at());
         assert_eq!(ending, Some(Ending::Failed(Failure { reason: "bad sample".into(), fatal: true })));
     }
 
@@ -181,21 +221,46 @@ mod tests {
     #[test]
     fn a_revoked_lease_is_written_off_and_never_reported() {
         let mut ledger = LeaseLedger::default();
-        ledger.grant(LeaseId(1), JOB, 4);
-        ledger.grant(LeaseId(2), JobId(2), 1);
-        ledger.finish(LeaseId(1), Ok(()));
+        ledger.grant(LeaseId(1), JOB, 4, at());
+        ledger.grant(LeaseId(2), JobId(2), 1, at());
+        ledger.finish(LeaseId(1), Ok(()), at());
         ledger.revoke(LeaseId(1));
         ledger.revoke(LeaseId(1));
         assert_eq!(ledger.outstanding(), 1, "only lease 2's batch counts");
         assert_eq!(ledger.progress(), vec![LeaseProgress { lease: LeaseId(2), finished: 0 }]);
         assert!(ledger.job_busy(JOB), "its batches may still be in the pipeline");
-        assert!(ledger.job_stuck(JOB) && !ledger.job_stuck(JobId(2)), "lease 1 was taken back unfinished");
         for _ in 0..3 {
-            assert_eq!(ledger.finish(LeaseId(1), Ok(())), None);
+            assert_eq!(ledger.finish(LeaseId(1), Ok(()), at()), None);
         }
         assert_eq!(ledger.outstanding(), 1);
         assert!(!ledger.job_busy(JOB));
-        assert!(!ledger.job_stuck(JOB), "its batches came out");
+    }
+
+    /// A job is stuck when its oldest unfinished work waited `after` with nothing of the job
+    /// coming out; revoked leases count (their batches are still in the pipeline), a job with
+    /// nothing left is never stuck, and a batch coming out lifts it.
+    #[test]
+    fn a_job_is_stuck_while_its_pipeline_makes_nothing_of_the_work_it_holds() {
+        let start = Instant::now();
+        let after = Duration::from_secs(30);
+        let second = Duration::from_secs(1);
+        let mut ledger = LeaseLedger::default();
+        ledger.grant(LeaseId(1), JOB, 2, start);
+        ledger.grant(LeaseId(2), JobId(2), 1, start);
+        assert!(!ledger.job_stuck(JOB, start + after - second, after), "not yet");
+        assert_eq!(ledger.stuck_jobs(start + after, after), vec![JOB, JobId(2)]);
+        ledger.finish(LeaseId(1), Ok(()), start + after);
+        assert_eq!(ledger.stuck_jobs(start + after, after), vec![JobId(2)], "a batch came out");
+        ledger.revoke(LeaseId(1));
+        ledger.grant(LeaseId(3), JOB, 1, start + after * 2 - second);
+        assert!(ledger.job_stuck(JOB, start + after * 2, after), "the revoked lease's batch is still inside; a new grant changes nothing");
+        ledger.made(JOB, start + after * 2);
+        assert!(!ledger.job_stuck(JOB, start + after * 2, after), "a batch came out of the pipeline");
+        ledger.finish(LeaseId(1), Ok(()), start + after * 2);
+        ledger.finish(LeaseId(3), Ok(()), start + after * 2);
+        ledger.grant(LeaseId(4), JOB, 1, start + after * 4);
+        assert!(!ledger.job_stuck(JOB, start + after * 4 + second, after), "idle in between is not stuck");
+        assert!(ledger.job_stuck(JOB, start + after * 5, after));
     }
 
     #[derive(Clone, Debug)]
@@ -227,7 +292,7 @@ mod tests {
             for event in events {
                 match event {
                     Event::Grant(lease, steps) => {
-                        if ledger.grant(LeaseId(u64::from(lease)), JOB, u32::from(steps)) {
+                        if ledger.grant(LeaseId(u64::from(lease)), JOB, u32::from(steps), at()) {
                             prop_assert!(!model.contains_key(&lease));
                             model.insert(lease, (u32::from(steps), 0, false));
                             reports.insert(lease, 0);
@@ -235,7 +300,7 @@ mod tests {
                     }
                     Event::Finish(lease, ok) => {
                         let result = if ok { Ok(()) } else { Err(Failure::retry("x")) };
-                        let ending = ledger.finish(LeaseId(u64::from(lease)), result);
+                        let ending = ledger.finish(LeaseId(u64::from(lease)), result, at());
                         if ending.is_some() {
                             *reports.entry(lease).or_default() += 1;
                         }

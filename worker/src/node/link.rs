@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use stoker_common::api::CoordinatorApi;
@@ -40,14 +40,13 @@ where
     A: CoordinatorApi,
 {
     let request = ControlRequest::RegisterWorker { addr: shared.advertised, threads: shared.config.threads as u32 };
-    let answer = shared
-        .api
-        .call(request)
-        .await
-        .and_then(|response| expect_response!(response, WorkerRegistered { worker, heartbeat_millis, lease_ttl_millis }));
+    let answer = shared.api.call(request).await.and_then(|response| {
+        expect_response!(response, WorkerRegistered { worker, heartbeat_millis, lease_ttl_millis, lease_stall_millis })
+    });
     match answer {
-        Ok((worker, heartbeat_millis, lease_ttl_millis)) => {
+        Ok((worker, heartbeat_millis, lease_ttl_millis, lease_stall_millis)) => {
             shared.heartbeat_millis.store(heartbeat_millis.max(10), Ordering::Release);
+            shared.stuck_after_millis.store((lease_stall_millis / 2).max(10), Ordering::Release);
             shared.worker.store(worker.0, Ordering::Release);
             info!(%worker, heartbeat_millis, lease_ttl_millis, "registered with the coordinator");
             Some(worker)
@@ -57,6 +56,11 @@ where
             None
         }
     }
+}
+
+/// How long a job's pipeline may make nothing of the work it holds before it counts as stuck.
+fn stuck_after<A>(shared: &Shared<A>) -> Duration {
+    Duration::from_millis(shared.stuck_after_millis.load(Ordering::Acquire))
 }
 
 /// Pull chunks whenever fewer than `in_flight` batches are outstanding.
@@ -110,9 +114,12 @@ where
         let period = Duration::from_millis(shared.heartbeat_millis.load(Ordering::Acquire));
         tokio::time::sleep(period).await;
         let Some(worker) = current_worker(&shared) else { continue };
-        let leases = ledger(&shared).progress();
+        let (leases, stuck_jobs) = {
+            let ledger = ledger(&shared);
+            (ledger.progress(), ledger.stuck_jobs(Instant::now(), stuck_after(&shared)))
+        };
         let images = shared.images.load(Ordering::Acquire);
-        let answer = shared.api.call(ControlRequest::Heartbeat { worker, leases, images }).await;
+        let answer = shared.api.call(ControlRequest::Heartbeat { worker, leases, images, stuck_jobs }).await;
         match answer.and_then(|response| expect_response!(response, HeartbeatAck { revoked, live_jobs })) {
             Ok((revoked, live_jobs)) => {
                 {
@@ -148,16 +155,18 @@ where
     debug!(lease = %grant.lease, job = %chunk.job, epoch = %chunk.epoch, rank = %chunk.rank, first_step = %chunk.first_step, steps = chunk.steps, "chunk granted");
     let stuck = {
         let mut ledger = ledger(shared);
-        if !ledger.grant(grant.lease, chunk.job, chunk.steps) {
+        let now = Instant::now();
+        let stuck = ledger.job_stuck(chunk.job, now, stuck_after(shared));
+        if !ledger.grant(grant.lease, chunk.job, chunk.steps, now) {
             return;
         }
-        ledger.job_stuck(chunk.job)
+        stuck
     };
     if stuck {
         // Refused at once, so another worker makes it (the coordinator retries it after its
-        // retry delay) instead of it waiting behind the stuck batches here.
-        let reason =
-            format!("this worker's pipeline for {} is stuck: batches the coordinator took back have not come out of it", chunk.job);
+        // retry delay) instead of it waiting behind the stuck batches here. (The coordinator
+        // stops granting the job here once a heartbeat reports it stuck.)
+        let reason = format!("this worker's pipeline for {} is stuck: nothing of the work it holds has come out of it", chunk.job);
         for _ in 0..chunk.steps {
             batch_finished(shared, grant.lease, Err(Failure::retry(reason.clone())));
         }
@@ -206,6 +215,7 @@ where
             }
         };
         shared.images.fetch_add(batch.len() as u64, Ordering::AcqRel);
+        ledger(&shared).made(meta.job, Instant::now());
         if ledger(&shared).is_revoked(meta.lease) {
             // Its steps are being made elsewhere: do not push a copy.
             batch_finished(&shared, meta.lease, Ok(()));
@@ -269,7 +279,7 @@ fn batch_finished<A>(shared: &Arc<Shared<A>>, lease: LeaseId, result: Result<(),
 where
     A: CoordinatorApi,
 {
-    let ending_opt = ledger(shared).finish(lease, result);
+    let ending_opt = ledger(shared).finish(lease, result, Instant::now());
     shared.room.notify_one();
     let (Some(ending), Some(worker)) = (ending_opt, current_worker(shared)) else { return };
     if shared.stopping.load(Ordering::Acquire) {

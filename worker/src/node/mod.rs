@@ -77,6 +77,9 @@ pub(crate) struct Shared<A> {
     /// Our worker id from the coordinator; 0 while unregistered.
     worker: AtomicU64,
     heartbeat_millis: AtomicU64,
+    /// A job's pipeline counts as stuck after this long without making anything of the work
+    /// it holds (half the coordinator's lease stall timeout; see `LeaseLedger::job_stuck`).
+    stuck_after_millis: AtomicU64,
     trainers: Trainers,
     ledger: std::sync::Mutex<LeaseLedger>,
     room: Notify,
@@ -124,6 +127,7 @@ where
         config,
         worker: AtomicU64::new(0),
         heartbeat_millis: AtomicU64::new(500),
+        stuck_after_millis: AtomicU64::new(30_000),
         trainers: Trainers::default(),
         ledger: std::sync::Mutex::new(LeaseLedger::default()),
         room: Notify::new(),
