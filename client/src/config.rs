@@ -11,6 +11,9 @@ use stoker_common::transform::{Recipe, TransformSpec};
 
 use crate::error::ClientError;
 
+/// The shortest `nack_after` accepted: below it a rank asks for steps that are merely in flight.
+pub const MIN_NACK_AFTER: Duration = Duration::from_millis(50);
+
 /// Settings of a [`crate::Loader`].
 #[derive(Clone, Debug)]
 pub struct LoaderConfig {
@@ -98,6 +101,15 @@ impl LoaderConfig {
         if self.prefetch == 0 {
             return Err(ClientError::Config { message: "prefetch must be at least 1 step".to_owned() });
         }
+        if self.nack_after < MIN_NACK_AFTER {
+            return Err(ClientError::Config {
+                message: format!(
+                    "nack_after {:?} is below {MIN_NACK_AFTER:?}: a rank would ask for steps again before a batch in flight could arrive; \
+                     use at least {MIN_NACK_AFTER:?} (the default is 1 s)",
+                    self.nack_after
+                ),
+            });
+        }
         Recipe::new(&self.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?;
         let transforms = serde_json::to_string(&self.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?;
         let plan = PlanSpec { seed: self.seed, world_size, batch_size, shuffle: self.shuffle, tail: self.tail };
@@ -110,5 +122,27 @@ impl LoaderConfig {
             }
         };
         Ok(spec)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> LoaderConfig {
+        let mut config = LoaderConfig::new("127.0.0.1:7400".parse().expect("an address"), "train", 8);
+        config.rank = Some(0);
+        config.world_size = Some(1);
+        config
+    }
+
+    #[test]
+    fn a_nack_after_too_short_for_a_batch_in_flight_is_refused_with_the_floor() {
+        let mut config = config();
+        config.nack_after = Duration::from_millis(5);
+        let error = config.job_spec().expect_err("5 ms is below the floor").to_string();
+        assert!(error.contains("nack_after") && error.contains("50ms"), "{error}");
+        config.nack_after = MIN_NACK_AFTER;
+        assert!(config.job_spec().is_ok());
     }
 }

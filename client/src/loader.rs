@@ -519,7 +519,12 @@ where
                     self.report();
                 }
                 Ok(None) => return Err(ClientError::Runtime { message: "the receive side stopped".to_owned() }),
-                Err(_) => self.report(),
+                Err(_) => {
+                    // Still waiting: the reporter must see this wait, not one `wake` ago, when
+                    // the missing steps fall due now.
+                    self.session.mark_waiting();
+                    self.report();
+                }
             }
         }
     }

@@ -319,6 +319,11 @@ impl Coordinator {
         self.lock().scheduler.leases_expired()
     }
 
+    /// Chunks workers reported failed so far (for metrics and tests).
+    pub fn chunks_failed(&self) -> u64 {
+        self.lock().scheduler.chunks_failed()
+    }
+
     /// A copy of the durable state (for tests and status).
     pub fn state(&self) -> ClusterState {
         self.lock().state.clone()

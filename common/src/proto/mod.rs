@@ -28,10 +28,12 @@ pub use self::error_code::{ErrorCode, RemoteError};
 /// * 2: passes and `missing` steps (a trainer asks for lost steps again), lease progress in
 ///   heartbeats, live jobs in heartbeat answers, dataset versions in grants and batch
 ///   headers, plan digests and `corrupt` samples in batch headers, `ChunkGrant.session`.
-pub const PROTOCOL_VERSION: u32 = 2;
+/// * 3: `Heartbeat.stuck_jobs` (a worker reports jobs whose pipeline makes nothing) and
+///   `WorkerRegistered.lease_stall_millis`.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/2";
+pub const ALPN_TEXT: &str = "stoker/3";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

@@ -108,6 +108,7 @@ pub struct Scheduler {
     next_lease: u64,
     next_worker: u64,
     leases_expired: u64,
+    chunks_failed: u64,
 }
 
 impl Scheduler {
@@ -124,12 +125,18 @@ impl Scheduler {
             next_lease: id_base,
             next_worker: id_base,
             leases_expired: 0,
+            chunks_failed: 0,
         }
     }
 
     /// Leases that expired so far.
     pub fn leases_expired(&self) -> u64 {
         self.leases_expired
+    }
+
+    /// Chunks a worker reported failed (not delivered, or refused) so far.
+    pub fn chunks_failed(&self) -> u64 {
+        self.chunks_failed
     }
 
     /// A trainer (loader `client`) attached as `rank` of `job` with the new `session`: from now
@@ -175,7 +182,7 @@ impl Scheduler {
         });
         run.restart_rank(rank, opening.consumed, &opening.holding, now);
         for (_, other) in self.runs.iter_mut().filter(|(other, _)| other.job == key.job && **other != key) {
-            other.depart(rank);
+            other.depart(rank, key);
         }
         self.runs.retain(|_, run| !run.is_finished());
         Ok(())
@@ -232,6 +239,14 @@ impl Scheduler {
 
     /// A worker joins.
     pub fn register_worker(&mut self, addr: SocketAddr, threads: u32, now: Instant) -> WorkerId {
+        // A worker registering again from its address (it restarted, or asked again when an
+        // answer was lost) replaces its earlier registration: the earlier one's leases go back
+        // at once, and a late request under the old id is refused rather than granted work
+        // the worker no longer counts as its own.
+        let replaced: Vec<WorkerId> = self.workers.iter().filter(|(_, worker)| worker.addr == addr).map(|(id, _)| *id).collect();
+        for old in replaced {
+            self.deregister(old);
+        }
         let id = WorkerId(self.next_worker);
         self.next_worker += 1;
         self.workers.insert(id, Worker { addr, threads, last_seen: now, images: 0, images_per_sec: 0.0 });
@@ -349,6 +364,7 @@ impl Scheduler {
             return;
         }
         if let Some(held) = self.leases.remove(&lease) {
+            self.chunks_failed += 1;
             self.requeue(&held.chunk, lease, Some(now + self.config.retry_delay));
         }
     }

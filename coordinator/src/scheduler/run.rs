@@ -143,20 +143,23 @@ impl Run {
         }
     }
 
-    /// `rank` left the run for another one: it needs nothing more here, holds no window, and
-    /// its position here is known (past the run).
-    pub fn depart(&mut self, rank: Rank) {
-        self.set_consumed(rank, self.steps);
-        if let Some(entry) = self.ranks.get_mut(rank.0 as usize) {
-            entry.accounted = true;
-        }
+    /// `rank` left the run for run `to`: it needs nothing more here and holds no window. Its
+    /// position is known to be past this run only if `to` is of a later epoch; one that went
+    /// back (a restarted trainer resuming an earlier epoch) or elsewhere in this epoch is not
+    /// counted past it, so no job checkpoint of this run claims steps it has not consumed.
+    pub fn depart(&mut self, rank: Rank, to: RunKey) {
+        self.leave(rank, to.epoch > self.key.epoch);
     }
 
     /// `rank`'s trainer detached: it leaves the run, and its position is no longer known.
     pub fn detach(&mut self, rank: Rank) {
-        self.depart(rank);
+        self.leave(rank, false);
+    }
+
+    fn leave(&mut self, rank: Rank, past: bool) {
+        self.set_consumed(rank, self.steps);
         if let Some(entry) = self.ranks.get_mut(rank.0 as usize) {
-            entry.accounted = false;
+            entry.accounted = past;
         }
     }
 

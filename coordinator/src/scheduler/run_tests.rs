@@ -161,7 +161,7 @@ fn a_departed_rank_releases_the_window_and_its_queued_steps() {
     let mut run = run(6, 2, 2, 2);
     assert_eq!(grant_all(&mut run, now).len(), 2);
     run.set_consumed(Rank(0), 2);
-    run.depart(Rank(1));
+    run.depart(Rank(1), RunKey { epoch: Epoch(1), ..key() });
     let next = grant_all(&mut run, now);
     assert_eq!(order(&next), vec![(2, 0)], "rank 1 gets nothing more");
     assert_eq!(run.queued_len(), 0);
@@ -209,8 +209,14 @@ fn a_checkpoint_waits_for_every_ranks_position_to_be_known() {
     assert_eq!(run.checkpointable_consumed(), Some(1));
     run.detach(Rank(1));
     assert_eq!(run.checkpointable_consumed(), None, "it detached");
-    // Found by review: a rank absent here that opened another run (it resumed elsewhere)
-    // left this one for good, and its position here is known: past it.
-    run.depart(Rank(1));
-    assert_eq!(run.checkpointable_consumed(), Some(2), "rank 1 is past the run");
+    // A rank that left for an earlier epoch (a restarted trainer resuming from its own state)
+    // is not past this run (found by review); one that left for a later epoch is.
+    run.depart(Rank(1), RunKey { epoch: Epoch(0), ..key() });
+    assert_eq!(run.checkpointable_consumed(), None, "rank 1 went back: not past this run");
+    let mut later = Run::new(RunKey { epoch: Epoch(1), ..key() }, 4, 2, 4, 2, |_| Counted::MayCome);
+    later.set_consumed(Rank(0), 3);
+    later.depart(Rank(1), RunKey { epoch: Epoch(0), ..key() });
+    assert_eq!(later.checkpointable_consumed(), None, "rank 1 went back to epoch 0");
+    later.depart(Rank(1), RunKey { epoch: Epoch(2), ..key() });
+    assert_eq!(later.checkpointable_consumed(), Some(3), "rank 1 is past the run");
 }

@@ -192,19 +192,21 @@ impl Seats {
 
     /// How the new run `key` counts `rank` in. It may still come, and so holds the run's flow
     /// window, when its trainer is attached here and in no run of this epoch or a later one: a
-    /// rank in an earlier epoch will come (the run's batches for it are made early). One in this
-    /// epoch from another start (it resumed elsewhere, or finished this run) or in a later epoch
-    /// is ahead and never will; one whose trainer detached, or that this coordinator has not
-    /// heard of since it started, is absent, and so is a new session that has not opened a run
-    /// yet where an earlier one had (a restarted trainer: where it resumes is not known). A
-    /// rank left out is counted in when it opens the run.
+    /// rank in an earlier epoch will come (the run's batches for it are made early). One in a
+    /// later epoch is ahead and never will. One in this epoch from another start (it resumed
+    /// elsewhere) never will either, but whether it is past this run's steps is not known, so
+    /// it is absent, as is one whose trainer detached, one this coordinator has not heard of
+    /// since it started, and a new session that has not opened a run yet where an earlier one
+    /// had (a restarted trainer: where it resumes is not known). A rank left out is counted in
+    /// when it opens the run.
     pub(super) fn counted(&self, job: JobId, rank: Rank, key: RunKey) -> Counted {
         match self.seats.get(&(job, rank)) {
             None => Counted::Absent,
             Some(seat) if seat.detached() => Counted::Absent,
             Some(seat) if seat.pass == Pass(0) && seat.run_opt.is_some() => Counted::Absent,
             Some(seat) => match seat.run_opt {
-                Some(their_run) if their_run.epoch >= key.epoch => Counted::Ahead,
+                Some(their_run) if their_run.epoch > key.epoch => Counted::Ahead,
+                Some(their_run) if their_run.epoch == key.epoch => Counted::Absent,
                 _ => Counted::MayCome,
             },
         }
@@ -286,10 +288,12 @@ mod tests {
         seats.attach(JobId(1), Rank(0), SessionId(5), 50, now);
         assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::MayCome, "attached, in no run yet");
         seats.open(key(1), Rank(0), &opening(5, 1), now).expect("opens");
-        assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::Ahead, "in this epoch's other run");
+        assert_eq!(seats.counted(JobId(1), Rank(0), key(0)), Counted::Ahead, "in a later epoch");
+        let elsewhere = RunKey { start: Position(40), ..key(1) };
+        assert_eq!(seats.counted(JobId(1), Rank(0), elsewhere), Counted::Absent, "in this epoch from another start: not known past it");
         assert_eq!(seats.counted(JobId(1), Rank(0), key(2)), Counted::MayCome, "an earlier epoch: it will come");
         seats.attach(JobId(1), Rank(0), SessionId(6), 60, now);
-        assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::Absent, "restarted: where it resumes is not known");
+        assert_eq!(seats.counted(JobId(1), Rank(0), key(0)), Counted::Absent, "restarted: where it resumes is not known");
         seats.open(key(0), Rank(0), &opening(6, 1), now).expect("opens");
         assert_eq!(seats.counted(JobId(1), Rank(0), key(1)), Counted::MayCome, "it resumed in epoch 0");
     }

@@ -39,8 +39,10 @@ fn lease_progress(leases: &[(LeaseId, u32)]) -> Vec<LeaseProgress> {
     leases.iter().map(|&(lease, finished)| LeaseProgress { lease, finished }).collect()
 }
 
+/// A worker address no other call returned: each worker of a test listens on its own.
 fn addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 7500))
+    static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(7500);
+    SocketAddr::from(([127, 0, 0, 1], NEXT_PORT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
 }
 
 /// Step coverage per (rank, step) of granted chunks.
@@ -398,4 +400,42 @@ fn a_job_reported_stuck_is_not_granted_to_that_worker() {
     let granted = scheduler.pull(worker, 10, start).expect("registered");
     assert!(!granted.is_empty());
     assert!(granted.iter().all(|(_, chunk)| chunk.job == other.job), "only the other job's work: {granted:?}");
+}
+
+/// Found by review: a rank whose trainer restarted and resumed an earlier epoch was counted
+/// past the run it left, so the job's checkpoint claimed steps of the later epoch for it that
+/// it had not consumed.
+#[test]
+fn a_rank_that_went_back_to_an_earlier_epoch_is_not_counted_past_the_later_one() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    let next = RunKey { epoch: Epoch(1), ..key() };
+    for rank in 0..2 {
+        scheduler.attach(JobId(1), Rank(rank), SessionId(100 + u64::from(rank)), u64::from(rank), now);
+        open(&mut scheduler, next, rank, 1, shape(6, 2, 2), now);
+    }
+    assert_eq!(report(&mut scheduler, next, 0, 1, 1, now).slowest_opt, Some(0), "rank 1 is at step 0");
+    // Rank 1's trainer restarts from a state saved in epoch 0 and resumes there.
+    scheduler.attach(JobId(1), Rank(1), SessionId(300), 3, now);
+    let opening = Opening { session: SessionId(300), pass: Pass(1), consumed: 0, holding: Vec::new() };
+    scheduler.open_run(RunKey { start: Position(4), ..key() }, Rank(1), &opening, shape(2, 2, 2), now).expect("opens");
+    let recorded = report(&mut scheduler, next, 0, 1, 3, now);
+    assert_eq!(recorded.slowest_opt, None, "rank 1's position in epoch 1 is not known");
+}
+
+/// Found by the protocol model: a worker that registered twice (its first answer was lost, or
+/// it restarted) kept its earlier registration alive, and a late pull under the old id was
+/// granted work that the worker no longer counted as its own, or that its stuck report (sent
+/// under the new id) should have kept from it.
+#[test]
+fn a_worker_registering_again_from_its_address_replaces_its_earlier_registration() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(2, 1, 8), now);
+    let at = addr();
+    let earlier = scheduler.register_worker(at, 1, now);
+    assert_eq!(scheduler.pull(earlier, 5, now).expect("registered").len(), 1);
+    let again = scheduler.register_worker(at, 1, now);
+    assert_eq!(scheduler.pull(earlier, 5, now), Err(Refusal::UnknownWorker(earlier)), "the old id is gone");
+    assert_eq!(scheduler.pull(again, 5, now).expect("registered").len(), 1, "its chunk went back at once");
 }

@@ -186,6 +186,9 @@ pub(crate) struct Ctx {
     pub(crate) now_ms: u64,
     /// Whether faults happen now.
     pub(crate) faulty: bool,
+    /// When the last message the faults delayed or copied lands: the quiet phase starts once
+    /// the faults stopped and this passed.
+    faults_land_by_ms: u64,
     pub(crate) job: JobId,
     requests: Net<(Sender, u64, ControlRequest)>,
     replies: Net<(Sender, u64, Result<ControlResponse, RemoteError>)>,
@@ -236,11 +239,13 @@ impl Ctx {
         }
         if self.faulty && self.chance(0.02) {
             at += 1_000 + self.rng.below(14_000);
+            self.faults_land_by_ms = self.faults_land_by_ms.max(at);
             self.counts.late_messages += 1;
             self.note(format!("late by {} ms: {from:?} {}", at - self.now_ms, describe(&request)));
         }
         if self.faulty && self.chance(0.01) {
             let again = at + self.rng.below(3_000);
+            self.faults_land_by_ms = self.faults_land_by_ms.max(again);
             self.counts.duplicated_messages += 1;
             self.note(format!("sent twice: {from:?} {}", describe(&request)));
             self.requests.send(again, (from, call, request.clone()));
@@ -255,14 +260,21 @@ impl Ctx {
         if self.faulty && self.chance(0.02) {
             self.counts.duplicated_batches += 1;
             let again = at + self.rng.below(2_000);
+            self.faults_land_by_ms = self.faults_land_by_ms.max(again);
             self.deliveries.send(again, Delivery { lease: LeaseId(u64::MAX), ..delivery });
         }
         self.deliveries.send(at, delivery);
     }
 
+    /// Whether the world is quiet: the faults stopped and every message they delayed or copied
+    /// has landed.
+    fn quiet(&self) -> bool {
+        !self.faulty && self.now_ms >= self.faults_land_by_ms
+    }
+
     /// A worker made `step` of `run` for `rank`: in the quiet phase, count it.
     pub(crate) fn made(&mut self, run: RunId, rank: Rank, step: Step) {
-        if self.faulty {
+        if !self.quiet() {
             return;
         }
         let makes = self.quiet_makes.entry((run, rank, step)).or_default();
@@ -274,7 +286,7 @@ impl Ctx {
     /// job is stuck): in the quiet phase, count it.
     pub(crate) fn refused(&mut self, run: RunId, rank: Rank, first_step: Step) {
         self.counts.refusals += 1;
-        if self.faulty {
+        if !self.quiet() {
             return;
         }
         let refusals = self.quiet_refusals.entry((run, rank, first_step)).or_default();
@@ -392,6 +404,7 @@ impl World {
             base,
             now_ms: 0,
             faulty: fault_until_ms > 0,
+            faults_land_by_ms: 0,
             job,
             requests: Net::default(),
             replies: Net::default(),

@@ -44,6 +44,9 @@ pub(crate) struct SimWorker {
     /// The pull in flight: when it was sent, and its call.
     pull_sent_opt: Option<(u64, u64)>,
     heartbeat_sent_ms: u64,
+    /// The worker id each call in flight was sent under (as the worker does, an answer that
+    /// the coordinator forgot an id only drops that id, not a newer one).
+    sent_as: BTreeMap<u64, WorkerId>,
     /// Half the coordinator's lease stall, from the registration: a job's pipeline is stuck
     /// after making nothing of its work for this long.
     stuck_after: std::time::Duration,
@@ -64,6 +67,7 @@ impl SimWorker {
             waiting: Vec::new(),
             pull_sent_opt: None,
             heartbeat_sent_ms: 0,
+            sent_as: BTreeMap::new(),
             stuck_after: std::time::Duration::from_secs(30),
         }
     }
@@ -106,12 +110,14 @@ impl SimWorker {
                 ctx.counts.stuck_reports += 1;
                 ctx.note(format!("worker {} reports {stuck_jobs:?} stuck", self.index));
             }
-            ctx.call(self.me(), ControlRequest::Heartbeat { worker, leases: self.ledger.progress(), images: 0, stuck_jobs });
+            let call = ctx.call(self.me(), ControlRequest::Heartbeat { worker, leases: self.ledger.progress(), images: 0, stuck_jobs });
+            self.sent_as.insert(call, worker);
             self.heartbeat_sent_ms = ctx.now_ms;
         }
         if self.ledger.outstanding() < IN_FLIGHT && self.pull_sent_opt.is_none_or(|(sent, _)| ctx.now_ms.saturating_sub(sent) > 10_000) {
             let max = ((IN_FLIGHT - self.ledger.outstanding()) / 2).max(1) as u32;
             let call = ctx.call(self.me(), ControlRequest::PullChunks { worker, max });
+            self.sent_as.insert(call, worker);
             self.pull_sent_opt = Some((ctx.now_ms, call));
         }
         self.push_waiting(ctx);
@@ -137,7 +143,7 @@ impl SimWorker {
         if held.made == chunk.steps {
             self.held.remove(&lease);
         }
-        self.ledger.made(chunk.job, ctx.now());
+        self.ledger.made(lease, ctx.now());
         if self.ledger.is_revoked(lease) {
             self.finish(ctx, lease, Ok(()));
             return;
@@ -180,7 +186,18 @@ impl SimWorker {
     }
 
     fn finish(&mut self, ctx: &mut Ctx, lease: LeaseId, result: Result<(), Failure>) {
-        let (Some(ending), Some(worker)) = (self.ledger.finish(lease, result, ctx.now()), self.id_opt) else { return };
+        let ending_opt = self.ledger.finish(lease, result);
+        self.report(ctx, lease, ending_opt);
+    }
+
+    /// A batch refused before it entered the pipeline (not the pipeline's progress).
+    fn finish_unmade(&mut self, ctx: &mut Ctx, lease: LeaseId, failure: Failure) {
+        let ending_opt = self.ledger.finish_unmade(lease, failure);
+        self.report(ctx, lease, ending_opt);
+    }
+
+    fn report(&mut self, ctx: &mut Ctx, lease: LeaseId, ending_opt: Option<Ending>) {
+        let (Some(ending), Some(worker)) = (ending_opt, self.id_opt) else { return };
         let request = match ending {
             Ending::Done => ControlRequest::ChunkDone { worker, lease },
             Ending::Failed(failure) => ControlRequest::ChunkFailed { worker, lease, reason: failure.reason },
@@ -204,6 +221,7 @@ impl SimWorker {
         if self.pull_sent_opt.is_some_and(|(_, pull)| pull == call) {
             self.pull_sent_opt = None;
         }
+        let sent_as_opt = self.sent_as.remove(&call);
         match answer {
             Ok(ControlResponse::WorkerRegistered { worker, lease_stall_millis, .. }) => {
                 self.stuck_after = std::time::Duration::from_millis(lease_stall_millis / 2);
@@ -227,7 +245,7 @@ impl SimWorker {
                         ctx.note(format!("worker {} refuses {}: its pipeline is stuck", self.index, grant.lease));
                         ctx.refused((grant.chunk.epoch, grant.chunk.start), grant.chunk.rank, grant.chunk.first_step);
                         for _ in 0..grant.chunk.steps {
-                            self.finish(ctx, grant.lease, Err(Failure::retry("stuck")));
+                            self.finish_unmade(ctx, grant.lease, Failure::retry("stuck"));
                         }
                         continue;
                     }
@@ -238,7 +256,7 @@ impl SimWorker {
                     self.held.insert(grant.lease, Held { grant, made: 0 });
                 }
             }
-            Err(error) if error.code == ErrorCode::NotFound => {
+            Err(error) if error.code == ErrorCode::NotFound && sent_as_opt.is_some() && sent_as_opt == self.id_opt => {
                 // The coordinator forgot this worker (it restarted): register again; the leases
                 // it still lists are revoked at its next heartbeat.
                 self.id_opt = None;

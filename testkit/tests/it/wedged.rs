@@ -131,10 +131,12 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
         status.workers.iter().any(|worker| job_opt.is_some_and(|job| worker.stuck_jobs.contains(&job)))
     })
     .expect("reported stuck");
+    let failed = core.chunks_failed();
     for _ in 0..10 {
         std::thread::sleep(Duration::from_millis(200));
         assert_eq!(stuck_job(&status()).map(|(_, leased)| leased), Some(0), "no lease of the stuck job goes back to the stuck worker");
     }
+    assert_eq!(core.chunks_failed(), failed, "nothing of the stuck job is granted to its worker to be refused");
     info!("--- unblock the open (a writer appears and goes), so no thread is left hanging");
     drop(_unblock);
     let outcome = stuck.join().expect("stuck trainer");

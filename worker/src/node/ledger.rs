@@ -10,9 +10,11 @@
 //!   lease (its batches were in the pipeline) changes nothing, so the count never wraps;
 //! * a batch finished for a lease the ledger does not know changes nothing.
 //!
-//! It also tells which jobs' pipelines are stuck: a job is stuck when the ledger holds
-//! unfinished work of it (revoked leases included: their batches are still in the pipeline)
-//! and nothing of the job came out since the oldest of that work was granted, for a while.
+//! It also tells which jobs' pipelines are stuck: a job is stuck when the ledger holds work of
+//! it still inside the pipeline (revoked leases included), and nothing of the job came out of
+//! the pipeline since the oldest of that work was granted, for a while. Batches made and
+//! waiting for their trainer, and grants refused without entering the pipeline, do not count
+//! either way.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -54,6 +56,8 @@ struct Entry {
     /// The coordinator took the lease back: no report, and its unfinished batches were
     /// written off `outstanding`.
     revoked: bool,
+    /// Batches that left the pipeline (made, failed in it, or never entered it).
+    made: u32,
     granted_at: Instant,
 }
 
@@ -74,21 +78,20 @@ impl LeaseLedger {
         if self.leases.contains_key(&lease) {
             return false;
         }
-        self.leases.insert(lease, Entry { job, steps, finished: 0, failure_opt: None, revoked: false, granted_at: now });
+        self.leases.insert(lease, Entry { job, steps, finished: 0, failure_opt: None, revoked: false, made: 0, granted_at: now });
         self.outstanding += steps as usize;
         true
     }
 
-    /// One batch of `lease` is finished at `now` (delivered, or not). When it is the last of a
-    /// lease that was not revoked, returns how the lease ended: report it, once.
-    pub fn finish(&mut self, lease: LeaseId, result: Result<(), Failure>, now: Instant) -> Option<Ending> {
+    /// One batch of `lease` is finished (delivered, or not). When it is the last of a lease
+    /// that was not revoked, returns how the lease ended: report it, once.
+    pub fn finish(&mut self, lease: LeaseId, result: Result<(), Failure>) -> Option<Ending> {
         let entry = self.leases.get_mut(&lease)?;
         if entry.finished >= entry.steps {
             return None;
         }
         entry.finished += 1;
         let job = entry.job;
-        self.progressed_at.insert(job, now);
         if !entry.revoked {
             self.outstanding -= 1;
         }
@@ -149,19 +152,31 @@ impl LeaseLedger {
         self.leases.values().any(|entry| entry.job == job)
     }
 
-    /// A batch of `job` came out of its pipeline at `now` (it is being delivered).
-    pub fn made(&mut self, job: JobId, now: Instant) {
-        if self.job_busy(job) {
-            self.progressed_at.insert(job, now);
-        }
+    /// A batch of `lease` came out of its job's pipeline at `now` (made, or failed there): the
+    /// pipeline moves.
+    pub fn made(&mut self, lease: LeaseId, now: Instant) {
+        let Some(entry) = self.leases.get_mut(&lease) else { return };
+        entry.made = (entry.made + 1).min(entry.steps);
+        self.progressed_at.insert(entry.job, now);
     }
 
-    /// Whether `job`'s pipeline is stuck at `now` (a hung open or decode): work of the job has
-    /// waited `after` since its grant and nothing of the job came out meanwhile. New work of
+    /// A batch of `lease` that never entered the pipeline (refused, or the pipeline could not
+    /// take it) is finished with `failure`: as [`Self::finish`], and it is not the pipeline's
+    /// progress.
+    pub fn finish_unmade(&mut self, lease: LeaseId, failure: Failure) -> Option<Ending> {
+        let entry = self.leases.get_mut(&lease)?;
+        entry.made = (entry.made + 1).min(entry.steps);
+        self.finish(lease, Err(failure))
+    }
+
+    /// Whether `job`'s pipeline is stuck at `now` (a hung open or decode): work of the job still
+    /// inside its pipeline has waited `after` since its grant and nothing of the job came out
+    /// meanwhile. New work of
     /// the job would only queue behind it: the worker refuses it, and reports the job (see
     /// [`Self::stuck_jobs`]) so that the coordinator grants it elsewhere.
     pub fn job_stuck(&self, job: JobId, now: Instant, after: Duration) -> bool {
-        let Some(oldest) = self.leases.values().filter(|entry| entry.job == job).map(|entry| entry.granted_at).min() else {
+        let inside = self.leases.values().filter(|entry| entry.job == job && entry.made < entry.steps);
+        let Some(oldest) = inside.map(|entry| entry.granted_at).min() else {
             return false;
         };
         let quiet_since = self.progressed_at.get(&job).map_or(oldest, |progressed| oldest.max(*progressed));
@@ -198,10 +213,10 @@ mod tests {
         assert!(ledger.grant(LeaseId(1), JOB, 2, at()));
         assert!(!ledger.grant(LeaseId(1), JOB, 2, at()), "a repeated grant changes nothing");
         assert_eq!(ledger.outstanding(), 2);
-        assert_eq!(ledger.finish(LeaseId(1), Ok(()), at()), None);
+        assert_eq!(ledger.finish(LeaseId(1), Ok(())), None);
         assert_eq!(ledger.progress(), vec![LeaseProgress { lease: LeaseId(1), finished: 1 }]);
-        assert_eq!(ledger.finish(LeaseId(1), Err(Failure::retry("no trainer")), at()), Some(Ending::Failed(Failure::retry("no trainer"))));
-        assert_eq!(ledger.finish(LeaseId(1), Ok(()), at()), None, "a finish after the end is ignored");
+        assert_eq!(ledger.finish(LeaseId(1), Err(Failure::retry("no trainer"))), Some(Ending::Failed(Failure::retry("no trainer"))));
+        assert_eq!(ledger.finish(LeaseId(1), Ok(())), None, "a finish after the end is ignored");
         assert_eq!(ledger.outstanding(), 0);
         assert!(!ledger.job_busy(JOB));
     }
@@ -210,9 +225,9 @@ mod tests {
     fn a_fatal_failure_wins_over_an_earlier_retryable_one() {
         let mut ledger = LeaseLedger::default();
         ledger.grant(LeaseId(1), JOB, 3, at());
-        ledger.finish(LeaseId(1), Err(Failure::retry("first")), at());
-        ledger.finish(LeaseId(1), Err(Failure { reason: "bad sample".into(), fatal: true }), at());
-        let ending = ledger.finish(LeaseId(1), Err(Failure::retry("third")), at());
+        ledger.finish(LeaseId(1), Err(Failure::retry("first")));
+        ledger.finish(LeaseId(1), Err(Failure { reason: "bad sample".into(), fatal: true }));
+        let ending = ledger.finish(LeaseId(1), Err(Failure::retry("third")));
         assert_eq!(ending, Some(Ending::Failed(Failure { reason: "bad sample".into(), fatal: true })));
     }
 
@@ -223,22 +238,22 @@ mod tests {
         let mut ledger = LeaseLedger::default();
         ledger.grant(LeaseId(1), JOB, 4, at());
         ledger.grant(LeaseId(2), JobId(2), 1, at());
-        ledger.finish(LeaseId(1), Ok(()), at());
+        ledger.finish(LeaseId(1), Ok(()));
         ledger.revoke(LeaseId(1));
         ledger.revoke(LeaseId(1));
         assert_eq!(ledger.outstanding(), 1, "only lease 2's batch counts");
         assert_eq!(ledger.progress(), vec![LeaseProgress { lease: LeaseId(2), finished: 0 }]);
         assert!(ledger.job_busy(JOB), "its batches may still be in the pipeline");
         for _ in 0..3 {
-            assert_eq!(ledger.finish(LeaseId(1), Ok(()), at()), None);
+            assert_eq!(ledger.finish(LeaseId(1), Ok(())), None);
         }
         assert_eq!(ledger.outstanding(), 1);
         assert!(!ledger.job_busy(JOB));
     }
 
-    /// A job is stuck when its oldest unfinished work waited `after` with nothing of the job
-    /// coming out; revoked leases count (their batches are still in the pipeline), a job with
-    /// nothing left is never stuck, and a batch coming out lifts it.
+    /// A job is stuck when its oldest work still inside the pipeline waited `after` with
+    /// nothing of the job coming out; revoked leases count (their batches are still inside), a
+    /// job with nothing inside is never stuck, and a batch coming out lifts it.
     #[test]
     fn a_job_is_stuck_while_its_pipeline_makes_nothing_of_the_work_it_holds() {
         let start = Instant::now();
@@ -249,18 +264,39 @@ mod tests {
         ledger.grant(LeaseId(2), JobId(2), 1, start);
         assert!(!ledger.job_stuck(JOB, start + after - second, after), "not yet");
         assert_eq!(ledger.stuck_jobs(start + after, after), vec![JOB, JobId(2)]);
-        ledger.finish(LeaseId(1), Ok(()), start + after);
+        ledger.made(LeaseId(1), start + after);
+        ledger.finish(LeaseId(1), Ok(()));
         assert_eq!(ledger.stuck_jobs(start + after, after), vec![JobId(2)], "a batch came out");
         ledger.revoke(LeaseId(1));
         ledger.grant(LeaseId(3), JOB, 1, start + after * 2 - second);
         assert!(ledger.job_stuck(JOB, start + after * 2, after), "the revoked lease's batch is still inside; a new grant changes nothing");
-        ledger.made(JOB, start + after * 2);
+        ledger.made(LeaseId(1), start + after * 2);
         assert!(!ledger.job_stuck(JOB, start + after * 2, after), "a batch came out of the pipeline");
-        ledger.finish(LeaseId(1), Ok(()), start + after * 2);
-        ledger.finish(LeaseId(3), Ok(()), start + after * 2);
-        ledger.grant(LeaseId(4), JOB, 1, start + after * 4);
-        assert!(!ledger.job_stuck(JOB, start + after * 4 + second, after), "idle in between is not stuck");
-        assert!(ledger.job_stuck(JOB, start + after * 5, after));
+        ledger.finish(LeaseId(1), Ok(()));
+        ledger.made(LeaseId(3), start + after * 2);
+        assert!(!ledger.job_stuck(JOB, start + after * 10, after), "made and waiting for its trainer: not the pipeline's doing");
+        ledger.finish(LeaseId(3), Ok(()));
+        ledger.grant(LeaseId(4), JOB, 1, start + after * 11);
+        assert!(!ledger.job_stuck(JOB, start + after * 11 + second, after), "idle in between is not stuck");
+        assert!(ledger.job_stuck(JOB, start + after * 12, after));
+    }
+
+    /// Found by review: a grant the worker refused (its batches finished at once, without
+    /// entering the pipeline) counted as the job's progress, so the next heartbeat reported the
+    /// job no longer stuck and the coordinator sent its work back to the hung pipeline.
+    #[test]
+    fn a_refused_grant_is_not_progress_of_a_stuck_job() {
+        let start = Instant::now();
+        let after = Duration::from_secs(30);
+        let mut ledger = LeaseLedger::default();
+        ledger.grant(LeaseId(1), JOB, 1, start);
+        let stuck_at = start + after;
+        assert!(ledger.job_stuck(JOB, stuck_at, after));
+        ledger.grant(LeaseId(2), JOB, 2, stuck_at);
+        assert_eq!(ledger.finish_unmade(LeaseId(2), Failure::retry("stuck")), None);
+        let ending = ledger.finish_unmade(LeaseId(2), Failure::retry("stuck"));
+        assert_eq!(ending, Some(Ending::Failed(Failure::retry("stuck"))), "reported once, as failed");
+        assert_eq!(ledger.stuck_jobs(stuck_at + Duration::from_secs(1), after), vec![JOB], "still stuck");
     }
 
     #[derive(Clone, Debug)]
@@ -300,7 +336,7 @@ mod tests {
                     }
                     Event::Finish(lease, ok) => {
                         let result = if ok { Ok(()) } else { Err(Failure::retry("x")) };
-                        let ending = ledger.finish(LeaseId(u64::from(lease)), result, at());
+                        let ending = ledger.finish(LeaseId(u64::from(lease)), result);
                         if ending.is_some() {
                             *reports.entry(lease).or_default() += 1;
                         }

@@ -12,7 +12,7 @@ use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
 use stoker_common::ids::{LeaseId, WorkerId};
 use stoker_common::net::send_batch;
-use stoker_common::proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode};
+use stoker_common::proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, RemoteError};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
@@ -58,6 +58,14 @@ where
     }
 }
 
+/// The coordinator does not know `worker`: register again, unless the id was already replaced
+/// (an answer to a request sent under an earlier id must not drop the current one).
+fn forgotten<A>(shared: &Shared<A>, worker: WorkerId, error: &RemoteError) {
+    if shared.worker.compare_exchange(worker.0, 0, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+        warn!(%error, "the coordinator forgot this worker; registering again");
+    }
+}
+
 /// How long a job's pipeline may make nothing of the work it holds before it counts as stuck.
 fn stuck_after<A>(shared: &Shared<A>) -> Duration {
     Duration::from_millis(shared.stuck_after_millis.load(Ordering::Acquire))
@@ -92,10 +100,7 @@ where
                     start_chunk(&shared, grant);
                 }
             }
-            Err(error) if error.code == ErrorCode::NotFound => {
-                warn!(%error, "the coordinator forgot this worker; registering again");
-                shared.worker.store(0, Ordering::Release);
-            }
+            Err(error) if error.code == ErrorCode::NotFound => forgotten(&shared, worker, &error),
             Err(error) => {
                 debug!(%error, "pull failed");
                 tokio::time::sleep(Duration::from_millis(200)).await;
@@ -132,10 +137,7 @@ where
                 shared.room.notify_one();
                 release_idle(&shared, Some(&live_jobs));
             }
-            Err(error) if error.code == ErrorCode::NotFound => {
-                warn!(%error, "the coordinator forgot this worker; registering again");
-                shared.worker.store(0, Ordering::Release);
-            }
+            Err(error) if error.code == ErrorCode::NotFound => forgotten(&shared, worker, &error),
             Err(error) => {
                 debug!(%error, "heartbeat failed");
                 release_idle(&shared, None);
@@ -168,7 +170,7 @@ where
         // stops granting the job here once a heartbeat reports it stuck.)
         let reason = format!("this worker's pipeline for {} is stuck: nothing of the work it holds has come out of it", chunk.job);
         for _ in 0..chunk.steps {
-            batch_finished(shared, grant.lease, Err(Failure::retry(reason.clone())));
+            batch_unmade(shared, grant.lease, Failure::retry(reason.clone()));
         }
         return;
     }
@@ -196,7 +198,7 @@ where
         // Each batch ends in exactly one finish: the queued ones through the pipeline, the rest
         // here.
         for _ in queued..chunk.steps {
-            batch_finished(&shared, lease, Err(Failure::retry(reason.clone())));
+            batch_unmade(&shared, lease, Failure::retry(reason.clone()));
         }
     });
 }
@@ -207,6 +209,11 @@ where
     A: CoordinatorApi,
 {
     while let Some((meta, result)) = made_rx.recv().await {
+        let revoked = {
+            let mut ledger = ledger(&shared);
+            ledger.made(meta.lease, Instant::now());
+            ledger.is_revoked(meta.lease)
+        };
         let batch = match result {
             Ok(batch) => batch,
             Err(error) => {
@@ -215,8 +222,7 @@ where
             }
         };
         shared.images.fetch_add(batch.len() as u64, Ordering::AcqRel);
-        ledger(&shared).made(meta.job, Instant::now());
-        if ledger(&shared).is_revoked(meta.lease) {
+        if revoked {
             // Its steps are being made elsewhere: do not push a copy.
             batch_finished(&shared, meta.lease, Ok(()));
             continue;
@@ -279,7 +285,26 @@ fn batch_finished<A>(shared: &Arc<Shared<A>>, lease: LeaseId, result: Result<(),
 where
     A: CoordinatorApi,
 {
-    let ending_opt = ledger(shared).finish(lease, result, Instant::now());
+    let ending_opt = ledger(shared).finish(lease, result);
+    report_ending(shared, lease, ending_opt);
+}
+
+/// One batch of `lease` failed without entering the job's pipeline (refused, or the pipeline
+/// could not take it): as [`batch_finished`], and not the pipeline's progress.
+fn batch_unmade<A>(shared: &Arc<Shared<A>>, lease: LeaseId, failure: Failure)
+where
+    A: CoordinatorApi,
+{
+    let ending_opt = ledger(shared).finish_unmade(lease, failure);
+    report_ending(shared, lease, ending_opt);
+}
+
+/// A batch of `lease` finished, freeing room to pull; `ending_opt`, the lease's end, goes to
+/// the coordinator.
+fn report_ending<A>(shared: &Arc<Shared<A>>, lease: LeaseId, ending_opt: Option<Ending>)
+where
+    A: CoordinatorApi,
+{
     shared.room.notify_one();
     let (Some(ending), Some(worker)) = (ending_opt, current_worker(shared)) else { return };
     if shared.stopping.load(Ordering::Acquire) {
