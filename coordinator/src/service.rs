@@ -141,8 +141,9 @@ impl Coordinator {
                 let run_known = inner.record_progress(RunKey { job, epoch, start }, rank, &reporting, wait_seconds, now)?;
                 Ok(ControlResponse::ProgressRecorded { workers: inner.scheduler.alive_workers(now), run_known })
             }
-            ControlRequest::RegisterWorker { addr, threads } => {
-                let worker = self.lock().scheduler.register_worker(addr, threads, now);
+            ControlRequest::RegisterWorker { addr, threads, instance, attempt } => {
+                let process = crate::scheduler::WorkerProcess { instance, attempt };
+                let worker = self.lock().scheduler.register_worker(addr, threads, process, now);
                 Ok(ControlResponse::WorkerRegistered {
                     worker,
                     heartbeat_millis: self.config.heartbeat.as_millis() as u64,

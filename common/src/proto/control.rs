@@ -175,6 +175,12 @@ pub enum ControlRequest {
         addr: SocketAddr,
         /// Decode threads (for status).
         threads: u32,
+        /// Random per worker process: a registration of the same process (an answer was lost
+        /// and it asked again) replaces its earlier ones; another process at the same address
+        /// is a misconfiguration, logged, and does not evict the first.
+        instance: u64,
+        /// Counts this process's registrations: a late one never replaces a newer one.
+        attempt: u64,
     },
     /// A worker is alive and still holds `leases`. A lease is renewed only while its batches
     /// get finished: one that has made no progress for the coordinator's stall timeout (a

@@ -28,8 +28,8 @@ pub use self::error_code::{ErrorCode, RemoteError};
 /// * 2: passes and `missing` steps (a trainer asks for lost steps again), lease progress in
 ///   heartbeats, live jobs in heartbeat answers, dataset versions in grants and batch
 ///   headers, plan digests and `corrupt` samples in batch headers, `ChunkGrant.session`.
-/// * 3: `Heartbeat.stuck_jobs` (a worker reports jobs whose pipeline makes nothing) and
-///   `WorkerRegistered.lease_stall_millis`.
+/// * 3: `Heartbeat.stuck_jobs` (a worker reports jobs whose pipeline makes nothing),
+///   `WorkerRegistered.lease_stall_millis`, `RegisterWorker.instance` and `attempt`.
 pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The TLS ALPN of this protocol version, as text (for messages).

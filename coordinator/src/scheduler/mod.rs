@@ -57,10 +57,21 @@ struct Lease {
 #[derive(Debug)]
 struct Worker {
     addr: SocketAddr,
+    process: WorkerProcess,
     threads: u32,
     last_seen: Instant,
     images: u64,
     images_per_sec: f64,
+}
+
+/// Which worker process registers, and its how-many-th registration (see
+/// `ControlRequest::RegisterWorker`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerProcess {
+    /// Random per process.
+    pub instance: u64,
+    /// Counts the process's registrations.
+    pub attempt: u64,
 }
 
 /// Everything the scheduler refuses.
@@ -238,18 +249,26 @@ impl Scheduler {
     }
 
     /// A worker joins.
-    pub fn register_worker(&mut self, addr: SocketAddr, threads: u32, now: Instant) -> WorkerId {
-        // A worker registering again from its address (it restarted, or asked again when an
-        // answer was lost) replaces its earlier registration: the earlier one's leases go back
-        // at once, and a late request under the old id is refused rather than granted work
-        // the worker no longer counts as its own.
-        let replaced: Vec<WorkerId> = self.workers.iter().filter(|(_, worker)| worker.addr == addr).map(|(id, _)| *id).collect();
+    pub fn register_worker(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, now: Instant) -> WorkerId {
+        // A process registering again (it asked again when an answer was lost, or the
+        // coordinator forgot it) replaces its earlier registrations: their leases go back at
+        // once, and a late request under an old id is refused rather than granted work the
+        // worker no longer counts as its own. A late registration never replaces a newer one.
+        let mut replaced = Vec::new();
+        for (id, worker) in &self.workers {
+            if worker.process.instance == process.instance && worker.process.attempt < process.attempt {
+                replaced.push(*id);
+            } else if worker.addr == addr && worker.process.instance != process.instance {
+                warn!(%addr, worker = %id, "another worker process registered at the address this worker advertises: \
+                    trainers cannot tell them apart; give each worker its own --advertise address");
+            }
+        }
         for old in replaced {
             self.deregister(old);
         }
         let id = WorkerId(self.next_worker);
         self.next_worker += 1;
-        self.workers.insert(id, Worker { addr, threads, last_seen: now, images: 0, images_per_sec: 0.0 });
+        self.workers.insert(id, Worker { addr, process, threads, last_seen: now, images: 0, images_per_sec: 0.0 });
         info!(worker = %id, %addr, threads, "worker registered");
         id
     }

@@ -155,16 +155,29 @@ fn a_rank_already_past_the_run_holds_no_window_in_it() {
     assert_eq!(covered(&granted), (0..10).map(|step| (0, step)).collect(), "only rank 0's steps are made");
 }
 
+/// Wherever the rank went (a later epoch, another start of this one, an earlier epoch), it
+/// holds no window here; only whether it counts as past the run differs.
 #[test]
 fn a_departed_rank_releases_the_window_and_its_queued_steps() {
     let now = Instant::now();
-    let mut run = run(6, 2, 2, 2);
-    assert_eq!(grant_all(&mut run, now).len(), 2);
-    run.set_consumed(Rank(0), 2);
-    run.depart(Rank(1), RunKey { epoch: Epoch(1), ..key() });
-    let next = grant_all(&mut run, now);
-    assert_eq!(order(&next), vec![(2, 0)], "rank 1 gets nothing more");
-    assert_eq!(run.queued_len(), 0);
+    let later = RunKey { epoch: Epoch(1), ..key() };
+    let elsewhere = RunKey { start: Position(8), ..key() };
+    let mut earlier_epoch_run = Run::new(RunKey { epoch: Epoch(2), ..key() }, 6, 2, 2, 2, |_| Counted::MayCome);
+    for (to, run) in [(later, &mut run(6, 2, 2, 2)), (elsewhere, &mut run(6, 2, 2, 2)), (key(), &mut earlier_epoch_run)] {
+        assert_eq!(grant_all(run, now).len(), 2);
+        run.set_consumed(Rank(0), 2);
+        run.depart(Rank(1), to);
+        let next = grant_all(run, now);
+        assert_eq!(order(&next), vec![(2, 0)], "rank 1 gets nothing more, rank 0 goes on ({to:?})");
+        assert_eq!(run.queued_len(), 0);
+        let mut rest = Vec::new();
+        for step in 3..=6 {
+            run.set_consumed(Rank(0), step);
+            rest.extend(grant_all(run, now));
+        }
+        assert_eq!(order(&rest), vec![(4, 0)], "rank 0 is not held by rank 1 ({to:?})");
+        assert!(run.is_finished(), "{to:?}");
+    }
 }
 
 /// Found by review: with no trainer live, the window's base used to be the run's end, and a

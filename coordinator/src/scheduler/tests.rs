@@ -39,6 +39,12 @@ fn lease_progress(leases: &[(LeaseId, u32)]) -> Vec<LeaseProgress> {
     leases.iter().map(|&(lease, finished)| LeaseProgress { lease, finished }).collect()
 }
 
+/// A worker process no other call returned, registering for the first time.
+fn process() -> WorkerProcess {
+    static NEXT_INSTANCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    WorkerProcess { instance: NEXT_INSTANCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed), attempt: 1 }
+}
+
 /// A worker address no other call returned: each worker of a test listens on its own.
 fn addr() -> SocketAddr {
     static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(7500);
@@ -59,8 +65,8 @@ fn an_expired_lease_is_granted_again_to_another_worker() {
     let start = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(4, 1, 8), start);
-    let dead = scheduler.register_worker(addr(), 1, start);
-    let alive = scheduler.register_worker(addr(), 1, start);
+    let dead = scheduler.register_worker(addr(), 1, process(), start);
+    let alive = scheduler.register_worker(addr(), 1, process(), start);
     let granted = scheduler.pull(dead, 1, start).expect("registered");
     assert_eq!(granted.len(), 1);
     let later = start + Duration::from_secs(2);
@@ -81,8 +87,8 @@ fn a_deregistered_worker_hands_its_chunks_back_at_once() {
     let now = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(2, 1, 8), now);
-    let leaving = scheduler.register_worker(addr(), 1, now);
-    let staying = scheduler.register_worker(addr(), 1, now);
+    let leaving = scheduler.register_worker(addr(), 1, process(), now);
+    let staying = scheduler.register_worker(addr(), 1, process(), now);
     assert_eq!(scheduler.pull(leaving, 5, now).expect("registered").len(), 1);
     assert!(scheduler.pull(staying, 5, now).expect("registered").is_empty());
     scheduler.deregister(leaving);
@@ -99,7 +105,7 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
     for rank in 0..world_size {
         open(&mut scheduler, key(), rank, 1, shape(steps, world_size, prefetch), start);
     }
-    let worker = scheduler.register_worker(addr(), 1, start);
+    let worker = scheduler.register_worker(addr(), 1, process(), start);
     let mut delivered: BTreeMap<(u32, u64), u32> = BTreeMap::new();
     let mut consumed = vec![0u64; world_size as usize];
     let mut now = start;
@@ -140,7 +146,7 @@ fn opening_a_new_epoch_releases_the_rank_from_the_old_one() {
     open(&mut scheduler, next, 0, 2, shape(4, 1, 8), now);
     assert!(!scheduler.has_run(key()), "its only rank left epoch 0");
     assert!(scheduler.has_run(next));
-    let worker = scheduler.register_worker(addr(), 1, now);
+    let worker = scheduler.register_worker(addr(), 1, process(), now);
     assert!(scheduler.pull(worker, 10, now).expect("registered").iter().all(|(_, c)| c.epoch == Epoch(1)));
 }
 
@@ -150,7 +156,7 @@ fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(8, 2, 8), start);
     open(&mut scheduler, key(), 1, 1, shape(8, 2, 8), start);
-    let worker = scheduler.register_worker(addr(), 1, start);
+    let worker = scheduler.register_worker(addr(), 1, process(), start);
     let ranks = |granted: &[(LeaseId, Chunk)]| granted.iter().map(|(_, chunk)| chunk.rank.0).collect::<Vec<_>>();
     let first = scheduler.pull(worker, 2, start).expect("registered");
     assert_eq!(ranks(&first), [0, 1]);
@@ -180,7 +186,7 @@ fn a_lease_without_progress_expires_even_though_its_worker_lists_it() {
     let stall = config().lease_stall;
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
-    let stuck = scheduler.register_worker(addr(), 1, start);
+    let stuck = scheduler.register_worker(addr(), 1, process(), start);
     let granted = scheduler.pull(stuck, 2, start).expect("registered");
     let (progressing, hung) = (granted[0].0, granted[1].0);
     let mut now = start;
@@ -195,7 +201,7 @@ fn a_lease_without_progress_expires_even_though_its_worker_lists_it() {
     assert_eq!(revoked, vec![hung], "only the lease without progress goes");
     assert!(now.saturating_duration_since(start) >= stall, "not before the stall timeout");
     assert_eq!(scheduler.leases_expired(), 1);
-    let other = scheduler.register_worker(addr(), 1, now);
+    let other = scheduler.register_worker(addr(), 1, process(), now);
     report(&mut scheduler, key(), 0, 1, 0, now);
     let regranted = scheduler.pull(other, 10, now).expect("registered");
     assert_eq!(regranted.iter().map(|(_, chunk)| chunk.first_step).collect::<Vec<_>>(), vec![Step(2)], "the hung lease's steps");
@@ -212,7 +218,7 @@ fn a_run_created_after_a_rank_moved_past_it_is_not_held_by_that_rank() {
     // The coordinator restarted: rank 1 reopens epoch 1 first, then rank 0 reopens epoch 0.
     open(&mut scheduler, next, 1, 3, shape(6, 2, 2), now);
     open(&mut scheduler, key(), 0, 2, shape(6, 2, 2), now);
-    let worker = scheduler.register_worker(addr(), 1, now);
+    let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut made = Vec::new();
     for consumed in 0..6 {
         for (lease, chunk) in scheduler.pull(worker, 10, now).expect("registered") {
@@ -234,7 +240,7 @@ fn a_late_report_of_an_earlier_pass_does_not_swallow_the_next_pass_steps() {
     let now = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(4, 1, 8), now);
-    let worker = scheduler.register_worker(addr(), 1, now);
+    let worker = scheduler.register_worker(addr(), 1, process(), now);
     for (lease, _) in scheduler.pull(worker, 10, now).expect("registered") {
         scheduler.chunk_done(worker, lease, now);
     }
@@ -260,7 +266,7 @@ fn a_run_of_an_epoch_the_other_ranks_are_already_in_from_another_start_is_not_he
     scheduler.attach(JobId(1), Rank(1), SessionId(300), 3, now);
     let opening = Opening { session: SessionId(300), pass: Pass(1), consumed: 0, holding: Vec::new() };
     scheduler.open_run(resumed, Rank(1), &opening, shape(2, 2, 2), now).expect("opens");
-    let worker = scheduler.register_worker(addr(), 1, now);
+    let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut made = Vec::new();
     for consumed in 1..=2 {
         for (lease, chunk) in scheduler.pull(worker, 10, now).expect("registered") {
@@ -286,7 +292,7 @@ fn a_detached_rank_holds_no_window_for_the_ranks_that_go_on() {
     open(&mut scheduler, key(), 1, 1, shape(6, 2, 1), now);
     report(&mut scheduler, key(), 1, 1, 2, now);
     scheduler.detach(JobId(1), Rank(1), SessionId(101)).expect("its own session");
-    let worker = scheduler.register_worker(addr(), 1, now);
+    let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut steps = 0;
     for consumed in 1..=6 {
         steps += scheduler.pull(worker, 10, now).expect("registered").iter().map(|(_, chunk)| chunk.steps).sum::<u32>();
@@ -312,7 +318,7 @@ fn only_attached_ranks_that_may_still_come_hold_a_new_runs_window() {
     scheduler.detach(JobId(1), Rank(2), SessionId(102)).expect("detaches");
     scheduler.attach(JobId(1), Rank(1), SessionId(101), 2, now);
     open(&mut scheduler, next, 1, 1, shape(4, 3, 1), now);
-    let worker = scheduler.register_worker(addr(), 1, now);
+    let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut made = Vec::new();
     for consumed in 1..=4 {
         made.extend(scheduler.pull(worker, 10, now).expect("registered").into_iter().map(|(_, chunk)| chunk));
@@ -331,7 +337,7 @@ fn a_rank_whose_trainer_went_silent_does_not_hold_back_the_others() {
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(8, 2, 2), start);
     open(&mut scheduler, key(), 1, 1, shape(8, 2, 2), start);
-    let worker = scheduler.register_worker(addr(), 1, start);
+    let worker = scheduler.register_worker(addr(), 1, process(), start);
     let mut now = start;
     let mut made = 0u64;
     for _ in 0..12 {
@@ -358,8 +364,8 @@ fn a_worker_stuck_on_a_job_gets_none_of_its_work_until_it_recovers() {
     let start = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
-    let stuck = scheduler.register_worker(addr(), 1, start);
-    let healthy = scheduler.register_worker(addr(), 1, start);
+    let stuck = scheduler.register_worker(addr(), 1, process(), start);
+    let healthy = scheduler.register_worker(addr(), 1, process(), start);
     let granted = scheduler.pull(stuck, 1, start).expect("registered");
     let stuck_lease = granted[0].0;
     let mut now = start;
@@ -395,7 +401,7 @@ fn a_job_reported_stuck_is_not_granted_to_that_worker() {
     open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
     let other = RunKey { job: JobId(2), ..key() };
     open(&mut scheduler, other, 0, 1, shape(8, 1, 4), start);
-    let worker = scheduler.register_worker(addr(), 1, start);
+    let worker = scheduler.register_worker(addr(), 1, process(), start);
     scheduler.heartbeat(worker, &[], 0, &[key().job], start).expect("registered");
     let granted = scheduler.pull(worker, 10, start).expect("registered");
     assert!(!granted.is_empty());
@@ -424,18 +430,27 @@ fn a_rank_that_went_back_to_an_earlier_epoch_is_not_counted_past_the_later_one()
 }
 
 /// Found by the protocol model: a worker that registered twice (its first answer was lost, or
-/// it restarted) kept its earlier registration alive, and a late pull under the old id was
-/// granted work that the worker no longer counted as its own, or that its stuck report (sent
-/// under the new id) should have kept from it.
+/// the coordinator forgot it) kept its earlier registration alive, and a late pull under the
+/// old id was granted work that the worker no longer counted as its own, or that its stuck
+/// report (sent under the new id) should have kept from it. Found by review: keyed by address
+/// alone, two processes misconfigured with one address evicted each other forever, and a late
+/// registration evicted the newer one.
 #[test]
-fn a_worker_registering_again_from_its_address_replaces_its_earlier_registration() {
+fn a_worker_process_registering_again_replaces_its_earlier_registration_and_no_other() {
     let now = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(2, 1, 8), now);
-    let at = addr();
-    let earlier = scheduler.register_worker(at, 1, now);
+    let (at, first) = (addr(), process());
+    let earlier = scheduler.register_worker(at, 1, first, now);
     assert_eq!(scheduler.pull(earlier, 5, now).expect("registered").len(), 1);
-    let again = scheduler.register_worker(at, 1, now);
+    let again = scheduler.register_worker(at, 1, WorkerProcess { attempt: 2, ..first }, now);
     assert_eq!(scheduler.pull(earlier, 5, now), Err(Refusal::UnknownWorker(earlier)), "the old id is gone");
     assert_eq!(scheduler.pull(again, 5, now).expect("registered").len(), 1, "its chunk went back at once");
+    // A late copy of the first registration does not evict the newer one.
+    let stale = scheduler.register_worker(at, 1, first, now);
+    assert!(scheduler.pull(again, 5, now).is_ok(), "the newer registration stands");
+    assert!(scheduler.pull(stale, 5, now).is_ok());
+    // Another process at the same address (a misconfiguration) is logged, and evicts nobody.
+    let other = scheduler.register_worker(at, 1, process(), now);
+    assert!(scheduler.pull(again, 5, now).is_ok() && scheduler.pull(other, 5, now).is_ok());
 }

@@ -35,6 +35,7 @@ pub(crate) struct SimWorker {
     pub(crate) wedged_until_ms: u64,
     id_opt: Option<WorkerId>,
     register_sent_opt: Option<u64>,
+    register_attempts: u64,
     ledger: LeaseLedger,
     held: BTreeMap<LeaseId, Held>,
     /// The trainer connection of each rank: (session, trainer generation).
@@ -61,6 +62,7 @@ impl SimWorker {
             wedged_until_ms: 0,
             id_opt: None,
             register_sent_opt: None,
+            register_attempts: 0,
             ledger: LeaseLedger::default(),
             held: BTreeMap::new(),
             connections: HashMap::new(),
@@ -99,7 +101,16 @@ impl SimWorker {
         }
         let Some(worker) = self.id_opt else {
             if self.register_sent_opt.is_none_or(|sent| ctx.now_ms.saturating_sub(sent) > 10_000) {
-                ctx.call(self.me(), ControlRequest::RegisterWorker { addr: setup.worker_addr(self.index), threads: 1 });
+                self.register_attempts += 1;
+                // The process: a restarted worker is another one, at the same address.
+                let instance = (self.index as u64 + 1) << 32 | self.generation;
+                let register = ControlRequest::RegisterWorker {
+                    addr: setup.worker_addr(self.index),
+                    threads: 1,
+                    instance,
+                    attempt: self.register_attempts,
+                };
+                ctx.call(self.me(), register);
                 self.register_sent_opt = Some(ctx.now_ms);
             }
             return;

@@ -107,7 +107,7 @@ fn a_batch_refused_after_acknowledgement_is_made_again() {
         .block_on(async { server_endpoint(std::net::UdpSocket::bind("127.0.0.9:0").expect("bind"), &tls, Tuning::default()) })
         .expect("endpoint");
     let fake_addr = fake.local_addr().expect("address");
-    let register = ControlRequest::RegisterWorker { addr: fake_addr, threads: 1 };
+    let register = ControlRequest::RegisterWorker { addr: fake_addr, threads: 1, instance: 0xfa4e, attempt: 1 };
     let registered = expect_response!(
         cluster.call(register).expect("registers"),
         WorkerRegistered { worker, heartbeat_millis, lease_ttl_millis, lease_stall_millis }

@@ -304,6 +304,8 @@ mod tests {
         Grant(u8, u8),
         Finish(u8, bool),
         Revoke(u8),
+        Made(u8),
+        FinishUnmade(u8),
     }
 
     fn event() -> impl Strategy<Value = Event> {
@@ -311,12 +313,16 @@ mod tests {
             (0u8..6, 1u8..4).prop_map(|(lease, steps)| Event::Grant(lease, steps)),
             (0u8..6, any::<bool>()).prop_map(|(lease, ok)| Event::Finish(lease, ok)),
             (0u8..6).prop_map(Event::Revoke),
+            (0u8..6).prop_map(Event::Made),
+            (0u8..6).prop_map(Event::FinishUnmade),
         ]
     }
 
     proptest! {
         /// Whatever the order of grants, finishes and revokes: `outstanding` equals the
-        /// unfinished batches of unrevoked leases, and no lease reports twice or after a revoke.
+        /// unfinished batches of unrevoked leases, and no lease reports twice or after a revoke;
+        /// and the job counts as stuck (with no grace) exactly while a lease holds work still
+        /// inside the pipeline (batches neither made nor finished unmade).
         #[test]
         fn outstanding_matches_the_unfinished_batches_and_each_lease_reports_at_most_once(
             events in proptest::collection::vec(event(), 0..80),
@@ -324,6 +330,8 @@ mod tests {
             let mut ledger = LeaseLedger::default();
             // Per lease id: (steps, finished, revoked, reports), for leases granted and not ended.
             let mut model: std::collections::HashMap<u8, (u32, u32, bool)> = std::collections::HashMap::new();
+            // Per lease id: batches out of the pipeline.
+            let mut made: std::collections::HashMap<u8, u32> = std::collections::HashMap::new();
             let mut reports: std::collections::HashMap<u8, u32> = std::collections::HashMap::new();
             for event in events {
                 match event {
@@ -331,12 +339,30 @@ mod tests {
                         if ledger.grant(LeaseId(u64::from(lease)), JOB, u32::from(steps), at()) {
                             prop_assert!(!model.contains_key(&lease));
                             model.insert(lease, (u32::from(steps), 0, false));
+                            made.insert(lease, 0);
                             reports.insert(lease, 0);
                         }
                     }
-                    Event::Finish(lease, ok) => {
-                        let result = if ok { Ok(()) } else { Err(Failure::retry("x")) };
-                        let ending = ledger.finish(LeaseId(u64::from(lease)), result);
+                    Event::Made(lease) => {
+                        ledger.made(LeaseId(u64::from(lease)), at());
+                        if let (Some(count), Some((steps, _, _))) = (made.get_mut(&lease), model.get(&lease)) {
+                            *count = (*count + 1).min(*steps);
+                        }
+                    }
+                    Event::Finish(_, _) | Event::FinishUnmade(_) => {
+                        let (lease, ending) = match event {
+                            Event::Finish(lease, ok) => {
+                                let result = if ok { Ok(()) } else { Err(Failure::retry("x")) };
+                                (lease, ledger.finish(LeaseId(u64::from(lease)), result))
+                            }
+                            Event::FinishUnmade(lease) => {
+                                if let (Some(count), Some((steps, _, _))) = (made.get_mut(&lease), model.get(&lease)) {
+                                    *count = (*count + 1).min(*steps);
+                                }
+                                (lease, ledger.finish_unmade(LeaseId(u64::from(lease)), Failure::retry("refused")))
+                            }
+                            _ => unreachable!("matched above"),
+                        };
                         if ending.is_some() {
                             *reports.entry(lease).or_default() += 1;
                         }
@@ -345,6 +371,7 @@ mod tests {
                             if *finished == *steps {
                                 prop_assert_eq!(ending.is_some(), !*revoked);
                                 model.remove(&lease);
+                                made.remove(&lease);
                             }
                         } else {
                             prop_assert!(ending.is_none());
@@ -360,6 +387,9 @@ mod tests {
                 let expected: u32 = model.values().filter(|(_, _, revoked)| !revoked).map(|(steps, finished, _)| steps - finished).sum();
                 prop_assert_eq!(ledger.outstanding(), expected as usize);
                 prop_assert!(reports.values().all(|&count| count <= 1));
+                let inside = model.iter().any(|(lease, (steps, _, _))| made.get(lease).is_some_and(|count| count < steps));
+                prop_assert_eq!(ledger.job_stuck(JOB, at(), Duration::ZERO), inside);
+                prop_assert!(!ledger.job_stuck(JOB, at(), Duration::from_secs(3600)));
             }
         }
     }

@@ -39,7 +39,13 @@ async fn register<A>(shared: &Shared<A>) -> Option<WorkerId>
 where
     A: CoordinatorApi,
 {
-    let request = ControlRequest::RegisterWorker { addr: shared.advertised, threads: shared.config.threads as u32 };
+    let attempt = shared.register_attempts.fetch_add(1, Ordering::AcqRel) + 1;
+    let request = ControlRequest::RegisterWorker {
+        addr: shared.advertised,
+        threads: shared.config.threads as u32,
+        instance: shared.instance,
+        attempt,
+    };
     let answer = shared.api.call(request).await.and_then(|response| {
         expect_response!(response, WorkerRegistered { worker, heartbeat_millis, lease_ttl_millis, lease_stall_millis })
     });

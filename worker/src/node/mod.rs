@@ -76,6 +76,10 @@ pub(crate) struct Shared<A> {
     advertised: SocketAddr,
     /// Our worker id from the coordinator; 0 while unregistered.
     worker: AtomicU64,
+    /// Random for this worker: its registrations replace only its own earlier ones.
+    instance: u64,
+    /// Registrations asked for so far.
+    register_attempts: AtomicU64,
     heartbeat_millis: AtomicU64,
     /// A job's pipeline counts as stuck after this long without making anything of the work
     /// it holds (half the coordinator's lease stall timeout; see `LeaseLedger::job_stuck`).
@@ -126,6 +130,11 @@ where
         advertised: config.advertise.unwrap_or(addr),
         config,
         worker: AtomicU64::new(0),
+        instance: std::hash::BuildHasher::hash_one(
+            &std::hash::RandomState::new(),
+            (std::process::id(), addr, std::time::SystemTime::now()),
+        ),
+        register_attempts: AtomicU64::new(0),
         heartbeat_millis: AtomicU64::new(500),
         stuck_after_millis: AtomicU64::new(30_000),
         trainers: Trainers::default(),
