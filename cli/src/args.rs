@@ -1,8 +1,10 @@
 //! Command-line arguments. Help text is written once, here, in the doc comments.
 
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use stoker_common::plan::Shuffle;
 
 /// Stoker: a distributed data loader for deep-learning training.
 ///
@@ -190,7 +192,8 @@ pub(crate) struct ConsumeArgs {
     /// Seed of shuffling and augmentation.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
-    /// Shuffle: none, full, or window:K (K shards per window).
+    /// Shuffle: none, full, window:K (K shards per window), or block:S:N (blocks of S
+    /// samples, N blocks per window: mixes class-sorted data without reading it all at once).
     #[arg(long, default_value = "window:8")]
     pub(crate) shuffle: String,
     /// Tail policy: drop, pad or partial.
@@ -236,6 +239,9 @@ pub(crate) struct BenchClusterArgs {
     /// RandomResizedCrop output side.
     #[arg(long, default_value_t = 224)]
     pub(crate) size: u32,
+    /// Shuffle: none, full, window, window:K, block or block:S:N.
+    #[arg(long, default_value = "window", value_parser = parse_shuffle)]
+    pub(crate) shuffle: Shuffle,
     /// Also run `bench pipeline` with the same threads per worker for this many seconds first,
     /// and report the cluster's rate against workers x that rate.
     #[arg(long)]
@@ -345,6 +351,15 @@ pub(crate) struct PackArgs {
     /// that cannot be re-encoded exactly are stored as they are.
     #[arg(long)]
     pub(crate) verbatim: bool,
+    /// Write samples in folder order (sorted classes, sorted files). By default they are
+    /// shuffled across shards: in folder order each shard holds one or two classes, and the
+    /// default `window` shuffle, which reads a few shards at a time, would then give batches
+    /// of a handful of classes. Data kept in folder order needs `shuffle=block` or `full`.
+    #[arg(long)]
+    pub(crate) no_shuffle: bool,
+    /// Seed of the order samples are written in (recorded in manifest.json).
+    #[arg(long, default_value_t = 0, conflicts_with = "no_shuffle")]
+    pub(crate) seed: u64,
 }
 
 #[derive(Debug, Args)]
@@ -370,6 +385,18 @@ pub(crate) struct InspectArgs {
     /// Samples listed in the text output of a shard.
     #[arg(long, default_value_t = 5)]
     pub(crate) show: usize,
+    /// Of a dataset: the shuffle whose label mixing is measured (none, full, window,
+    /// window:K, block, block:S:N).
+    #[arg(long, default_value = "window", value_parser = parse_shuffle)]
+    pub(crate) shuffle: Shuffle,
+    /// Of a dataset: samples per global batch (all ranks' batches of one step) in the label
+    /// mixing measure.
+    #[arg(long, default_value_t = NonZeroU32::new(256).unwrap_or(NonZeroU32::MIN))]
+    pub(crate) global_batch: NonZeroU32,
+}
+
+fn parse_shuffle(text: &str) -> Result<Shuffle, String> {
+    text.parse().map_err(|error: stoker_common::error::PlanError| error.to_string())
 }
 
 #[derive(Debug, Args)]

@@ -33,6 +33,7 @@ pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
     let mut base = cluster.loader_config("bench", args.batch_size);
     base.transforms = TransformSpec::imagenet_train(args.size);
     base.tail = Tail::Drop;
+    base.shuffle = args.shuffle;
     let started = Instant::now();
     let reports = consume_ranks(&base, args.ranks, args.epochs, false)?;
     let elapsed = started.elapsed().as_secs_f64();
@@ -54,6 +55,7 @@ pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
             "workers": args.workers,
             "threads_per_worker": args.threads,
             "ranks": args.ranks,
+            "shuffle": args.shuffle.to_string(),
             "pipeline_images_per_sec": pipeline_rate,
             "ratio_to_pipeline_sum": ratio,
             "peak_rss_mib": peak,

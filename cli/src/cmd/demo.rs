@@ -39,6 +39,7 @@ pub(crate) fn run(args: DemoArgs) -> anyhow::Result<ExitCode> {
         prefix: "demo".into(),
         overwrite: true,
         rewrite_jpeg: Some(stoker_worker::make_seekable_for_pack),
+        shuffle_seed: Some(0),
     };
     let started = Instant::now();
     let summary = pack_with_progress(&options)?;

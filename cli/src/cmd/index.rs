@@ -58,6 +58,6 @@ fn write_manifest(manifest_path: &Path, entries: &[(PathBuf, u64, u64)]) -> anyh
         let uri = absolute.strip_prefix(&manifest_dir).unwrap_or(&absolute).to_string_lossy().into_owned();
         shards.push(ManifestShard { uri, samples: *samples, bytes: *bytes });
     }
-    let manifest = Manifest { version: MANIFEST_VERSION, shards, classes: Vec::new() };
+    let manifest = Manifest { version: MANIFEST_VERSION, shards, classes: Vec::new(), packed: None };
     manifest.save(manifest_path).with_context(|| format!("failed to write {}", manifest_path.display()))
 }

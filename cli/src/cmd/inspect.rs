@@ -1,11 +1,16 @@
 //! `stoker inspect`.
 
 use std::collections::BTreeMap;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::json;
+use stoker_common::plan::mixing::{LabelMixing, label_mixing};
+use stoker_common::plan::{SampleRef, ShardTable, Shuffle};
+use stoker_common::shard::manifest::PackedOrder;
 use stoker_common::shard::{IndexPolicy, IndexStatus, MANIFEST_FILE, Manifest, Shard, ShardLocation, resolve_uri};
 
 use crate::args::InspectArgs;
@@ -14,7 +19,7 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let is_manifest = args.path.is_dir() || args.path.extension().is_some_and(|extension| extension == "json");
     if is_manifest {
         let path = if args.path.is_dir() { args.path.join(MANIFEST_FILE) } else { args.path.clone() };
-        inspect_manifest(&path, args.json)
+        inspect_manifest(&path, args.json, args.shuffle, args.global_batch)
     } else {
         inspect_shard(&args.path, args.json, args.show)
     }
@@ -47,6 +52,34 @@ fn extension_stats(shard: &Shard) -> BTreeMap<String, ExtensionStats> {
         }
     }
     stats
+}
+
+/// The label mixing of `shuffle` over the dataset, when its samples have labels.
+fn mixing_of(manifest: &Manifest, shards: &[Shard], shuffle: Shuffle, global_batch: NonZeroU32) -> anyhow::Result<Option<LabelMixing>> {
+    let table = Arc::new(ShardTable::new(manifest.shards.iter().map(|shard| shard.samples))?);
+    let label = |sample: SampleRef| {
+        let bytes = shards.get(sample.shard.0 as usize)?.sample(sample.index as usize)?.member("cls")?;
+        std::str::from_utf8(bytes).ok()?.trim().parse::<i64>().ok()
+    };
+    let mixing_opt = label_mixing(table, shuffle, 0, global_batch, MIXING_BATCHES, label);
+    Ok(mixing_opt.filter(|mixing| mixing.random_distinct > 1.0))
+}
+
+/// What to do when `shuffle` mixes labels far worse than random batches.
+fn mixing_advice(mixing: &LabelMixing, shuffle: Shuffle, packed: Option<PackedOrder>) -> Option<String> {
+    if mixing.ratio() >= MIXING_WARN_RATIO {
+        return None;
+    }
+    let repack = match packed {
+        Some(PackedOrder::Folder) => "pack it again without --no-shuffle",
+        _ => "write the shards in a shuffled order (stoker pack shuffles by default)",
+    };
+    Some(format!(
+        "samples are clustered by label: a global batch with shuffle {shuffle} holds {:.0}% of the distinct labels of a random batch, \
+         which hurts SGD and BatchNorm. Either {repack}, or train with shuffle=\"block\" (mixes any order, reads blocks of 64 \
+         consecutive samples) or \"full\" (no read locality)",
+        mixing.ratio() * 100.0
+    ))
 }
 
 fn inspect_shard(path: &Path, as_json: bool, show: usize) -> anyhow::Result<ExitCode> {
@@ -102,15 +135,25 @@ fn inspect_shard(path: &Path, as_json: bool, show: usize) -> anyhow::Result<Exit
     Ok(ExitCode::SUCCESS)
 }
 
-fn inspect_manifest(path: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
+/// Global batches looked at on each side of the label mixing measure.
+const MIXING_BATCHES: u64 = 200;
+/// Below this share of a random batch's distinct labels, `inspect` warns.
+const MIXING_WARN_RATIO: f64 = 0.9;
+
+fn inspect_manifest(path: &Path, as_json: bool, shuffle: Shuffle, global_batch: NonZeroU32) -> anyhow::Result<ExitCode> {
     let manifest = Manifest::load(path)?;
     let manifest_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     let mut problems = Vec::new();
     let mut shard_reports = Vec::new();
+    let mut opened = Vec::new();
     for entry in &manifest.shards {
         let (status, found) = match resolve_uri(&entry.uri, &manifest_dir)? {
             ShardLocation::File(shard_path) => match Shard::open(&shard_path, IndexPolicy::LoadOrBuildInMemory) {
-                Ok(shard) if shard.len() as u64 == entry.samples => (index_description(shard.index_status()), Some(shard.len())),
+                Ok(shard) if shard.len() as u64 == entry.samples => {
+                    let found = (index_description(shard.index_status()), Some(shard.len()));
+                    opened.push(shard);
+                    found
+                }
                 Ok(shard) => {
                     problems.push(format!("{}: manifest says {} samples, the shard has {}", entry.uri, entry.samples, shard.len()));
                     ("sample count differs".to_string(), Some(shard.len()))
@@ -125,7 +168,24 @@ fn inspect_manifest(path: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
         shard_reports
             .push(json!({"uri": entry.uri, "samples": entry.samples, "bytes": entry.bytes, "found_samples": found, "status": status}));
     }
+    let mixing_opt = if opened.len() == manifest.shards.len() && problems.is_empty() {
+        mixing_of(&manifest, &opened, shuffle, global_batch)?
+    } else {
+        None
+    };
+    let advice_opt = mixing_opt.as_ref().and_then(|mixing| mixing_advice(mixing, shuffle, manifest.packed));
     if as_json {
+        let mixing = mixing_opt.map(|mixing| {
+            json!({
+                "shuffle": shuffle.to_string(),
+                "global_batch": mixing.batch_samples,
+                "batches": mixing.batches,
+                "plan_distinct_labels": mixing.plan_distinct,
+                "random_distinct_labels": mixing.random_distinct,
+                "ratio": mixing.ratio(),
+                "warning": advice_opt,
+            })
+        });
         let report = json!({
             "kind": "manifest",
             "path": path,
@@ -133,6 +193,8 @@ fn inspect_manifest(path: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
             "samples": manifest.samples(),
             "bytes": manifest.bytes(),
             "classes": manifest.classes,
+            "packed": manifest.packed,
+            "label_mixing": mixing,
             "shard_details": shard_reports,
             "problems": problems,
         });
@@ -143,6 +205,23 @@ fn inspect_manifest(path: &Path, as_json: bool) -> anyhow::Result<ExitCode> {
         println!("samples  {}", manifest.samples());
         println!("bytes    {} ({:.1} MiB)", manifest.bytes(), manifest.bytes() as f64 / 1048576.0);
         println!("classes  {}", manifest.classes.len());
+        match manifest.packed {
+            Some(PackedOrder::Shuffled { seed }) => println!("order    shuffled across shards by stoker pack (seed {seed})"),
+            Some(PackedOrder::Folder) => println!("order    folder order (stoker pack --no-shuffle)"),
+            None => println!("order    as written (not packed by stoker pack)"),
+        }
+        if let Some(mixing) = &mixing_opt {
+            println!(
+                "mixing   {:.1} distinct labels per global batch of {} with shuffle {shuffle}, {:.1} in a random batch ({:.0}%)",
+                mixing.plan_distinct,
+                mixing.batch_samples,
+                mixing.random_distinct,
+                mixing.ratio() * 100.0
+            );
+        }
+        if let Some(advice) = &advice_opt {
+            println!("warning: {advice}");
+        }
         for problem in &problems {
             println!("problem: {problem}");
         }

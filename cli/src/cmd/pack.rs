@@ -4,6 +4,7 @@ use std::num::NonZeroUsize;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use stoker_common::shard::manifest::PackedOrder;
 use stoker_common::shard::pack::{PackOptions, PackSummary, RewriteJpeg, pack};
 
 use crate::args::PackArgs;
@@ -20,6 +21,7 @@ pub(crate) fn run(args: PackArgs) -> anyhow::Result<ExitCode> {
         prefix: args.prefix,
         overwrite: args.force,
         rewrite_jpeg: (!args.verbatim).then_some(stoker_worker::make_seekable_for_pack as RewriteJpeg),
+        shuffle_seed: (!args.no_shuffle).then_some(args.seed),
     };
     let summary = pack_with_progress(&options)?;
     print_summary(&summary);
@@ -55,6 +57,13 @@ pub(crate) fn print_summary(summary: &PackSummary) {
             "{} JPEGs re-encoded losslessly with restart markers (workers decode only a crop's part of them); {} stored as they are (progressive-only features, damaged, or not baseline-transformable)",
             summary.rewritten_jpegs, summary.verbatim_jpegs
         );
+    }
+    match manifest.packed {
+        Some(PackedOrder::Shuffled { seed }) => println!("samples shuffled across shards (seed {seed})"),
+        Some(PackedOrder::Folder) => println!(
+            "samples in folder order (--no-shuffle): each shard holds few classes; train with shuffle=block or full, not the default window"
+        ),
+        None => {}
     }
     if summary.skipped_files > 0 {
         println!("skipped {} files in class folders that are not images", summary.skipped_files);

@@ -16,6 +16,7 @@
 
 pub mod checkpoint;
 pub mod layout;
+pub mod mixing;
 pub mod order;
 pub mod permutation;
 pub mod prng;
@@ -221,6 +222,7 @@ fn order_fingerprint(table: &ShardTable, spec: &PlanSpec) -> u64 {
         Shuffle::None => 0,
         Shuffle::Full => 1,
         Shuffle::Window { shards } => 2 + u64::from(shards.get()),
+        Shuffle::Block { samples, blocks } => mix64(u64::from(samples.get()) << 32 | u64::from(blocks.get())) | 1 << 63,
     };
     mix64(table.fingerprint() ^ mix64(spec.seed ^ mix64(shuffle_code)))
 }

@@ -27,6 +27,26 @@ pub enum Shuffle {
     /// One permutation of every sample. Each sample may come from any shard: best mixing,
     /// no locality.
     Full,
+    /// The dataset (in manifest order) cut into blocks of `samples` consecutive samples; the
+    /// blocks permuted per epoch and cut into windows of `blocks` blocks whose samples are
+    /// permuted. Mixes as well as `full` whatever order the shards were written in (a block
+    /// holds one or two classes of class-sorted data, a window `blocks` blocks from anywhere
+    /// in the dataset), while every read stays inside a block: `samples` consecutive samples of
+    /// one shard (two, at a shard boundary). The working set of the cluster is one window,
+    /// `samples * blocks` samples from up to `blocks` shards. The last `N mod samples` samples
+    /// (fewer than one block) end the epoch, permuted among themselves.
+    Block {
+        /// Consecutive samples per block.
+        samples: NonZeroU32,
+        /// Blocks per window.
+        blocks: NonZeroU32,
+    },
+}
+
+impl Shuffle {
+    /// `block` with its defaults: blocks of 64 samples, windows of 256 blocks (16,384 samples).
+    pub const BLOCK_DEFAULT: Self =
+        Self::Block { samples: NonZeroU32::new(64).expect("64 is not zero"), blocks: NonZeroU32::new(256).expect("256 is not zero") };
 }
 
 impl Default for Shuffle {
@@ -38,22 +58,44 @@ impl Default for Shuffle {
 impl std::str::FromStr for Shuffle {
     type Err = PlanError;
 
-    /// `none`, `full`, `window` (8 shards) or `window:K`.
+    /// `none`, `full`, `window` (8 shards), `window:K`, `block` (64 samples, 256 blocks) or
+    /// `block:S:N` (blocks of S samples, windows of N blocks).
     fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let unknown = || PlanError::UnknownMode {
+            what: "shuffle",
+            given: text.to_owned(),
+            expected: "none, full, window, window:K (K shards a window), block or block:S:N (blocks of S samples, N blocks a window)",
+        };
         match text {
             "none" => Ok(Self::None),
             "full" => Ok(Self::Full),
             "window" => Ok(Self::default()),
+            "block" => Ok(Self::BLOCK_DEFAULT),
+            other if other.starts_with("block:") => {
+                let mut parts = other["block:".len()..].split(':').map(|part| part.parse::<u32>().ok().and_then(NonZeroU32::new));
+                match (parts.next(), parts.next(), parts.next()) {
+                    (Some(Some(samples)), Some(Some(blocks)), None) => Ok(Self::Block { samples, blocks }),
+                    _ => Err(unknown()),
+                }
+            }
             other => other
                 .strip_prefix("window:")
                 .and_then(|shards| shards.parse().ok())
                 .and_then(NonZeroU32::new)
                 .map(|shards| Self::Window { shards })
-                .ok_or_else(|| PlanError::UnknownMode {
-                    what: "shuffle",
-                    given: other.to_owned(),
-                    expected: "none, full, window or window:K",
-                }),
+                .ok_or_else(unknown),
+        }
+    }
+}
+
+impl std::fmt::Display for Shuffle {
+    /// The form [`std::str::FromStr`] reads.
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::None => formatter.write_str("none"),
+            Self::Full => formatter.write_str("full"),
+            Self::Window { shards } => write!(formatter, "window:{shards}"),
+            Self::Block { samples, blocks } => write!(formatter, "block:{samples}:{blocks}"),
         }
     }
 }
@@ -64,6 +106,7 @@ pub(crate) enum EpochOrder {
     Sequential,
     Windowed(WindowedOrder),
     Full(Permutation),
+    Blocked(BlockedOrder),
 }
 
 /// Up to this many shards, a windowed order keeps its shard sequence (4 bytes a shard). Below
@@ -90,6 +133,9 @@ impl EpochOrder {
             Shuffle::None => Self::Sequential,
             Shuffle::Full => Self::Full(Permutation::new(table.samples(), derive_seed(SeedDomain::FullSamples, &[seed, epoch.0]))),
             Shuffle::Window { shards } => Self::Windowed(WindowedOrder::new(table, shards.get(), seed, epoch)),
+            Shuffle::Block { samples, blocks } => {
+                Self::Blocked(BlockedOrder::new(table.samples(), samples.get(), blocks.get(), seed, epoch))
+            }
         }
     }
 
@@ -99,19 +145,20 @@ impl EpochOrder {
             Self::Sequential => table.locate(order_index),
             Self::Full(permutation) => table.locate(permutation.apply(order_index)),
             Self::Windowed(windowed) => windowed.sample_at(table, order_index),
+            Self::Blocked(blocked) => table.locate(blocked.global_index(order_index)),
         }
     }
 
     pub(crate) fn window_starts(&self) -> Option<&[u64]> {
         match self {
             Self::Windowed(windowed) => Some(&windowed.window_starts),
-            Self::Sequential | Self::Full(_) => None,
+            Self::Sequential | Self::Full(_) | Self::Blocked(_) => None,
         }
     }
 
     pub(crate) fn heap_bytes(&self) -> usize {
         match self {
-            Self::Sequential | Self::Full(_) => 0,
+            Self::Sequential | Self::Full(_) | Self::Blocked(_) => 0,
             Self::Windowed(windowed) => {
                 windowed.window_starts.capacity() * size_of::<u64>() + windowed.shard_sequence.capacity() * size_of::<ShardId>()
             }
@@ -172,6 +219,55 @@ impl WindowedOrder {
     }
 }
 
+/// The order of a block shuffle (see [`Shuffle::Block`]): O(1) memory, two permutations and a
+/// division per lookup.
+#[derive(Clone, Debug)]
+pub(crate) struct BlockedOrder {
+    /// Order of the whole blocks.
+    block_order: Permutation,
+    block_samples: u64,
+    window_blocks: u64,
+    /// Samples in whole blocks (`samples - tail`).
+    blocked_samples: u64,
+    /// The last samples, fewer than a block, permuted at the end of the epoch.
+    tail: Permutation,
+    seed: u64,
+    epoch: Epoch,
+}
+
+impl BlockedOrder {
+    fn new(samples: u64, block_samples: u32, window_blocks: u32, seed: u64, epoch: Epoch) -> Self {
+        let block_samples = u64::from(block_samples);
+        let blocks = samples / block_samples;
+        let blocked_samples = blocks * block_samples;
+        let key = derive_seed(SeedDomain::BlockOrder, &[seed, epoch.0]);
+        Self {
+            block_order: Permutation::new(blocks, key),
+            block_samples,
+            window_blocks: u64::from(window_blocks),
+            blocked_samples,
+            tail: Permutation::new(samples - blocked_samples, derive_seed(SeedDomain::BlockWindowSamples, &[seed, epoch.0, u64::MAX])),
+            seed,
+            epoch,
+        }
+    }
+
+    /// The manifest-order index of the sample at `order_index` of the epoch.
+    fn global_index(&self, order_index: u64) -> u64 {
+        if order_index >= self.blocked_samples {
+            return self.blocked_samples + self.tail.apply(order_index - self.blocked_samples);
+        }
+        let window_len = self.window_blocks * self.block_samples;
+        let window = order_index / window_len;
+        let window_start = window * window_len;
+        let len = window_len.min(self.blocked_samples - window_start);
+        let key = derive_seed(SeedDomain::BlockWindowSamples, &[self.seed, self.epoch.0, window]);
+        let inside = Permutation::new(len, key).apply(order_index - window_start);
+        let slot = window * self.window_blocks + inside / self.block_samples;
+        self.block_order.apply(slot) * self.block_samples + inside % self.block_samples
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,6 +284,40 @@ mod tests {
             for index in 0..table.samples() {
                 assert_eq!(cached.sample_at(&table, index), computed.sample_at(&table, index), "window {window}, index {index}");
             }
+        }
+    }
+
+    /// Every sample exactly once, a window's samples come from its blocks only, and reads stay
+    /// inside blocks.
+    #[test]
+    fn a_block_shuffle_is_a_permutation_whose_windows_hold_whole_blocks() {
+        for (samples, block, blocks) in [(0u64, 4u32, 2u32), (3, 4, 2), (100, 1, 7), (1000, 16, 8), (1003, 16, 8), (999, 1000, 3)] {
+            let order = BlockedOrder::new(samples, block, blocks, 11, Epoch(3));
+            let mut seen = vec![false; samples as usize];
+            for index in 0..samples {
+                let global = order.global_index(index) as usize;
+                assert!(!std::mem::replace(&mut seen[global], true), "{global} twice ({samples}, {block}, {blocks})");
+            }
+            let window_len = u64::from(block) * u64::from(blocks);
+            for window_start in (0..order.blocked_samples).step_by(window_len as usize) {
+                let end = (window_start + window_len).min(order.blocked_samples);
+                let mut touched: Vec<u64> = (window_start..end).map(|index| order.global_index(index) / u64::from(block)).collect();
+                touched.sort_unstable();
+                touched.dedup();
+                assert_eq!(touched.len() as u64, (end - window_start) / u64::from(block), "whole blocks, each fully");
+            }
+        }
+    }
+
+    #[test]
+    fn block_modes_read_and_print_alike() {
+        for text in ["block", "block:8:32", "window:3", "none", "full"] {
+            let shuffle: Shuffle = text.parse().expect("valid");
+            assert_eq!(shuffle.to_string().parse::<Shuffle>().expect("round trip"), shuffle);
+        }
+        assert_eq!("block".parse::<Shuffle>().expect("valid"), Shuffle::BLOCK_DEFAULT);
+        for bad in ["block:", "block:8", "block:0:4", "block:8:4:2", "blocks"] {
+            assert!(bad.parse::<Shuffle>().is_err(), "{bad}");
         }
     }
 }

@@ -41,7 +41,12 @@ fn every_sample(counts: &[u64]) -> HashSet<SampleRef> {
 }
 
 fn shuffles() -> impl Strategy<Value = Shuffle> {
-    prop_oneof![Just(Shuffle::None), Just(Shuffle::Full), (1u32..5).prop_map(|shards| Shuffle::Window { shards: nz(shards) })]
+    prop_oneof![
+        Just(Shuffle::None),
+        Just(Shuffle::Full),
+        (1u32..5).prop_map(|shards| Shuffle::Window { shards: nz(shards) }),
+        (1u32..5, 1u32..4).prop_map(|(samples, blocks)| Shuffle::Block { samples: nz(samples), blocks: nz(blocks) }),
+    ]
 }
 
 fn tails() -> impl Strategy<Value = Tail> {
@@ -204,10 +209,12 @@ fn plans_are_pinned() {
     assert_eq!(first_batch(Shuffle::None), vec![(1, 0), (1, 1), (1, 2)]);
     assert_eq!(first_batch(Shuffle::Window { shards: nz(2) }), GOLDEN_WINDOW.to_vec());
     assert_eq!(first_batch(Shuffle::Full), GOLDEN_FULL.to_vec());
+    assert_eq!(first_batch(Shuffle::Block { samples: nz(2), blocks: nz(2) }), GOLDEN_BLOCK.to_vec());
     assert_eq!(augment_seed(7, Epoch(1), 3), GOLDEN_AUGMENT);
 }
 
 const GOLDEN_WINDOW: [(u32, u64); 3] = [(1, 2), (1, 1), (3, 0)];
+const GOLDEN_BLOCK: [(u32, u64); 3] = [(3, 0), (1, 3), (1, 4)];
 const GOLDEN_FULL: [(u32, u64); 3] = [(3, 2), (0, 0), (1, 4)];
 const GOLDEN_AUGMENT: u64 = 15_585_931_656_404_915_346;
 

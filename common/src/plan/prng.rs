@@ -35,6 +35,12 @@ pub enum SeedDomain {
     FullSamples = 3,
     /// Random augmentation parameters of one sample: parts = (seed, epoch, position).
     Augment = 4,
+    /// Permutation of the block order of an epoch (`shuffle = block`): parts = (seed, epoch).
+    BlockOrder = 5,
+    /// Permutation of the samples inside one window of blocks: parts = (seed, epoch, window).
+    BlockWindowSamples = 6,
+    /// The order `stoker pack` writes samples in: parts = (seed).
+    PackOrder = 7,
 }
 
 /// Derive a seed from a domain and a list of integers: `h = mix64(domain)`, then for each part

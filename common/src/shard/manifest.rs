@@ -8,8 +8,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::ShardError;
 use crate::plan::ShardTable;
 
-/// Version written by this build; readers refuse newer ones.
-pub const MANIFEST_VERSION: u32 = 1;
+/// Version written by this build; readers refuse newer ones. 2 added [`Manifest::packed`].
+pub const MANIFEST_VERSION: u32 = 2;
 /// Conventional file name of a manifest beside its shards.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
@@ -24,6 +24,23 @@ pub struct Manifest {
     /// Class names by label, when known.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub classes: Vec<String>,
+    /// How `stoker pack` ordered the samples, when it wrote this manifest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packed: Option<PackedOrder>,
+}
+
+/// The order `stoker pack` wrote samples in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", tag = "order", deny_unknown_fields)]
+pub enum PackedOrder {
+    /// Shuffled across shards with this seed: any shuffle mode mixes classes.
+    Shuffled {
+        /// The seed of the shuffle (`stoker pack --seed`).
+        seed: u64,
+    },
+    /// Folder order (`--no-shuffle`): classes are sorted, each in a run of consecutive
+    /// samples, so only `full` and `block` shuffles mix them.
+    Folder,
 }
 
 /// One shard of a manifest.
@@ -158,9 +175,15 @@ mod tests {
             version: 1,
             shards: vec![ManifestShard { uri: "a.tar".into(), samples: 3, bytes: 10 }],
             classes: vec!["cat".into()],
+            packed: None,
         };
         manifest.save(&path).unwrap_or_else(|error| panic!("{error}"));
         assert_eq!(Manifest::load(&path).ok(), Some(manifest));
+        for packed in [PackedOrder::Shuffled { seed: 7 }, PackedOrder::Folder] {
+            let manifest = Manifest { version: MANIFEST_VERSION, shards: Vec::new(), classes: Vec::new(), packed: Some(packed) };
+            manifest.save(&path).unwrap_or_else(|error| panic!("{error}"));
+            assert_eq!(Manifest::load(&path).ok(), Some(manifest));
+        }
         std::fs::write(&path, r#"{"version":1,"shards":[],"extra":1}"#).unwrap_or_else(|error| panic!("{error}"));
         assert!(matches!(Manifest::load(&path), Err(ShardError::BadManifest { .. })));
         std::fs::write(&path, r#"{"version":7,"shards":[]}"#).unwrap_or_else(|error| panic!("{error}"));

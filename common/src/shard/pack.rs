@@ -4,7 +4,11 @@
 //!
 //! Output is deterministic: classes and files are taken in byte order of their names, labels
 //! are class positions in that order (as torchvision's `ImageFolder` assigns them), and tar
-//! headers carry fixed metadata. The same input always gives the same bytes.
+//! headers carry fixed metadata. The same input and seed always give the same bytes.
+//!
+//! Samples are written in a seeded random order by default ([`PackOptions::shuffle_seed`]):
+//! in folder order every shard holds one or two classes, and a shuffle that reads a few shards
+//! at a time (the default `window`) would give batches of a handful of classes.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -12,10 +16,12 @@ use std::io::BufWriter;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
-use super::manifest::{MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestShard};
+use super::manifest::{MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestShard, PackedOrder};
 use super::shard_file::{IndexPolicy, Shard};
 use super::tar_writer::TarWriter;
 use crate::error::ShardError;
+use crate::plan::permutation::Permutation;
+use crate::plan::prng::{SeedDomain, derive_seed};
 
 /// Image extensions packed (torchvision's `IMG_EXTENSIONS`), compared case-insensitively.
 pub const IMAGE_EXTENSIONS: [&str; 9] = ["jpg", "jpeg", "png", "ppm", "bmp", "pgm", "tif", "tiff", "webp"];
@@ -39,6 +45,9 @@ pub struct PackOptions {
     /// (the worker's lossless re-encoding with restart markers), `None` stores the file as
     /// it is. `None` here stores every file byte for byte.
     pub rewrite_jpeg: Option<RewriteJpeg>,
+    /// Write samples in a random order drawn from this seed (recorded in the manifest), or in
+    /// folder order (`None`: every shard then holds one or two classes).
+    pub shuffle_seed: Option<u64>,
 }
 
 /// A lossless JPEG re-encoding applied while packing (see [`PackOptions::rewrite_jpeg`]).
@@ -94,7 +103,10 @@ struct ImageFolder {
 
 /// Pack `options.input` into shards, calling `progress` after every image.
 pub fn pack(options: &PackOptions, progress: &mut dyn FnMut(PackProgress)) -> Result<PackSummary, ShardError> {
-    let folder = scan_image_folder(&options.input)?;
+    let mut folder = scan_image_folder(&options.input)?;
+    if let Some(seed) = options.shuffle_seed {
+        folder.files = shuffled(std::mem::take(&mut folder.files), seed);
+    }
     prepare_output(&options.output, options.overwrite)?;
     let mut state = PackProgress { files_total: folder.files.len() as u64, ..PackProgress::default() };
     let mut shards = Vec::new();
@@ -135,10 +147,19 @@ pub fn pack(options: &PackOptions, progress: &mut dyn FnMut(PackProgress)) -> Re
         state.shards_done += 1;
         progress(state);
     }
-    let manifest = Manifest { version: MANIFEST_VERSION, shards, classes: folder.classes };
+    let packed = options.shuffle_seed.map_or(PackedOrder::Folder, |seed| PackedOrder::Shuffled { seed });
+    let manifest = Manifest { version: MANIFEST_VERSION, shards, classes: folder.classes, packed: Some(packed) };
     let manifest_path = options.output.join(MANIFEST_FILE);
     manifest.save(&manifest_path)?;
     Ok(PackSummary { manifest, manifest_path, skipped_files: folder.skipped_files, rewritten_jpegs, verbatim_jpegs })
+}
+
+/// `files` in the pinned random order of `seed` (the planner's permutation, so the order is the
+/// same on every platform and release).
+fn shuffled(files: Vec<ImageFile>, seed: u64) -> Vec<ImageFile> {
+    let permutation = Permutation::new(files.len() as u64, derive_seed(SeedDomain::PackOrder, &[seed]));
+    let mut slots: Vec<Option<ImageFile>> = files.into_iter().map(Some).collect();
+    (0..slots.len() as u64).filter_map(|place| slots[permutation.apply(place) as usize].take()).collect()
 }
 
 fn scan_image_folder(root: &Path) -> Result<ImageFolder, ShardError> {

@@ -9,6 +9,7 @@ fn options(input: &Path, output: &Path, shard_size: u64) -> PackOptions {
         prefix: "train".into(),
         overwrite: false,
         rewrite_jpeg: None,
+        shuffle_seed: None,
     }
 }
 
@@ -97,4 +98,52 @@ fn colliding_keys_are_refused() {
     write(&input.join("c/a_b.jpg"), b"2");
     let result = pack(&options(&input, &dir.path().join("out"), 1 << 20), &mut |_| {});
     assert!(result.err().is_some_and(|error| error.to_string().contains("rename one")));
+}
+
+/// The keys of every shard of a packed dataset, in shard order.
+fn keys_in_order(output: &Path, manifest: &Manifest) -> Vec<(String, String)> {
+    let mut keys = Vec::new();
+    for entry in &manifest.shards {
+        let shard = Shard::open(&output.join(&entry.uri), IndexPolicy::LoadOrBuildInMemory).unwrap_or_else(|error| panic!("{error}"));
+        for sample in (0..shard.len()).filter_map(|index| shard.sample(index)) {
+            let label = String::from_utf8_lossy(sample.member("cls").unwrap_or_default()).into_owned();
+            keys.push((sample.key().to_owned(), label));
+        }
+    }
+    keys
+}
+
+#[test]
+fn a_seeded_pack_shuffles_across_shards_deterministically_and_records_the_seed() {
+    let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
+    let input = dir.path().join("in");
+    for class in 0..4 {
+        for index in 0..12 {
+            write(&input.join(format!("c{class}/img{index:02}.jpg")), &[class as u8; 700]);
+        }
+    }
+    let packed = |folder: &str, seed_opt: Option<u64>| {
+        let output = dir.path().join(folder);
+        let summary = pack(&PackOptions { shuffle_seed: seed_opt, ..options(&input, &output, 16 * 1024) }, &mut |_| {})
+            .unwrap_or_else(|error| panic!("{error}"));
+        (keys_in_order(&output, &summary.manifest), summary.manifest)
+    };
+    let (folder_order, folder_manifest) = packed("folder", None);
+    let (first, first_manifest) = packed("a", Some(5));
+    let (again, _) = packed("b", Some(5));
+    let (other, _) = packed("c", Some(6));
+    assert_eq!(folder_manifest.packed, Some(PackedOrder::Folder));
+    assert_eq!(first_manifest.packed, Some(PackedOrder::Shuffled { seed: 5 }));
+    assert_eq!(first, again, "the same seed, the same order");
+    assert_ne!(first, other, "another seed, another order");
+    assert_ne!(first, folder_order);
+    let mut sorted = first.clone();
+    sorted.sort();
+    assert_eq!(sorted, folder_order, "the same samples with the same labels");
+    // Folder order puts one class in each shard; shuffled, the first shard holds several.
+    let shard_samples = first_manifest.shards[0].samples as usize;
+    let classes_of =
+        |keys: &[(String, String)]| keys.iter().map(|(_, label)| label.clone()).collect::<std::collections::BTreeSet<_>>().len();
+    assert_eq!(classes_of(&folder_order[..shard_samples]), 1);
+    assert!(classes_of(&first[..shard_samples]) >= 3, "{:?}", &first[..shard_samples]);
 }

@@ -328,7 +328,7 @@ fn manifest() -> Result<PathBuf, String> {
             samples: *samples,
             bytes: 0,
         });
-        let manifest = Manifest { version: MANIFEST_VERSION, shards: shards.collect(), classes: Vec::new() };
+        let manifest = Manifest { version: MANIFEST_VERSION, shards: shards.collect(), classes: Vec::new(), packed: None };
         let path = dir.join("manifest.json");
         manifest.save(&path).map_err(|error| error.to_string())?;
         Ok(path)

@@ -26,6 +26,7 @@ fn a_bad_sample_under_on_error_fail_fails_the_job_with_its_shard_and_key() {
         prefix: "shard".to_owned(),
         overwrite: true,
         rewrite_jpeg: Some(stoker_worker::make_seekable_for_pack),
+        shuffle_seed: None,
     };
     pack(&options, &mut |_| {}).expect("pack");
     let cluster = TestCluster::start(ClusterConfig { workers: 1, ..ClusterConfig::default() }).expect("cluster");

@@ -6,6 +6,7 @@ mod dataset_binding;
 mod delivery;
 mod exactly_once;
 mod faults;
+mod label_mixing;
 mod loss_paths;
 mod protocol_model;
 mod restart;

@@ -88,6 +88,7 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
         version: stoker_common::shard::manifest::MANIFEST_VERSION,
         shards: vec![ManifestShard { uri: "shard-000000.tar".into(), samples: 40, bytes: 1 << 20 }],
         classes: Vec::new(),
+        packed: None,
     };
     manifest.save(&dir.join("manifest.json")).expect("manifest");
     cluster.add_dataset("stuck", &dir.join("manifest.json")).expect("dataset");

@@ -303,6 +303,7 @@ mod tests {
             prefix: "shard".to_owned(),
             overwrite: true,
             rewrite_jpeg: None,
+            shuffle_seed: None,
         };
         pack(&options, &mut |_| {}).expect("pack");
         Dataset::open(&dir.join("shards").join("manifest.json")).expect("open")

@@ -88,6 +88,7 @@ fn pack_dataset(dir: &Path, classes: usize, per_class: usize, extra: &[(&str, &[
         prefix: "shard".to_owned(),
         overwrite: false,
         rewrite_jpeg,
+        shuffle_seed: None,
     };
     pack(&options, &mut |_| {}).expect("pack");
     output.join("manifest.json")
