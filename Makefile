@@ -10,7 +10,7 @@ JOBS ?= 2
 VENV := .venv
 PYTHON := $(abspath $(VENV))/bin/python
 
-.PHONY: demo test bench lint deps venv
+.PHONY: demo test bench lint deps venv wheel
 
 deps:
 	@scripts/ensure-deps.sh
@@ -29,12 +29,21 @@ demo: deps
 
 # Tests that need the venv are #[ignore]d in a plain `cargo test`; here they run too. Then the
 # Python package is built into the venv (maturin) and its pytest suite runs against real
-# `stoker` processes (the debug binary the cargo tests built).
+# `stoker` processes (the debug binary the cargo tests built); the wheel is built too, and a
+# test installs it into a fresh venv.
 test: deps venv
 	mkdir -p target; set -o pipefail; STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored 2>&1 | tee target/test.log
 	cd python && VIRTUAL_ENV=$(abspath $(VENV)) CARGO_BUILD_JOBS=$(JOBS) $(abspath $(VENV))/bin/maturin develop --quiet
-	set -o pipefail; cd python && STOKER_BIN=$(abspath target/debug/stoker) $(PYTHON) -m pytest -q -rs 2>&1 | tee ../target/pytest.log
+	$(MAKE) --no-print-directory wheel
+	set -o pipefail; cd python && STOKER_BIN=$(abspath target/debug/stoker) STOKER_WHEEL=$$(ls $(abspath target/wheels)/stoker-*.whl) $(PYTHON) -m pytest -q -rs 2>&1 | tee ../target/pytest.log
 	@scripts/test-summary.sh target/test.log target/pytest.log
+
+# An abi3 wheel of the Python package (CPython >= 3.9) in target/wheels: `pip install` it on a
+# machine without Rust. Release build; libjpeg-turbo is linked in statically.
+wheel: deps venv
+	rm -f target/wheels/stoker-*.whl
+	cd python && VIRTUAL_ENV=$(abspath $(VENV)) CARGO_BUILD_JOBS=$(JOBS) $(abspath $(VENV))/bin/maturin build --release --quiet --out $(abspath target/wheels)
+	@ls target/wheels/stoker-*.whl
 
 # Criterion micro-benchmarks, then the pipeline against its floor and the Pillow peer on
 # ImageNet-like data (scripts/bench_pipeline.py rewrites its table in BENCHMARKS.md).

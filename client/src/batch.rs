@@ -10,6 +10,9 @@ use stoker_common::transform::{OutputDtype, OutputLayout};
 pub struct ReceivedBatch {
     pub(crate) header: BatchHeader,
     pub(crate) payload: Payload,
+    /// Steps of the epoch before the run the batch belongs to (a resumed run starts inside
+    /// the epoch; the wire numbers steps from the run's start).
+    pub(crate) step_offset: u64,
 }
 
 impl ReceivedBatch {
@@ -18,9 +21,10 @@ impl ReceivedBatch {
         self.header.epoch
     }
 
-    /// The step.
+    /// The step's number in the epoch, counted from the epoch's start also after a resume
+    /// (as a DataLoader's batch index; LR schedules count on it).
     pub fn step(&self) -> Step {
-        self.header.step
+        Step(self.step_offset + self.header.step.0)
     }
 
     /// The rank it was made for.
@@ -59,9 +63,11 @@ impl ReceivedBatch {
     }
 
     /// Take the image bytes (for zero-copy hand-over, e.g. to numpy). The buffer goes back to
-    /// the loader's pool when the [`Payload`] is dropped.
+    /// the loader's pool when the [`Payload`] is dropped. The header's step is numbered within
+    /// the epoch, as [`Self::step`].
     pub fn into_parts(self) -> (BatchHeader, Payload) {
-        (self.header, self.payload)
+        let step = self.step();
+        (BatchHeader { step, ..self.header }, self.payload)
     }
 
     /// Labels (-1 where a sample has none).

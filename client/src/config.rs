@@ -21,8 +21,13 @@ pub struct LoaderConfig {
     pub coordinator: SocketAddr,
     /// Dataset name, as registered with `stoker dataset add`.
     pub dataset: String,
-    /// Job name [default: derived from the dataset and the spec, so identical trainers share it].
+    /// Job name [default: derived from the dataset, the spec and the run id, so the ranks of
+    /// one run share it].
     pub job_name: Option<String>,
+    /// Names the training run, so that two runs with identical settings get two jobs instead of
+    /// sharing one (and taking each other's ranks) [default: `TORCHELASTIC_RUN_ID`, which
+    /// torchrun sets, else none]. Ignored when `job_name` is given.
+    pub run_id: Option<String>,
     /// Samples per batch per rank.
     pub batch_size: u32,
     /// This trainer's rank [default: `RANK` from the environment, else 0].
@@ -54,6 +59,7 @@ impl LoaderConfig {
             coordinator,
             dataset: dataset.into(),
             job_name: None,
+            run_id: None,
             batch_size,
             rank: None,
             world_size: None,
@@ -118,11 +124,21 @@ impl LoaderConfig {
             Some(name) => name.clone(),
             None => {
                 let identity = format!("{}|{:?}|{}|{}", spec.dataset, spec.plan, spec.transforms, spec.prefetch);
-                format!("{}-{:08x}", spec.dataset, xxhash_rust::xxh3::xxh3_64(identity.as_bytes()) as u32)
+                let hash = xxhash_rust::xxh3::xxh3_64(identity.as_bytes()) as u32;
+                match self.run_id.clone().or_else(|| std::env::var("TORCHELASTIC_RUN_ID").ok()).filter(|run| !run.is_empty()) {
+                    Some(run) => format!("{}-{hash:08x}-{}", spec.dataset, sanitized(&run)),
+                    None => format!("{}-{hash:08x}", spec.dataset),
+                }
             }
         };
         Ok(spec)
     }
+}
+
+/// `run` with characters other than ASCII letters, digits, `-`, `_` and `.` replaced by `_`,
+/// at most 64 of them (a job name shows in `stoker status` and logs).
+fn sanitized(run: &str) -> String {
+    run.chars().take(64).map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect()
 }
 
 #[cfg(test)]
@@ -144,5 +160,20 @@ mod tests {
         assert!(error.contains("nack_after") && error.contains("50ms"), "{error}");
         config.nack_after = MIN_NACK_AFTER;
         assert!(config.job_spec().is_ok());
+    }
+
+    /// Issue 16, item 7: two runs with identical settings shared one job and took each other's
+    /// ranks; a run id (torchrun's, by default) names a job of its own.
+    #[test]
+    fn a_run_id_names_a_job_of_its_own_and_a_job_name_wins() {
+        let mut config = config();
+        config.run_id = Some("run a".to_owned());
+        let first = config.job_spec().expect("spec").name;
+        config.run_id = Some("run-b".to_owned());
+        let second = config.job_spec().expect("spec").name;
+        assert_ne!(first, second);
+        assert!(first.ends_with("-run_a"), "{first}");
+        config.job_name = Some("mine".to_owned());
+        assert_eq!(config.job_spec().expect("spec").name, "mine");
     }
 }

@@ -12,7 +12,7 @@ use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, JobId, Rank, Step, WorkerId};
 use stoker_common::net::{PayloadPool, QuicCoordinator, TlsConfigs, Tuning, client_endpoint};
-use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
+use stoker_common::plan::{Checkpoint, EpochPlan, Layout, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use stoker_common::transform::Recipe;
 use tokio::runtime::Runtime;
@@ -104,6 +104,8 @@ where
     resume_opt: Option<Checkpoint>,
     /// The plan of the open pass's run; `None` until the epoch is opened.
     plan_opt: Option<Arc<EpochPlan>>,
+    /// Steps of the epoch before the open run's start (non-zero after a resume).
+    step_offset: u64,
     /// Where the rank stands after a pass ran to its end (the next epoch's start), until the
     /// next pass opens or `set_epoch` picks another epoch.
     completed_opt: Option<Checkpoint>,
@@ -112,6 +114,8 @@ where
     opening_opt: Option<(ControlRequest, Arc<EpochPlan>)>,
     finished: bool,
     waited: Duration,
+    /// Of `waited`, the part since the last `set_epoch`.
+    epoch_waited: Duration,
     batch_timeout: Duration,
     /// When waiting for the next step gives up; set by the first wait for it.
     deadline_opt: Option<Instant>,
@@ -251,10 +255,12 @@ where
             epoch: Epoch(0),
             resume_opt: None,
             plan_opt: None,
+            step_offset: 0,
             completed_opt: None,
             opening_opt: None,
             finished: false,
             waited: Duration::ZERO,
+            epoch_waited: Duration::ZERO,
             batch_timeout: config.batch_timeout,
             deadline_opt: None,
         })
@@ -279,6 +285,7 @@ where
     /// Batches already received are kept for when their run is opened.
     pub fn set_epoch(&mut self, epoch: Epoch) {
         self.epoch = epoch;
+        self.epoch_waited = Duration::ZERO;
         self.protocol.close();
         self.plan_opt = None;
         self.completed_opt = None;
@@ -314,12 +321,25 @@ where
         Ok(LoaderState { job_name: self.spec.name.clone(), checkpoint })
     }
 
-    /// Steps in the current epoch (from the resumed position, if resuming).
+    /// Steps of an epoch for this rank, from the epoch's start (as `len(DataLoader)`), also
+    /// after a resume: `epochs * len()` is the run's length in steps.
     pub fn len(&self) -> Result<u64, ClientError> {
-        match &self.plan_opt {
-            Some(plan) => Ok(plan.steps()),
-            None => Ok(self.plan_for(self.epoch)?.steps()),
+        Ok(self.epoch_steps())
+    }
+
+    /// Steps of the current epoch not yielded yet: all of them before it starts, those after
+    /// the resumed position after a resume, 0 once it ended.
+    pub fn remaining(&self) -> Result<u64, ClientError> {
+        match (&self.plan_opt, self.completed_opt) {
+            (Some(plan), _) => Ok(plan.steps() - self.protocol.yielded().map_or(0, |step| step.0 + 1)),
+            (None, Some(_)) => Ok(0),
+            (None, None) => Ok(self.plan_for(self.epoch)?.steps()),
         }
+    }
+
+    fn epoch_steps(&self) -> u64 {
+        let plan = &self.spec.plan;
+        Layout::new(self.table.samples(), 0, plan.world_size, plan.batch_size, plan.tail).steps()
     }
 
     /// Whether the current epoch has no steps.
@@ -330,6 +350,16 @@ where
     /// Seconds this rank waited for data so far (the data stall).
     pub fn wait_seconds(&self) -> f64 {
         self.waited.as_secs_f64()
+    }
+
+    /// Seconds this rank waited for data since the last [`Self::set_epoch`].
+    pub fn epoch_wait_seconds(&self) -> f64 {
+        self.epoch_waited.as_secs_f64()
+    }
+
+    /// The epoch iterated (the last [`Self::set_epoch`], or a resumed state's).
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
     }
 
     /// Batches received (including duplicates later dropped) and rejected (failed checks).
@@ -415,6 +445,7 @@ where
         }
         // The deadline of an open asked again stands: the first batch is waited for within the
         // same batch timeout.
+        self.step_offset = self.epoch_steps().saturating_sub(plan.steps());
         self.plan_opt = Some(plan);
         self.completed_opt = None;
         self.report();
@@ -478,7 +509,8 @@ where
                 self.end_pass();
                 return Ok(Next::EndOfEpoch);
             }
-            if let Some((_, batch)) = self.protocol.pop() {
+            if let Some((_, mut batch)) = self.protocol.pop() {
+                batch.step_offset = self.step_offset;
                 self.deadline_opt = None;
                 self.report();
                 self.finished = self.protocol.is_done();
@@ -507,7 +539,9 @@ where
             let wake = nack_due.map_or(refresh, |due| due.min(refresh)).min(deadline).min(slice_end);
             let remaining = wake.saturating_duration_since(waiting_since);
             let received = self.runtime.block_on(async { tokio::time::timeout(remaining, self.batches_rx.recv()).await });
-            self.waited += waiting_since.elapsed();
+            let waited = waiting_since.elapsed();
+            self.waited += waited;
+            self.epoch_waited += waited;
             match received {
                 Ok(Some(batch)) => {
                     match self.protocol.offer(batch) {

@@ -117,7 +117,7 @@ pub(crate) async fn receive_loop(
             match receive_batch(&mut recv, &pool, |header| check_header(header, &expect)).await {
                 Ok((header, payload)) => {
                     stats.received.fetch_add(1, Ordering::AcqRel);
-                    let _ = batches_tx.send(ReceivedBatch { header, payload });
+                    let _ = batches_tx.send(ReceivedBatch { header, payload, step_offset: 0 });
                 }
                 Err(reason) => {
                     stats.rejected.fetch_add(1, Ordering::AcqRel);

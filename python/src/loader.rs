@@ -20,6 +20,9 @@ use stoker_common::transform::TransformSpec;
 use crate::batch;
 use crate::errors::{self, ConfigError};
 
+/// `timeout=None`: a hundred years (an `Instant` this far ahead cannot overflow).
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// How long one wait for a batch lasts before Python may handle a signal.
 const SIGNAL_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
@@ -32,12 +35,14 @@ pub(crate) struct NativeLoader {
     /// The process that built `inner`.
     pid: u32,
     world_size: u32,
+    /// `close` was called: the loader is gone and stays gone.
+    closed: bool,
 }
 
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, timeout=300.0))]
+    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -52,7 +57,8 @@ impl NativeLoader {
         rank: Option<u32>,
         world_size: Option<u32>,
         job_name: Option<String>,
-        timeout: f64,
+        run_id: Option<String>,
+        timeout: Option<f64>,
     ) -> PyResult<Self> {
         let mut config = LoaderConfig::new(resolve(coordinator)?, dataset, batch_size);
         config.transforms = serde_json::from_str::<TransformSpec>(transforms_json).map_err(errors::config)?;
@@ -63,13 +69,18 @@ impl NativeLoader {
         config.rank = rank;
         config.world_size = world_size;
         config.job_name = job_name;
-        config.batch_timeout = Duration::try_from_secs_f64(timeout)
-            .ok()
-            .filter(|timeout| !timeout.is_zero())
-            .ok_or_else(|| ConfigError::new_err(format!("timeout={timeout}: give a positive number of seconds")))?;
+        config.run_id = run_id;
+        config.batch_timeout = match timeout {
+            None => FOREVER,
+            Some(seconds) => {
+                Duration::try_from_secs_f64(seconds).ok().filter(|timeout| !timeout.is_zero() && *timeout <= FOREVER).ok_or_else(|| {
+                    ConfigError::new_err(format!("timeout={seconds}: give a positive number of seconds, or None to wait forever"))
+                })?
+            }
+        };
         let (_, world_size) = config.rank_and_world_size().map_err(errors::to_py)?;
         let loader = py.detach(|| Loader::attach(&config)).map_err(errors::to_py)?;
-        Ok(Self { config, inner: Some(loader), pid: std::process::id(), world_size: world_size.get() })
+        Ok(Self { config, inner: Some(loader), pid: std::process::id(), world_size: world_size.get(), closed: false })
     }
 
     /// Iterate `epoch` next.
@@ -78,10 +89,16 @@ impl NativeLoader {
         Ok(())
     }
 
-    /// Steps of the current epoch for this rank.
+    /// Steps of an epoch for this rank, from the epoch's start (also after a resume).
     fn __len__(&mut self, py: Python<'_>) -> PyResult<usize> {
         let steps = self.loader(py)?.len().map_err(errors::to_py)?;
         usize::try_from(steps).map_err(|_| ConfigError::new_err(format!("{steps} steps do not fit a Python length")))
+    }
+
+    /// Steps of the current epoch not yielded yet.
+    #[getter]
+    fn steps_remaining(&mut self, py: Python<'_>) -> PyResult<u64> {
+        self.loader(py)?.remaining().map_err(errors::to_py)
     }
 
     /// The next batch as a tuple (see `batch.rs`), or `None` at the end of the epoch.
@@ -139,11 +156,45 @@ impl NativeLoader {
     fn buffered_batches(&mut self, py: Python<'_>) -> PyResult<usize> {
         Ok(self.loader(py)?.buffered_batches())
     }
+
+    /// Seconds spent waiting for data since the last `set_epoch`.
+    #[getter]
+    fn epoch_wait_seconds(&mut self, py: Python<'_>) -> PyResult<f64> {
+        Ok(self.loader(py)?.epoch_wait_seconds())
+    }
+
+    /// The epoch iterated.
+    #[getter]
+    fn epoch(&mut self, py: Python<'_>) -> PyResult<u64> {
+        Ok(self.loader(py)?.epoch().0)
+    }
+
+    /// Detach from the job and free the receive buffers; the loader cannot be used again.
+    fn close(&mut self, py: Python<'_>) {
+        self.closed = true;
+        if let Some(loader) = self.inner.take() {
+            if std::process::id() == self.pid {
+                py.detach(|| drop(loader));
+            } else {
+                // A forked child: the parent's runtime threads do not exist here.
+                std::mem::forget(loader);
+            }
+        }
+    }
+
+    /// Whether `close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.closed
+    }
 }
 
 impl NativeLoader {
     /// The loader of this process: rebuilt once after a fork.
     fn loader(&mut self, py: Python<'_>) -> PyResult<&mut Loader> {
+        if self.closed {
+            return Err(errors::StokerError::new_err("the loader is closed: make a new stoker.Loader"));
+        }
         let pid = std::process::id();
         if pid != self.pid || self.inner.is_none() {
             let inherited = self.inner.take();

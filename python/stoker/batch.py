@@ -7,13 +7,16 @@ from typing import Any, Iterator, List, Tuple
 
 import numpy as np
 
+#: The label the workers give a sample without one (``Loader(missing_label=...)`` changes it).
+NO_LABEL = -1
+
 
 class Batch:
     """A batch of one rank at one step.
 
     ``images`` is ``[B, H, W, 3]`` (NHWC, the default) or ``[B, 3, H, W]`` (NCHW), uint8 unless
-    the job normalises on the workers; ``labels`` is int64 ``[B]`` (-1 where a sample has no
-    label). Both are views of the received buffers, not copies. ``replaced`` lists the indices of
+    the job normalises on the workers; ``labels`` is int64 ``[B]`` (the loader's
+    ``missing_label``, -1 by default, where a sample has no label). Both are views of the received buffers, not copies. ``replaced`` lists the indices of
     samples that could not be decoded and were replaced by black images; ``corrupt`` those whose
     JPEG data was damaged but still decoded (libjpeg warned; parts may be gray), kept as decoded.
 
@@ -47,9 +50,11 @@ class Batch:
         self.corrupt = corrupt
 
     @classmethod
-    def _from_native(cls, raw: Tuple[Any, ...], output: str) -> "Batch":
+    def _from_native(cls, raw: Tuple[Any, ...], output: str, missing_label: int = -1) -> "Batch":
         flat, shape, dtype, layout, labels, keys, epoch, step, rank, replaced, checksum, corrupt = raw
         images = flat.view(np.dtype(dtype)).reshape(shape)
+        if missing_label != NO_LABEL:
+            labels[labels == NO_LABEL] = missing_label
         if output == "torch":
             import torch
 

@@ -4,12 +4,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Iterator, Optional, Sequence
+import os
+import warnings
+from typing import Any, Dict, Iterator, Optional, Sequence, Union
 
 from stoker import _stoker
 from stoker.batch import Batch
 from stoker.errors import ConfigError
-from stoker.transforms import Transform, imagenet_train
+from stoker.transforms import Transform, imagenet_eval, imagenet_train
 
 LAYOUTS = ("NHWC", "NCHW")
 OUTPUTS = ("numpy", "torch")
@@ -19,17 +21,30 @@ ON_ERROR = ("replace", "fail")
 class Loader:
     """Batches of one rank, every sample of an epoch exactly once across the ranks.
 
-    ``coordinator`` is ``"HOST:PORT"``; ``dataset`` a name registered with
-    ``stoker dataset add``. ``rank`` and ``world_size`` default to torchrun's ``RANK`` and
-    ``WORLD_SIZE`` (else 0 and 1). Ranks that give the same settings share one job; the first to
-    attach creates it.
+    ``coordinator`` is ``"HOST:PORT"`` (default: the ``STOKER_COORDINATOR`` environment
+    variable); ``dataset`` a name registered with ``stoker dataset add``. ``rank`` and
+    ``world_size`` default to torchrun's ``RANK`` and ``WORLD_SIZE`` (else 0 and 1). Ranks that
+    give the same settings and ``run_id`` share one job; the first to attach creates it.
+    ``run_id`` (default: torchrun's ``TORCHELASTIC_RUN_ID``) keeps two runs with identical
+    settings apart; ``job_name`` names the job outright.
 
-    ``shuffle``: ``"window"`` (8 shards; ``"window:K"`` for K), ``"full"`` or ``"none"``.
+    ``transforms``: what the workers apply; without it, ImageNet training augmentation
+    (``RandomResizedCrop(224)`` + ``RandomHorizontalFlip``) with a warning: validation data
+    wants :meth:`Loader.for_eval`.
+    ``shuffle``: ``True`` (the default: ``"window"``), ``False`` (``"none"``), or a mode:
+    ``"window"`` (8 shards; ``"window:K"`` for K), ``"block"`` (``"block:S:N"``: blocks of S
+    consecutive samples, N a window; mixes data written in class order), ``"full"``, ``"none"``.
     ``tail``: ``"drop"`` (whole steps only), ``"pad"`` (repeat a few samples, as
     ``DistributedSampler``) or ``"partial"`` (every sample once; the last step is smaller).
     ``prefetch``: steps the workers may run ahead of the slowest rank.
     ``output``: ``"numpy"`` arrays or ``"torch"`` tensors (both zero-copy).
-    ``timeout``: seconds to wait for one batch before raising :class:`stoker.TimeoutError`.
+    ``timeout``: seconds to wait for one batch before raising :class:`stoker.TimeoutError`
+    (``None``: wait forever).
+    ``missing_label``: the label of a sample without one (no ``.cls`` member); ``-1`` by
+    default, ``-100`` is what ``torch.nn.CrossEntropyLoss`` ignores.
+
+    ``close()`` (or ``with stoker.Loader(...) as loader:``) detaches and frees the receive
+    buffers at once instead of when the object is collected.
 
     Iterating yields the batches of the current epoch in step order; ``set_epoch`` picks the
     epoch (as with ``DistributedSampler.set_epoch``). A ``for`` loop left early continues where
@@ -38,13 +53,13 @@ class Loader:
 
     def __init__(
         self,
-        coordinator: str,
-        dataset: str,
-        batch_size: int,
+        coordinator: Optional[str] = None,
+        dataset: Optional[str] = None,
+        batch_size: Optional[int] = None,
         *,
         transforms: Optional[Sequence[Transform]] = None,
         seed: int = 0,
-        shuffle: str = "window",
+        shuffle: Union[bool, str] = True,
         tail: str = "drop",
         prefetch: int = 8,
         rank: Optional[int] = None,
@@ -54,8 +69,24 @@ class Loader:
         dct_scaling: bool = True,
         on_error: str = "replace",
         job_name: Optional[str] = None,
-        timeout: float = 300.0,
+        run_id: Optional[str] = None,
+        timeout: Optional[float] = 300.0,
+        missing_label: int = -1,
     ) -> None:
+        if coordinator is None:
+            coordinator = os.environ.get("STOKER_COORDINATOR")
+            if not coordinator:
+                raise ConfigError('no coordinator: pass Loader("HOST:PORT", ...) or set STOKER_COORDINATOR=HOST:PORT')
+        if not isinstance(dataset, str) or not dataset:
+            raise ConfigError(f"dataset must be the name of a registered dataset (stoker dataset ls), got {dataset!r}")
+        if isinstance(shuffle, bool):
+            shuffle = "window" if shuffle else "none"
+        elif not isinstance(shuffle, str):
+            raise ConfigError(f"shuffle must be True, False or a mode name (window, block, full, none), got {shuffle!r}")
+        if isinstance(missing_label, bool) or not isinstance(missing_label, int):
+            raise ConfigError(f"missing_label must be an int (-100 is what CrossEntropyLoss ignores), got {missing_label!r}")
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
+            raise ConfigError(f"timeout must be a positive number of seconds or None (wait forever), got {timeout!r}")
         if output not in OUTPUTS:
             raise ConfigError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         if layout not in LAYOUTS:
@@ -70,7 +101,15 @@ class Loader:
                 import torch  # noqa: F401
             except ImportError:
                 raise ConfigError('output="torch" needs PyTorch: pip install torch') from None
-        transforms = imagenet_train() if transforms is None else list(transforms)
+        if transforms is None:
+            warnings.warn(
+                "stoker.Loader without transforms= applies ImageNet training augmentation "
+                "(RandomResizedCrop(224) + RandomHorizontalFlip); pass transforms=[...] to say so, "
+                "or use stoker.Loader.for_eval(...) for validation data",
+                stacklevel=2,
+            )
+            transforms = imagenet_train()
+        transforms = list(transforms)
         for transform in transforms:
             if not hasattr(transform, "to_dict"):
                 raise ConfigError(f"transforms must be stoker transforms (stoker.RandomResizedCrop, ...), got {transform!r}")
@@ -81,6 +120,7 @@ class Loader:
             "on_error": on_error,
         }
         self._output = output
+        self._missing_label = missing_label
         self._native = _stoker.NativeLoader(
             coordinator,
             dataset,
@@ -93,25 +133,78 @@ class Loader:
             rank=rank,
             world_size=world_size,
             job_name=job_name,
-            timeout=float(timeout),
+            run_id=run_id,
+            timeout=None if timeout is None else float(timeout),
         )
         self.batch_size = batch_size
+
+    @classmethod
+    def for_eval(
+        cls,
+        coordinator: Optional[str] = None,
+        dataset: Optional[str] = None,
+        batch_size: Optional[int] = None,
+        *,
+        size: int = 224,
+        resize: int = 256,
+        **settings: Any,
+    ) -> "Loader":
+        """A loader for evaluation: ``Resize(resize)`` + ``CenterCrop(size)`` (torchvision's
+        ImageNet evaluation transform), no shuffle, and ``tail="partial"``: every sample exactly
+        once, the last step smaller. Other settings as for :class:`Loader`."""
+        settings.setdefault("transforms", imagenet_eval(size, resize))
+        settings.setdefault("shuffle", False)
+        settings.setdefault("tail", "partial")
+        return cls(coordinator, dataset, batch_size, **settings)
+
+    def close(self) -> None:
+        """Detach from the job and free the receive buffers now. The loader cannot be used
+        afterwards; closing twice is harmless."""
+        self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch iterated: the last ``set_epoch`` (or the loaded state's)."""
+        return self._native.epoch
+
+    @property
+    def epoch_wait_seconds(self) -> float:
+        """Seconds this rank has waited for data since the last ``set_epoch``."""
+        return self._native.epoch_wait_seconds
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next (from its start, or from a loaded state's position in it)."""
         self._native.set_epoch(epoch)
 
     def __len__(self) -> int:
-        """Steps (batches) of the current epoch for this rank."""
+        """Steps (batches) of an epoch for this rank, counted from the epoch's start also after
+        ``load_state_dict`` (as ``len(DataLoader)``): ``epochs * len(loader)`` is the run's
+        length, and ``batch.step`` numbers steps within the epoch the same way."""
         return len(self._native)
 
+    @property
+    def steps_remaining(self) -> int:
+        """Steps of the current epoch not yielded yet (fewer than ``len(loader)`` after a
+        resume mid-epoch, 0 once the epoch ended)."""
+        return self._native.steps_remaining
+
     def __iter__(self) -> Iterator[Batch]:
-        native, output = self._native, self._output
+        native, output, missing_label = self._native, self._output, self._missing_label
         while True:
             raw = native.next_batch()
             if raw is None:
                 return
-            batch = Batch._from_native(raw, output)
+            batch = Batch._from_native(raw, output, missing_label)
             del raw  # the caller's batch alone keeps the buffers alive
             yield batch
 

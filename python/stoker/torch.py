@@ -13,6 +13,7 @@ import torch.utils.data
 from stoker.batch import Batch
 from stoker.errors import ConfigError
 from stoker.loader import Loader
+from stoker.stream import BatchStream
 from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
 
 __all__ = ["to_device", "StokerIterableDataset"]
@@ -62,7 +63,13 @@ def to_device(
     return images.contiguous(memory_format=memory_format), labels
 
 
-class StokerIterableDataset(torch.utils.data.IterableDataset):
+def _as_tensors(batch: Batch) -> Batch:
+    if not isinstance(batch.images, torch.Tensor):
+        batch.images, batch.labels = torch.from_numpy(batch.images), torch.from_numpy(batch.labels)
+    return batch
+
+
+class StokerIterableDataset(BatchStream, torch.utils.data.IterableDataset):
     """A :class:`stoker.Loader` as a ``torch.utils.data.IterableDataset`` of whole batches, so
     a training loop written for a ``DataLoader`` keeps working::
 
@@ -75,28 +82,20 @@ class StokerIterableDataset(torch.utils.data.IterableDataset):
 
     Use ``batch_size=None`` (the batches are already made) and ``num_workers`` 0 (or 1): the
     Stoker workers do the decoding, and several DataLoader workers would each attach as the
-    same rank. Yields ``(images, labels)`` tensors, zero-copy over the received memory.
+    same rank. Yields :class:`stoker.Batch` objects holding tensors, zero-copy over the received
+    memory: they unpack as ``images, labels`` and keep ``keys``, ``step``, ``layout``,
+    ``replaced`` and ``corrupt``. ``state_dict``/``load_state_dict`` make torchdata's
+    ``StatefulDataLoader`` checkpoint the loader's position with the rest.
     """
 
     def __init__(self, loader: Loader) -> None:
-        super().__init__()
-        self.loader = loader
+        BatchStream.__init__(self, loader, convert=_as_tensors)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+    def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
         if info is not None and info.num_workers > 1:
             raise ConfigError(
                 f"StokerIterableDataset under a DataLoader with num_workers={info.num_workers}: each worker would attach as the "
                 "same rank. Use num_workers=0: Stoker's own workers decode the batches."
             )
-        for batch in self.loader:
-            images, labels = batch.images, batch.labels
-            if not isinstance(images, torch.Tensor):
-                images, labels = torch.from_numpy(images), torch.from_numpy(labels)
-            yield images, labels
+        return BatchStream.__iter__(self)

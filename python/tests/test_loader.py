@@ -100,9 +100,11 @@ def test_state_dict_round_trip_resumes_exactly(cluster, job_name) -> None:
     assert state["job_name"] == job_name
     resumed = loader(cluster, job_name)
     resumed.load_state_dict(state)
-    assert len(resumed) == len(reference) - 5
-    rest = [(batch.checksum, batch.keys) for batch in resumed]
-    assert rest == [(checksum, keys) for _, checksum, keys in reference[5:]]
+    # Issue 16, item 3: len() is the epoch's steps and steps keep their epoch numbers.
+    assert (len(resumed), resumed.steps_remaining) == (len(reference), len(reference) - 5)
+    rest = [(batch.step, batch.checksum, batch.keys) for batch in resumed]
+    assert rest == reference[5:]
+    assert resumed.steps_remaining == 0
 
 
 def test_a_state_saved_after_the_epoch_loop_resumes_at_the_next_epoch(cluster, job_name) -> None:

@@ -69,9 +69,8 @@ fn a_resumed_trainer_gets_the_same_remaining_batches() {
             .collect();
         for (rank, handle) in handles.into_iter().enumerate() {
             let resumed = handle.join().expect("rank");
-            let expected: Vec<_> =
-                uninterrupted[rank][4..].iter().map(|(step, checksum, keys)| (step - 4, *checksum, keys.clone())).collect();
-            assert_eq!(resumed, expected, "rank {rank}: steps 4.. renumbered from 0, same bytes");
+            let expected: Vec<_> = uninterrupted[rank][4..].to_vec();
+            assert_eq!(resumed, expected, "rank {rank}: steps 4.. with their epoch numbers (issue 16, item 3), same bytes");
         }
     }
     {
@@ -79,7 +78,12 @@ fn a_resumed_trainer_gets_the_same_remaining_batches() {
         let config = config_for(&base, 0, 1);
         let mut loader = Loader::attach(&config).expect("attach");
         loader.resume(&state).expect("resume");
-        let rest: Vec<String> = (&mut loader).flat_map(|b| b.expect("batch").keys().to_vec()).collect();
+        // 120 samples, batch 4: 30 steps an epoch; 32 consumed, so 22 steps remain and the
+        // first is the epoch's step 8 (issue 16, item 3: steps and length after a resume).
+        assert_eq!((loader.len().expect("len"), loader.remaining().expect("remaining")), (30, 22));
+        let batches: Vec<_> = (&mut loader).map(|b| b.expect("batch")).collect();
+        assert_eq!(batches.iter().map(|b| b.step().0).collect::<Vec<_>>(), (8..30).collect::<Vec<_>>());
+        let rest: Vec<String> = batches.iter().flat_map(|b| b.keys().to_vec()).collect();
         let all: Vec<&String> = consumed_keys.iter().chain(&rest).collect();
         let unique: BTreeSet<&String> = all.iter().copied().collect();
         assert_eq!((all.len(), unique.len()), (120, 120), "consumed before + after = every key once");
@@ -165,8 +169,10 @@ fn the_newest_trainer_of_a_rank_is_the_one_served() {
     let mut second = Loader::attach(&config).expect("attach again");
     second.resume(&state).expect("resume");
     let steps = second.len().expect("len");
+    assert_eq!(second.remaining().expect("remaining"), steps - 3);
     let rest: Vec<u64> = (&mut second).map(|batch| batch.expect("batch").step().0).collect();
-    assert_eq!(rest, (0..steps).collect::<Vec<_>>(), "the newest trainer gets every remaining step");
+    assert_eq!(rest, (3..steps).collect::<Vec<_>>(), "the newest trainer gets every remaining step");
+    assert_eq!(second.remaining().expect("remaining"), 0);
     wait_until(Duration::from_secs(20), "the superseded loader to report an error", || {
         first.next_batch().is_some_and(|next| next.is_err())
     })
