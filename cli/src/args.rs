@@ -37,6 +37,9 @@ pub(crate) enum Command {
     /// Register or list datasets at the coordinator.
     #[command(subcommand)]
     Dataset(DatasetCommand),
+    /// List or remove jobs at the coordinator.
+    #[command(subcommand)]
+    Job(JobCommand),
     /// Show the coordinator, workers, jobs and each rank's progress and data stall.
     Status(StatusArgs),
     /// Attach as one trainer rank without a model and consume as fast as possible (or at
@@ -97,6 +100,11 @@ pub(crate) struct CoordinatorArgs {
     /// Steps per chunk of work granted to a worker.
     #[arg(long, default_value_t = 2)]
     pub(crate) chunk_steps: u32,
+    /// Hours a job may go without any trainer before it is removed with its checkpoint (0:
+    /// keep jobs until `stoker job rm`). Counted from the coordinator's start for jobs no
+    /// trainer attached to since.
+    #[arg(long, default_value_t = 168.0)]
+    pub(crate) job_ttl_hours: f64,
 }
 
 #[derive(Debug, Args)]
@@ -140,6 +148,26 @@ pub(crate) enum DatasetCommand {
     Add(DatasetAddArgs),
     /// List registered datasets.
     Ls(CoordinatorAddr),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum JobCommand {
+    /// List jobs: ranks, live trainers, where each stands, how long it has been idle.
+    Ls(CoordinatorAddr),
+    /// Remove a job and its checkpoint: nothing of it is made any more, and trainers that
+    /// attach with its name start a new job from epoch 0.
+    Rm(JobRmArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct JobRmArgs {
+    /// The job's name (`stoker job ls` shows it).
+    pub(crate) name: String,
+    /// Remove it even though trainers of it are live: they fail at their next request.
+    #[arg(long)]
+    pub(crate) force: bool,
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
 }
 
 #[derive(Debug, Args)]

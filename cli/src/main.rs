@@ -7,7 +7,7 @@ mod progress;
 
 use clap::Parser;
 
-use crate::args::{BenchCommand, Cli, Command, DatasetCommand};
+use crate::args::{BenchCommand, Cli, Command, DatasetCommand, JobCommand};
 
 fn main() -> std::process::ExitCode {
     init_tracing();
@@ -20,6 +20,8 @@ fn main() -> std::process::ExitCode {
         Command::Worker(args) => cmd::serve::worker(args),
         Command::Dataset(DatasetCommand::Add(args)) => cmd::dataset::add(args),
         Command::Dataset(DatasetCommand::Ls(args)) => cmd::dataset::list(args),
+        Command::Job(JobCommand::Ls(args)) => cmd::job::list(args),
+        Command::Job(JobCommand::Rm(args)) => cmd::job::remove(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Consume(args) => cmd::consume::run(args),
         Command::Demo(args) => cmd::demo::run(args),

@@ -29,12 +29,15 @@ pub struct CoordinatorConfig {
     /// A rank's trainer silent this long (trainers report at least every second) is absent:
     /// its chunks wait for it instead of occupying workers.
     pub trainer_ttl: Duration,
+    /// A job no trainer was heard from for this long is removed (`None`: jobs are kept until
+    /// `stoker job rm`). Measured from the coordinator's start for jobs not heard from since.
+    pub job_ttl: Option<Duration>,
 }
 
 impl CoordinatorConfig {
     /// Defaults for `data_dir`: 3 s leases that stall after 60 s without progress, 500 ms
     /// heartbeats, 2-step chunks, 500 ms retry delay, 5 s trainer TTL, 1 s grace for steps
-    /// reported missing.
+    /// reported missing, jobs kept for 7 days without a trainer.
     pub fn new(data_dir: PathBuf) -> Self {
         Self {
             data_dir,
@@ -45,6 +48,7 @@ impl CoordinatorConfig {
             chunk_steps: 2,
             retry_delay: Duration::from_millis(500),
             trainer_ttl: Duration::from_secs(5),
+            job_ttl: Some(Duration::from_secs(7 * 24 * 3600)),
         }
     }
 
@@ -58,6 +62,11 @@ impl CoordinatorConfig {
         if self.trainer_ttl <= Duration::from_secs(1) {
             return Err(CoordinatorError::Config {
                 message: format!("the trainer TTL ({:?}) must be longer than the trainers' 1 s progress interval", self.trainer_ttl),
+            });
+        }
+        if self.job_ttl.is_some_and(|ttl| ttl <= self.trainer_ttl) {
+            return Err(CoordinatorError::Config {
+                message: format!("the job TTL ({:?}) must be longer than the trainer TTL ({:?})", self.job_ttl, self.trainer_ttl),
             });
         }
         if self.chunk_steps == 0 {

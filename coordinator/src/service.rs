@@ -32,6 +32,8 @@ struct Inner {
     /// Jobs that cannot go on (an `on_error=fail` sample), with the worker's reason. Not durable,
     /// and a new `Attach` clears it: a restarted trainer (the data fixed) tries again.
     failed: BTreeMap<JobId, String>,
+    /// When this coordinator started: a job no trainer was heard from since is idle since then.
+    started: Instant,
 }
 
 /// A coordinator's state and logic, without the network.
@@ -98,6 +100,7 @@ impl Coordinator {
             ranks: BTreeMap::new(),
             next_session: id_base,
             failed: BTreeMap::new(),
+            started: Instant::now(),
         };
         Self { inner: Mutex::new(inner), config, advertised }
     }
@@ -107,9 +110,27 @@ impl Coordinator {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Expire leases and forget dead workers (also done on every request).
+    /// Expire leases and forget dead workers (also done on every request); remove jobs no
+    /// trainer was heard from for the job TTL.
     pub fn tick(&self, now: Instant) {
-        self.lock().scheduler.expire(now);
+        let mut inner = self.lock();
+        inner.scheduler.expire(now);
+        if let Some(ttl) = self.config.job_ttl {
+            let idle: Vec<JobId> = inner
+                .state
+                .jobs
+                .keys()
+                .copied()
+                .filter(|job| now.saturating_duration_since(inner.scheduler.last_heard(*job).unwrap_or(inner.started)) >= ttl)
+                .collect();
+            for job in idle {
+                if let Err(error) = inner.remove_job(job) {
+                    tracing::warn!(%job, %error, "cannot remove an idle job; trying again later");
+                } else {
+                    tracing::info!(%job, ttl_seconds = ttl.as_secs(), "job removed: no trainer for the job TTL (--job-ttl-hours)");
+                }
+            }
+        }
     }
 
     /// Answer one request.
@@ -182,6 +203,23 @@ impl Coordinator {
                 Ok(ControlResponse::Ack)
             }
             ControlRequest::Status => Ok(ControlResponse::Status { status: self.status(now) }),
+            ControlRequest::RemoveJob { name, force } => {
+                let mut inner = self.lock();
+                let Some((job, spec)) = inner.state.job_named(&name).map(|(job, spec)| (job, spec.clone())) else {
+                    return Err(not_found(format!("no job named {name:?}: `stoker job ls` lists them")));
+                };
+                let live = inner.scheduler.live_trainers(job, spec.plan.world_size.get(), now);
+                if !live.is_empty() && !force {
+                    let ranks: Vec<String> = live.iter().map(ToString::to_string).collect();
+                    return Err(invalid(format!(
+                        "job {name:?} has live trainers ({}): stop them first, or pass --force (they fail at their next request)",
+                        ranks.join(", ")
+                    )));
+                }
+                inner.remove_job(job).map_err(|error| RemoteError::from(&error))?;
+                tracing::info!(%job, %name, live = live.len(), "job removed");
+                Ok(ControlResponse::JobRemoved { job })
+            }
             ControlRequest::Detach { job, rank, session } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
@@ -298,12 +336,16 @@ impl Coordinator {
             .iter()
             .map(|(id, spec)| {
                 let counts = inner.scheduler.job_counts(*id);
+                let heard = inner.scheduler.last_heard(*id).unwrap_or(inner.started);
                 JobStatus {
                     id: *id,
                     spec: spec.clone(),
                     steps_queued: counts.queued,
                     chunks_leased: counts.leased,
                     ranks: inner.ranks.range((*id, Rank(0))..=(*id, Rank(u32::MAX))).map(|(_, status)| *status).collect(),
+                    live_ranks: inner.scheduler.live_trainers(*id, spec.plan.world_size.get(), now),
+                    idle_seconds: now.saturating_duration_since(heard).as_secs_f64(),
+                    checkpoint: inner.state.checkpoints.get(id).copied(),
                 }
             })
             .collect();
@@ -343,6 +385,17 @@ fn check_list_len(what: &str, len: usize) -> Result<(), RemoteError> {
 }
 
 impl Inner {
+    /// Remove `job` durably and forget everything the scheduler holds of it.
+    fn remove_job(&mut self, job: JobId) -> Result<(), CoordinatorError> {
+        let Self { state, store, .. } = self;
+        store.commit(state, Command::RemoveJob { job })?;
+        self.scheduler.forget_job(job);
+        self.ranks.retain(|(ranked_job, _), _| *ranked_job != job);
+        self.failed.remove(&job);
+        self.forget_plans_of_finished_runs();
+        Ok(())
+    }
+
     /// Drop the plans of runs that are gone (finished, left by every rank, or failed).
     fn forget_plans_of_finished_runs(&mut self) {
         let scheduler = &self.scheduler;
@@ -478,3 +531,7 @@ impl CoordinatorApi for LocalCoordinator {
         self.0.handle(request, Instant::now())
     }
 }
+
+#[cfg(test)]
+#[path = "service_tests.rs"]
+mod tests;

@@ -8,6 +8,7 @@ pub(crate) mod dataset;
 pub(crate) mod demo;
 pub(crate) mod index;
 pub(crate) mod inspect;
+pub(crate) mod job;
 pub(crate) mod pack;
 pub(crate) mod ranks;
 pub(crate) mod remote;

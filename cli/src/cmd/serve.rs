@@ -30,6 +30,15 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     config.lease_stall = Duration::from_millis(args.lease_stall_ms);
     config.heartbeat = (config.lease_ttl / 6).max(Duration::from_millis(10));
     config.chunk_steps = args.chunk_steps;
+    config.job_ttl = match args.job_ttl_hours {
+        0.0 => None,
+        hours => Some(
+            Duration::try_from_secs_f64(hours * 3600.0)
+                .ok()
+                .filter(|_| hours > 0.0)
+                .with_context(|| format!("--job-ttl-hours {hours}: give a positive number of hours, or 0 to keep jobs"))?,
+        ),
+    };
     let runtime = runtime()?;
     let _guard = runtime.enter();
     warn!("{INSECURE}");

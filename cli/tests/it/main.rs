@@ -2,6 +2,7 @@
 
 mod bench_delivery;
 mod bench_pipeline;
+mod jobs;
 mod pack_inspect;
 mod process_faults;
 mod support;

@@ -250,6 +250,15 @@ pub enum ControlRequest {
         /// What failed, naming the shard and the key.
         reason: String,
     },
+    /// Remove the job `name` (`stoker job rm`): its spec and checkpoint are forgotten and
+    /// nothing of it is made any more. Refused while a trainer of it is live, unless `force`.
+    /// Appended last.
+    RemoveJob {
+        /// The job's name.
+        name: String,
+        /// Remove it even though trainers of it are live (they fail at their next request).
+        force: bool,
+    },
 }
 
 /// The answer to a [`ControlRequest`] of the same name.
@@ -324,6 +333,11 @@ pub enum ControlResponse {
         /// It.
         status: ClusterStatus,
     },
+    /// The job removed. Appended last.
+    JobRemoved {
+        /// Its id.
+        job: JobId,
+    },
 }
 
 /// What `stoker status` shows.
@@ -369,6 +383,13 @@ pub struct JobStatus {
     pub chunks_leased: u32,
     /// Ranks that have reported.
     pub ranks: Vec<RankStatus>,
+    /// Ranks whose trainer is live (heard from within the trainer TTL, not detached).
+    pub live_ranks: Vec<Rank>,
+    /// Seconds since a trainer of the job was last heard from (or since the coordinator
+    /// started, if none was since).
+    pub idle_seconds: f64,
+    /// Where the job stands: its last checkpoint, if any.
+    pub checkpoint: Option<Checkpoint>,
 }
 
 /// One rank of a job in [`ClusterStatus`].

@@ -29,7 +29,9 @@ pub use self::error_code::{ErrorCode, RemoteError};
 ///   heartbeats, live jobs in heartbeat answers, dataset versions in grants and batch
 ///   headers, plan digests and `corrupt` samples in batch headers, `ChunkGrant.session`.
 /// * 3: `Heartbeat.stuck_jobs` (a worker reports jobs whose pipeline makes nothing),
-///   `WorkerRegistered.lease_stall_millis`, `RegisterWorker.instance` and `attempt`.
+///   `WorkerRegistered.lease_stall_millis`, `RegisterWorker.instance` and `attempt`,
+///   `Shuffle::Block`, `RemoveJob`/`JobRemoved`, and a job's live ranks, idle time and
+///   checkpoint in `JobStatus`.
 pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The TLS ALPN of this protocol version, as text (for messages).

@@ -399,6 +399,25 @@ impl Scheduler {
         Some(job)
     }
 
+    /// Trainers of `job` heard from within the trainer TTL and not detached.
+    pub fn live_trainers(&self, job: JobId, world_size: u32, now: Instant) -> Vec<Rank> {
+        (0..world_size).map(Rank).filter(|rank| self.seats.is_live(job, *rank, now, self.config.trainer_ttl)).collect()
+    }
+
+    /// When a trainer of `job` was last heard from, since this scheduler started.
+    pub fn last_heard(&self, job: JobId) -> Option<Instant> {
+        self.seats.heard(job)
+    }
+
+    /// Forget everything of `job` (it was removed): its runs, seats and leases. Workers
+    /// holding its leases are told at their next heartbeat (the leases are no longer theirs).
+    pub fn forget_job(&mut self, job: JobId) {
+        self.runs.retain(|key, _| key.job != job);
+        self.leases.retain(|_, held| held.chunk.job != job);
+        self.stalled.retain(|(_, stalled_job), _| *stalled_job != job);
+        self.seats.forget_job(job);
+    }
+
     /// A worker leaves: its chunks are granted again at once.
     pub fn deregister(&mut self, worker: WorkerId) {
         self.workers.remove(&worker);

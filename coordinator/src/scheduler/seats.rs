@@ -92,6 +92,8 @@ struct Seat {
 #[derive(Debug, Default)]
 pub(super) struct Seats {
     seats: BTreeMap<(JobId, Rank), Seat>,
+    /// When a trainer of each job was last heard from (attach, open, report).
+    heard: BTreeMap<JobId, Instant>,
 }
 
 impl Seat {
@@ -110,6 +112,7 @@ impl Seats {
     /// `session` (of loader `client`) now holds the rank; returns whether it replaced an earlier
     /// one. The rank's run stays where it was until the new session opens one.
     pub(super) fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, client: u64, now: Instant) -> bool {
+        self.heard.insert(job, now);
         let seat = Seat { session, client, adopted: false, pass: Pass(0), run_opt: None, seen_opt: Some(now) };
         match self.seats.insert((job, rank), seat) {
             Some(earlier) => {
@@ -158,6 +161,7 @@ impl Seats {
         seat.pass = opening.pass;
         seat.run_opt = Some(key);
         seat.seen_opt = Some(now);
+        self.heard.insert(key.job, now);
         Ok(fresh)
     }
 
@@ -171,10 +175,9 @@ impl Seats {
             return Ok(Standing::Stale);
         }
         seat.seen_opt = Some(now);
-        if reporting.pass > seat.pass || seat.run_opt != Some(key) {
-            return Ok(Standing::Unopened);
-        }
-        Ok(Standing::Current)
+        let standing = if reporting.pass > seat.pass || seat.run_opt != Some(key) { Standing::Unopened } else { Standing::Current };
+        self.heard.insert(key.job, now);
+        Ok(standing)
     }
 
     /// The trainer of the seat's session stopped.
@@ -215,6 +218,17 @@ impl Seats {
     /// The session that holds the rank.
     pub(super) fn session_of(&self, job: JobId, rank: Rank) -> Option<SessionId> {
         self.seats.get(&(job, rank)).map(|seat| seat.session)
+    }
+
+    /// When a trainer of `job` was last heard from, since this coordinator started.
+    pub(super) fn heard(&self, job: JobId) -> Option<Instant> {
+        self.heard.get(&job).copied()
+    }
+
+    /// Forget every seat of `job`.
+    pub(super) fn forget_job(&mut self, job: JobId) {
+        self.seats.retain(|(seat_job, _), _| *seat_job != job);
+        self.heard.remove(&job);
     }
 
     /// Jobs with a trainer heard from within `horizon` that has not detached.

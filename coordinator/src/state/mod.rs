@@ -34,6 +34,12 @@ pub enum Command {
         /// Where it stands.
         checkpoint: Checkpoint,
     },
+    /// Forget a job: its spec, its dataset binding and its checkpoint (`stoker job rm`, or no
+    /// trainer for the coordinator's job TTL). Its id is never given again.
+    RemoveJob {
+        /// The job.
+        job: JobId,
+    },
 }
 
 /// What a command did.
@@ -90,7 +96,16 @@ impl ClusterState {
                 Applied::JobCreated(id)
             }
             Command::RecordCheckpoint { job, checkpoint } => {
-                self.checkpoints.insert(job, checkpoint);
+                // A checkpoint of a job removed meanwhile is dropped with it.
+                if self.jobs.contains_key(&job) {
+                    self.checkpoints.insert(job, checkpoint);
+                }
+                Applied::Done
+            }
+            Command::RemoveJob { job } => {
+                self.jobs.remove(&job);
+                self.job_datasets.remove(&job);
+                self.checkpoints.remove(&job);
                 Applied::Done
             }
         }
@@ -158,6 +173,24 @@ mod tests {
         assert_eq!(first.job_named("b").map(|(id, _)| id), Some(JobId(2)));
         assert_eq!(first.checkpoints[&JobId(2)].position, Position(9));
         assert_eq!(first.job_dataset(JobId(1)).map(|dataset| dataset.version), Some(11));
+    }
+
+    /// Issue 16, item 7: a removed job is gone with its checkpoint and dataset binding; a
+    /// checkpoint logged after the removal (a report in flight) does not bring it back, and
+    /// its id is never given again.
+    #[test]
+    fn a_removed_job_takes_its_checkpoint_along_and_its_id_is_not_reused() {
+        let mut state = ClusterState::new();
+        state.apply(Command::AddDataset {
+            dataset: DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3], version: 1 },
+        });
+        state.apply(Command::CreateJob { spec: spec("a") });
+        let checkpoint = Checkpoint { version: 1, epoch: Epoch(0), position: Position(2), order_fingerprint: 7 };
+        state.apply(Command::RecordCheckpoint { job: JobId(1), checkpoint });
+        state.apply(Command::RemoveJob { job: JobId(1) });
+        state.apply(Command::RecordCheckpoint { job: JobId(1), checkpoint });
+        assert!(state.jobs.is_empty() && state.checkpoints.is_empty() && state.job_datasets.is_empty(), "{state:?}");
+        assert_eq!(state.apply(Command::CreateJob { spec: spec("a") }), Applied::JobCreated(JobId(2)));
     }
 
     /// A job keeps the dataset it was created with when the name is registered again with

@@ -1,0 +1,120 @@
+//! The coordinator's request handling, in memory: removing jobs (issue 16, item 7).
+
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use stoker_common::ids::{Epoch, Pass, Position};
+use stoker_common::plan::{PlanSpec, Shuffle, Tail};
+use stoker_common::shard::{Manifest, ManifestShard};
+
+use super::*;
+
+struct Fixture {
+    core: Coordinator,
+    _dir: tempfile::TempDir,
+}
+
+/// A coordinator with the dataset "train" (a manifest of two shards; no shard is read here).
+fn fixture(job_ttl: Option<Duration>) -> Fixture {
+    let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
+    let shards =
+        vec![ManifestShard { uri: "a.tar".into(), samples: 8, bytes: 1 }, ManifestShard { uri: "b.tar".into(), samples: 8, bytes: 1 }];
+    let manifest = Manifest { version: stoker_common::shard::manifest::MANIFEST_VERSION, shards, classes: Vec::new(), packed: None };
+    let path = dir.path().join("manifest.json");
+    manifest.save(&path).unwrap_or_else(|error| panic!("{error}"));
+    let mut config = CoordinatorConfig::new(dir.path().join("data"));
+    config.job_ttl = job_ttl;
+    let core = Coordinator::in_memory(config, ClusterState::new(), 1).unwrap_or_else(|error| panic!("{error}"));
+    let added =
+        core.handle(ControlRequest::AddDataset { name: "train".into(), manifest: path.to_string_lossy().into_owned() }, Instant::now());
+    assert!(added.is_ok(), "{added:?}");
+    Fixture { core, _dir: dir }
+}
+
+fn spec(name: &str) -> JobSpec {
+    JobSpec {
+        name: name.to_owned(),
+        dataset: "train".to_owned(),
+        plan: PlanSpec {
+            seed: 1,
+            world_size: NonZeroU32::MIN.saturating_add(1),
+            batch_size: NonZeroU32::MIN.saturating_add(1),
+            shuffle: Shuffle::Full,
+            tail: Tail::Drop,
+        },
+        transforms: serde_json::to_string(&TransformSpec::imagenet_train(32)).unwrap_or_default(),
+        prefetch: 2,
+    }
+}
+
+fn attach(core: &Coordinator, name: &str, rank: u32, now: Instant) -> (JobId, SessionId) {
+    match core.handle(ControlRequest::Attach { spec: spec(name), rank: Rank(rank), client: u64::from(rank) + 1 }, now) {
+        Ok(ControlResponse::Attached { job, session, .. }) => (job, session),
+        other => panic!("attach: {other:?}"),
+    }
+}
+
+fn remove(core: &Coordinator, name: &str, force: bool, now: Instant) -> Result<ControlResponse, RemoteError> {
+    core.handle(ControlRequest::RemoveJob { name: name.to_owned(), force }, now)
+}
+
+#[test]
+fn a_job_with_live_trainers_is_removed_only_by_force_and_its_trainers_then_fail() {
+    let Fixture { core, _dir } = fixture(None);
+    let now = Instant::now();
+    let (job, session) = attach(&core, "run", 0, now);
+    let refused = remove(&core, "run", false, now).expect_err("a live trainer");
+    assert!(refused.message.contains("--force") && refused.message.contains("rank-0"), "{}", refused.message);
+    assert!(remove(&core, "nope", false, now).is_err_and(|error| error.code == ErrorCode::NotFound));
+    assert_eq!(remove(&core, "run", true, now).ok(), Some(ControlResponse::JobRemoved { job }));
+    assert!(!core.state().jobs.contains_key(&job));
+    let open = ControlRequest::OpenEpoch {
+        job,
+        rank: Rank(0),
+        epoch: Epoch(0),
+        start: Position(0),
+        session,
+        pass: Pass(1),
+        consumed: 0,
+        holding: Vec::new(),
+    };
+    assert!(core.handle(open, now).is_err_and(|error| error.code == ErrorCode::NotFound), "the removed job's trainer fails");
+    let (again, _) = attach(&core, "run", 0, now);
+    assert_ne!(again, job, "attaching by the name makes a new job");
+}
+
+#[test]
+fn a_job_no_trainer_was_heard_from_for_the_ttl_is_removed_with_its_checkpoint() {
+    let ttl = Duration::from_secs(60);
+    let Fixture { core, _dir } = fixture(Some(ttl));
+    let start = Instant::now();
+    let (idle, idle_session) = attach(&core, "idle", 0, start);
+    let (busy, busy_session) = attach(&core, "busy", 0, start);
+    // The busy job's trainer reports all along; the idle one's detaches and goes.
+    assert!(core.handle(ControlRequest::Detach { job: idle, rank: Rank(0), session: idle_session }, start).is_ok());
+    for second in (10..=70).step_by(10) {
+        let now = start + Duration::from_secs(second);
+        let report = ControlRequest::ReportProgress {
+            job: busy,
+            rank: Rank(0),
+            epoch: Epoch(0),
+            start: Position(0),
+            consumed: 0,
+            wait_seconds: 0.0,
+            session: busy_session,
+            pass: Pass(1),
+            missing: Vec::new(),
+        };
+        let _ = core.handle(report, now);
+        core.tick(now);
+    }
+    let state = core.state();
+    assert!(!state.jobs.contains_key(&idle), "idle for the TTL: removed");
+    assert!(state.jobs.contains_key(&busy), "a trainer was heard from: kept");
+    let status = match core.handle(ControlRequest::Status, start + Duration::from_secs(70)) {
+        Ok(ControlResponse::Status { status }) => status,
+        other => panic!("status: {other:?}"),
+    };
+    assert_eq!(status.jobs.len(), 1);
+    assert!(status.jobs[0].idle_seconds < 1.0, "{:?}", status.jobs[0]);
+}
