@@ -27,7 +27,7 @@ fn bench_planner(criterion: &mut Criterion) {
         ("none", Shuffle::None),
         ("window8", Shuffle::Window { shards: NonZeroU32::new(8).unwrap_or(NonZeroU32::MIN) }),
         ("full", Shuffle::Full),
-        ("block64x256", Shuffle::BLOCK_DEFAULT),
+        ("block8x4096", Shuffle::BLOCK_DEFAULT),
     ];
     let mut group = criterion.benchmark_group("plan_build_1M_shards");
     group.sample_size(10);

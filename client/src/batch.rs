@@ -22,7 +22,9 @@ impl ReceivedBatch {
     }
 
     /// The step's number in the epoch, counted from the epoch's start also after a resume
-    /// (as a DataLoader's batch index; LR schedules count on it).
+    /// (as a DataLoader's batch index; LR schedules count on it). After a resume with another
+    /// world size or batch size, the steps before it are counted in the new layout (the
+    /// epoch's steps in it, less those left).
     pub fn step(&self) -> Step {
         Step(self.step_offset + self.header.step.0)
     }

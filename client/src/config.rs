@@ -125,7 +125,9 @@ impl LoaderConfig {
             None => {
                 let identity = format!("{}|{:?}|{}|{}", spec.dataset, spec.plan, spec.transforms, spec.prefetch);
                 let hash = xxhash_rust::xxh3::xxh3_64(identity.as_bytes()) as u32;
-                match self.run_id.clone().or_else(|| std::env::var("TORCHELASTIC_RUN_ID").ok()).filter(|run| !run.is_empty()) {
+                // torchrun says "none" when no --rdzv-id was given: no run id.
+                let from_env = || std::env::var("TORCHELASTIC_RUN_ID").ok().filter(|run| run != "none");
+                match self.run_id.clone().or_else(from_env).filter(|run| !run.is_empty()) {
                     Some(run) => format!("{}-{hash:08x}-{}", spec.dataset, sanitized(&run)),
                     None => format!("{}-{hash:08x}", spec.dataset),
                 }

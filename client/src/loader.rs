@@ -306,6 +306,26 @@ where
         Ok(())
     }
 
+    /// Go to global step `global_step`, counted over all epochs from epoch 0 step 0, for a
+    /// training loop that counts steps rather than epochs: epoch `global_step / len()`, from its
+    /// step `global_step % len()`. Batches already received are kept for when their run opens.
+    pub fn seek_step(&mut self, global_step: u64) -> Result<(), ClientError> {
+        let steps = self.epoch_steps();
+        if steps == 0 {
+            return Err(ClientError::Config {
+                message: "an epoch has no steps at this world size and batch size: nothing to seek".to_owned(),
+            });
+        }
+        let epoch = Epoch(global_step / steps);
+        let step = global_step % steps;
+        self.resume_opt = match step {
+            0 => None,
+            _ => Some(EpochPlan::new(Arc::clone(&self.table), self.spec.plan, epoch).checkpoint_after(Step(step - 1))),
+        };
+        self.set_epoch(epoch);
+        Ok(())
+    }
+
     /// Where this rank stands: every step before it has been yielded. After an epoch's last
     /// batch that is the next epoch's start, so a run restarted from a checkpoint saved after
     /// the `for batch in loader` loop goes on with the next epoch.
@@ -328,7 +348,8 @@ where
     }
 
     /// Steps of the current epoch not yielded yet: all of them before it starts, those after
-    /// the resumed position after a resume, 0 once it ended.
+    /// the resumed position after a resume, 0 once it ended (iterating again without
+    /// `set_epoch` starts it over).
     pub fn remaining(&self) -> Result<u64, ClientError> {
         match (&self.plan_opt, self.completed_opt) {
             (Some(plan), _) => Ok(plan.steps() - self.protocol.yielded().map_or(0, |step| step.0 + 1)),
@@ -524,7 +545,7 @@ where
                 self.deadline_opt = None;
                 return Err(ClientError::Timeout {
                     epoch: self.epoch.0,
-                    step: self.protocol.next_step().map_or(0, |step| step.0),
+                    step: self.step_offset + self.protocol.next_step().map_or(0, |step| step.0),
                     seconds: self.batch_timeout.as_secs_f64(),
                 });
             }

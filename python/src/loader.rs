@@ -120,6 +120,11 @@ impl NativeLoader {
         serde_json::to_string(&state).map_err(errors::config)
     }
 
+    /// Go to a global step (over all epochs from epoch 0 step 0).
+    fn seek_step(&mut self, py: Python<'_>, global_step: u64) -> PyResult<()> {
+        self.loader(py)?.seek_step(global_step).map_err(errors::to_py)
+    }
+
     /// Continue from a state taken by `state_json` (possibly by another world size).
     fn load_state_json(&mut self, py: Python<'_>, json: &str) -> PyResult<()> {
         let state: LoaderState =

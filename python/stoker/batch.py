@@ -68,6 +68,18 @@ class Batch:
     def __iter__(self) -> Iterator[Any]:
         return iter((self.images, self.labels))
 
+    def __getitem__(self, index: int) -> Any:
+        """``batch[0]`` is the images, ``batch[1]`` the labels, as for an ``(images, labels)``
+        pair."""
+        return (self.images, self.labels)[index]
+
+    def pin_memory(self) -> "Batch":
+        """Pin torch tensors in page-locked memory (``DataLoader(pin_memory=True)`` calls this);
+        numpy arrays are left as they are."""
+        if hasattr(self.images, "pin_memory"):
+            self.images, self.labels = self.images.pin_memory(), self.labels.pin_memory()
+        return self
+
     def __repr__(self) -> str:
         shape = tuple(self.images.shape)
         return f"Batch(epoch={self.epoch}, step={self.step}, rank={self.rank}, images={shape} {self.images.dtype}, replaced={len(self.replaced)})"

@@ -83,7 +83,7 @@ class Loader:
             shuffle = "window" if shuffle else "none"
         elif not isinstance(shuffle, str):
             raise ConfigError(f"shuffle must be True, False or a mode name (window, block, full, none), got {shuffle!r}")
-        if isinstance(missing_label, bool) or not isinstance(missing_label, int):
+        if isinstance(missing_label, bool) or not isinstance(missing_label, int) or not -(2**63) <= missing_label < 2**63:
             raise ConfigError(f"missing_label must be an int (-100 is what CrossEntropyLoss ignores), got {missing_label!r}")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
             raise ConfigError(f"timeout must be a positive number of seconds or None (wait forever), got {timeout!r}")
@@ -152,7 +152,8 @@ class Loader:
         """A loader for evaluation: ``Resize(resize)`` + ``CenterCrop(size)`` (torchvision's
         ImageNet evaluation transform), no shuffle, and ``tail="partial"``: every sample exactly
         once, the last step smaller. Other settings as for :class:`Loader`."""
-        settings.setdefault("transforms", imagenet_eval(size, resize))
+        if settings.get("transforms") is None:
+            settings["transforms"] = imagenet_eval(size, resize)
         settings.setdefault("shuffle", False)
         settings.setdefault("tail", "partial")
         return cls(coordinator, dataset, batch_size, **settings)
@@ -207,6 +208,30 @@ class Loader:
             batch = Batch._from_native(raw, output, missing_label)
             del raw  # the caller's batch alone keeps the buffers alive
             yield batch
+
+    def steps(self, start: int = 0, total: Optional[int] = None) -> Iterator[Batch]:
+        """Batches by global step, for training loops that count steps, not epochs: from step
+        ``start`` (over all epochs: epoch ``start // len(loader)``, from its step
+        ``start % len(loader)``), rolling over to the next epoch by itself, up to global step
+        ``total`` (excluded; ``None``: for ever). A batch's global step is
+        ``batch.epoch * len(loader) + batch.step``. ``state_dict`` works as with epochs::
+
+            for batch in loader.steps(start=global_step, total=max_steps):
+                ...
+        """
+        if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+            raise ConfigError(f"start must be a step number (an int >= 0), got {start!r}")
+        if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
+            raise ConfigError(f"total must be an int or None, got {total!r}")
+        self._native.seek_step(start)
+        step = start
+        while total is None or step < total:
+            for batch in self:
+                yield batch
+                step += 1
+                if total is not None and step >= total:
+                    return
+            self.set_epoch(self.epoch + 1)
 
     def state_dict(self) -> Dict[str, Any]:
         """Where this rank stands: every batch before it has been yielded. Save it with the

@@ -81,8 +81,11 @@ def test_for_eval_reads_every_sample_once_in_order_with_a_center_crop(cluster, j
     assert len(keys) == len(set(keys)) == SAMPLES, "tail=partial: every sample once"
     assert len(batches) == -(-SAMPLES // 7) and len(batches[-1]) == SAMPLES % 7
     assert all(batch.images.shape[1:] == (32, 32, 3) for batch in batches)
+    assert batches[0][0] is batches[0].images and batches[0][1] is batches[0].labels, "a batch indexes like a pair"
     # No shuffle, no random augmentation: a second pass is identical.
-    with stoker.Loader.for_eval(cluster.coordinator, cluster.dataset, 7, size=32, resize=40, rank=0, world_size=1, job_name=job_name + "-b") as again:
+    with stoker.Loader.for_eval(
+        cluster.coordinator, cluster.dataset, 7, size=32, resize=40, transforms=None, rank=0, world_size=1, job_name=job_name + "-b"
+    ) as again:
         assert [(b.keys, b.checksum) for b in again] == [(b.keys, b.checksum) for b in batches]
 
 
@@ -106,3 +109,27 @@ def test_a_run_id_keeps_two_identical_runs_apart(cluster, monkeypatch) -> None:
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "elastic-7")
     with stoker.Loader(cluster.coordinator, cluster.dataset, **settings) as elastic:
         assert elastic.job_name.endswith("-elastic-7"), elastic.job_name
+    # torchrun without --rdzv-id says "none": no run id.
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    with stoker.Loader(cluster.coordinator, cluster.dataset, **settings) as plain:
+        assert not plain.job_name.endswith("-none"), plain.job_name
+
+
+def test_steps_iterates_by_global_step_across_epochs(cluster, job_name) -> None:
+    """Issue 16, item 5 (its API half): a training loop that counts steps starts anywhere and
+    rolls over epochs by itself."""
+    per_epoch = SAMPLES // 8
+    reference = {}
+    for epoch in (0, 1, 2):
+        with make(cluster, f"{job_name}-ref{epoch}") as ref:
+            ref.set_epoch(epoch)
+            reference.update({epoch * per_epoch + batch.step: batch.checksum for batch in ref})
+    with make(cluster, job_name) as loader:
+        start, total = per_epoch - 2, 2 * per_epoch + 3
+        got = [(batch.epoch * len(loader) + batch.step, batch.checksum) for batch in loader.steps(start=start, total=total)]
+        assert [step for step, _ in got] == list(range(start, total))
+        assert got == [(step, reference[step]) for step in range(start, total)], "the same batches as epoch by epoch"
+        state = loader.state_dict()
+        assert (state["checkpoint"]["epoch"], state["checkpoint"]["position"]) == (2, 3 * 8)
+    with pytest.raises(stoker.ConfigError, match="start"):
+        next(make(cluster, job_name + "-bad").steps(start=-1))

@@ -5,7 +5,6 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use stoker_common::shard::brace;
-use stoker_common::shard::manifest::MANIFEST_VERSION;
 use stoker_common::shard::{IndexPolicy, IndexStatus, Manifest, ManifestShard, Shard};
 
 use crate::args::IndexArgs;
@@ -58,6 +57,7 @@ fn write_manifest(manifest_path: &Path, entries: &[(PathBuf, u64, u64)]) -> anyh
         let uri = absolute.strip_prefix(&manifest_dir).unwrap_or(&absolute).to_string_lossy().into_owned();
         shards.push(ManifestShard { uri, samples: *samples, bytes: *bytes });
     }
-    let manifest = Manifest { version: MANIFEST_VERSION, shards, classes: Vec::new(), packed: None };
+    // Version 1: nothing of version 2 is in it, and older builds read it.
+    let manifest = Manifest::new(shards, Vec::new(), None);
     manifest.save(manifest_path).with_context(|| format!("failed to write {}", manifest_path.display()))
 }

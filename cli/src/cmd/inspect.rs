@@ -74,10 +74,19 @@ fn mixing_advice(mixing: &LabelMixing, shuffle: Shuffle, packed: Option<PackedOr
         Some(PackedOrder::Folder) => "pack it again without --no-shuffle",
         _ => "write the shards in a shuffled order (stoker pack shuffles by default)",
     };
+    let instead = match shuffle {
+        Shuffle::Block { samples, blocks } => format!(
+            "train with a larger block window (shuffle=\"block:{samples}:{}\": the window must hold many more blocks than a global batch \
+             has samples; check it with stoker inspect --shuffle) or \"full\" (no read locality)",
+            blocks.get().saturating_mul(2)
+        ),
+        _ => "train with shuffle=\"block\" (mixes any order; its working set is runs of 8 consecutive samples) or \"full\" (no read \
+              locality)"
+            .to_owned(),
+    };
     Some(format!(
         "samples are clustered by label: a global batch with shuffle {shuffle} holds {:.0}% of the distinct labels of a random batch, \
-         which hurts SGD and BatchNorm. Either {repack}, or train with shuffle=\"block\" (mixes any order, reads blocks of 64 \
-         consecutive samples) or \"full\" (no read locality)",
+         which hurts SGD and BatchNorm. Either {repack}, or {instead}",
         mixing.ratio() * 100.0
     ))
 }

@@ -115,6 +115,26 @@ mod tests {
         assert!((mixing(Shuffle::None).plan_distinct - 2.0).abs() < 0.5, "in order, a batch spans one or two classes");
     }
 
+    /// Found by review: the first block default (64 samples, 256 blocks) mixed 67% of a random
+    /// batch's classes on ImageNet sorted by class: a batch of 256 drew from ~160 blocks, each a
+    /// single class. The default must mix at ImageNet's scale, for global batches of 256 and
+    /// 2,048, where `window` does not.
+    #[test]
+    fn the_default_block_shuffle_mixes_class_sorted_imagenet() {
+        const PER_CLASS: u64 = 1281;
+        // ~256 MiB shards of ~110 KB JPEGs: 2,300 samples, about two classes each.
+        let table = Arc::new(ShardTable::new(std::iter::repeat_n(2300u64, 557)).unwrap_or_else(|error| panic!("{error}")));
+        let label = |sample: SampleRef| Some((u64::from(sample.shard.0) * 2300 + sample.index) as i64 / PER_CLASS as i64);
+        for (global_batch, floor) in [(256u32, 0.95), (2048, 0.9)] {
+            let batch = NonZeroU32::new(global_batch).unwrap_or(NonZeroU32::MIN);
+            let measure = |shuffle| label_mixing(Arc::clone(&table), shuffle, 5, batch, 40, label).unwrap_or_else(|| panic!("batches"));
+            let block = measure(Shuffle::BLOCK_DEFAULT);
+            assert!(block.ratio() >= floor, "global batch {global_batch}: {block:?}");
+            let window = measure(Shuffle::default());
+            assert!(window.ratio() < 0.5, "global batch {global_batch}: {window:?}");
+        }
+    }
+
     #[test]
     fn unlabelled_samples_are_not_counted_and_a_dataset_without_a_full_batch_has_no_figure() {
         let (table, _) = class_sorted();

@@ -214,7 +214,7 @@ fn plans_are_pinned() {
 }
 
 const GOLDEN_WINDOW: [(u32, u64); 3] = [(1, 2), (1, 1), (3, 0)];
-const GOLDEN_BLOCK: [(u32, u64); 3] = [(3, 0), (1, 3), (1, 4)];
+const GOLDEN_BLOCK: [(u32, u64); 3] = [(1, 4), (1, 2), (1, 3)];
 const GOLDEN_FULL: [(u32, u64); 3] = [(3, 2), (0, 0), (1, 4)];
 const GOLDEN_AUGMENT: u64 = 15_585_931_656_404_915_346;
 

@@ -41,6 +41,8 @@ pub enum SeedDomain {
     BlockWindowSamples = 6,
     /// The order `stoker pack` writes samples in: parts = (seed).
     PackOrder = 7,
+    /// Where a block shuffle's block grid starts in an epoch: parts = (seed, epoch).
+    BlockRotation = 8,
 }
 
 /// Derive a seed from a domain and a list of integers: `h = mix64(domain)`, then for each part

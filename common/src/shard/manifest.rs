@@ -71,6 +71,13 @@ pub enum ShardLocation {
 }
 
 impl Manifest {
+    /// A manifest of `shards`, of the lowest version that holds what it says, so that older
+    /// builds read it when they can (version 2 only adds [`Manifest::packed`]).
+    pub fn new(shards: Vec<ManifestShard>, classes: Vec<String>, packed: Option<PackedOrder>) -> Self {
+        let version = if packed.is_some() { MANIFEST_VERSION } else { 1 };
+        Self { version, shards, classes, packed }
+    }
+
     /// Read and check `path`.
     pub fn load(path: &Path) -> Result<Self, ShardError> {
         Self::load_versioned(path).map(|(manifest, _)| manifest)

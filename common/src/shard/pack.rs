@@ -16,7 +16,7 @@ use std::io::BufWriter;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
-use super::manifest::{MANIFEST_FILE, MANIFEST_VERSION, Manifest, ManifestShard, PackedOrder};
+use super::manifest::{MANIFEST_FILE, Manifest, ManifestShard, PackedOrder};
 use super::shard_file::{IndexPolicy, Shard};
 use super::tar_writer::TarWriter;
 use crate::error::ShardError;
@@ -148,7 +148,7 @@ pub fn pack(options: &PackOptions, progress: &mut dyn FnMut(PackProgress)) -> Re
         progress(state);
     }
     let packed = options.shuffle_seed.map_or(PackedOrder::Folder, |seed| PackedOrder::Shuffled { seed });
-    let manifest = Manifest { version: MANIFEST_VERSION, shards, classes: folder.classes, packed: Some(packed) };
+    let manifest = Manifest::new(shards, folder.classes, Some(packed));
     let manifest_path = options.output.join(MANIFEST_FILE);
     manifest.save(&manifest_path)?;
     Ok(PackSummary { manifest, manifest_path, skipped_files: folder.skipped_files, rewritten_jpegs, verbatim_jpegs })
