@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{JobId, LeaseId, Rank, SessionId, WorkerId};
+use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank, SessionId, WorkerId};
 use stoker_common::proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
 use tracing::{info, warn};
 
@@ -215,10 +215,37 @@ impl Scheduler {
             warn!(job = %key.job, %rank, epoch = %key.epoch, requeued, "steps delivered but missing at the trainer: making them again");
         }
         let slowest_opt = run.checkpointable_consumed();
+        let next_opt = (key.start == Position(0) && run.nearly_done()).then(|| run.shape());
         if run.is_finished() {
             self.runs.remove(&key);
         }
+        if let Some(shape) = next_opt {
+            self.open_next_epoch_early(key, shape);
+        }
         Ok(Recorded { run_known: true, slowest_opt })
+    }
+
+    /// Cross-epoch prefetch: the run of epoch `key.epoch + 1` from its start, made when run
+    /// `key` (from its start) is within its flow window of the end, so that workers make the
+    /// next epoch's first steps while the last ones of this epoch are consumed (and while the
+    /// trainer validates between epochs) instead of idling until a rank opens it. Every rank
+    /// whose trainer is in this epoch counts in (`Seats::counted`: it may come); the batches
+    /// reach its trainer early, which names them in `holding` when it opens the run, so none
+    /// is made twice. Nothing happens if a rank already opened a later run of the job.
+    fn open_next_epoch_early(&mut self, key: RunKey, shape: RunShape) {
+        let next = RunKey { epoch: Epoch(key.epoch.0 + 1), start: Position(0), job: key.job };
+        if self.runs.keys().any(|other| other.job == key.job && other.epoch >= next.epoch) {
+            return;
+        }
+        let seats = &self.seats;
+        let run = Run::new(next, shape.steps, shape.world_size, shape.prefetch, self.config.chunk_steps, |rank| {
+            seats.counted(key.job, rank, next)
+        });
+        if run.is_finished() {
+            return;
+        }
+        info!(job = %key.job, epoch = %next.epoch, steps = shape.steps, "next epoch's run opened early (cross-epoch prefetch)");
+        self.runs.insert(next, run);
     }
 
     /// The trainer of `rank` stopped: nothing more of this session is taken for a sign of

@@ -102,6 +102,21 @@ impl Run {
         self.steps
     }
 
+    /// Steps, ranks and flow window of the run.
+    pub fn shape(&self) -> super::RunShape {
+        super::RunShape {
+            steps: self.steps,
+            world_size: self.ranks.len() as u32,
+            prefetch: u32::try_from(self.prefetch).unwrap_or(u32::MAX),
+        }
+    }
+
+    /// Whether every rank still to consume here is within the flow window of the run's end:
+    /// the steps left fit in the window, so workers would idle until the next epoch opens.
+    pub fn nearly_done(&self) -> bool {
+        self.steps.saturating_sub(self.slowest_consumed()) <= self.prefetch
+    }
+
     /// Steps every rank has consumed.
     pub fn slowest_consumed(&self) -> u64 {
         self.ranks.iter().map(|rank| rank.consumed).min().unwrap_or(self.steps)

@@ -157,7 +157,11 @@ fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
     open(&mut scheduler, key(), 0, 1, shape(8, 2, 8), start);
     open(&mut scheduler, key(), 1, 1, shape(8, 2, 8), start);
     let worker = scheduler.register_worker(addr(), 1, process(), start);
-    let ranks = |granted: &[(LeaseId, Chunk)]| granted.iter().map(|(_, chunk)| chunk.rank.0).collect::<Vec<_>>();
+    // Epoch 0's chunks (the window covers the whole run, so epoch 1's first steps are made
+    // early too: cross-epoch prefetch).
+    let ranks = |granted: &[(LeaseId, Chunk)]| {
+        granted.iter().filter(|(_, chunk)| chunk.epoch == Epoch(0)).map(|(_, chunk)| chunk.rank.0).collect::<Vec<_>>()
+    };
     let first = scheduler.pull(worker, 2, start).expect("registered");
     assert_eq!(ranks(&first), [0, 1]);
     for (lease, _) in first {
@@ -295,7 +299,8 @@ fn a_detached_rank_holds_no_window_for_the_ranks_that_go_on() {
     let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut steps = 0;
     for consumed in 1..=6 {
-        steps += scheduler.pull(worker, 10, now).expect("registered").iter().map(|(_, chunk)| chunk.steps).sum::<u32>();
+        let granted = scheduler.pull(worker, 10, now).expect("registered");
+        steps += granted.iter().filter(|(_, chunk)| chunk.epoch == Epoch(0)).map(|(_, chunk)| chunk.steps).sum::<u32>();
         report(&mut scheduler, key(), 0, 1, consumed, now);
     }
     assert_eq!(steps, 6, "rank 0 gets all of the run");
@@ -321,7 +326,14 @@ fn only_attached_ranks_that_may_still_come_hold_a_new_runs_window() {
     let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut made = Vec::new();
     for consumed in 1..=4 {
-        made.extend(scheduler.pull(worker, 10, now).expect("registered").into_iter().map(|(_, chunk)| chunk));
+        made.extend(
+            scheduler
+                .pull(worker, 10, now)
+                .expect("registered")
+                .into_iter()
+                .map(|(_, chunk)| chunk)
+                .filter(|chunk| chunk.epoch == next.epoch),
+        );
         report(&mut scheduler, next, 1, 1, consumed, now);
     }
     assert!(made.iter().all(|chunk| chunk.rank == Rank(1)), "{made:?}");
@@ -453,4 +465,63 @@ fn a_worker_process_registering_again_replaces_its_earlier_registration_and_no_o
     // Another process at the same address (a misconfiguration) is logged, and evicts nobody.
     let other = scheduler.register_worker(at, 1, process(), now);
     assert!(scheduler.pull(again, 5, now).is_ok() && scheduler.pull(other, 5, now).is_ok());
+}
+
+/// Issue 16, item 5: every epoch started cold (nothing of it was made until a rank opened it).
+/// When a run from its start is within its flow window of the end, the next epoch's run is
+/// made: its first steps reach the trainers early, and a rank that opens it holding them gets
+/// the rest, each step once.
+#[test]
+fn the_next_epoch_is_made_while_the_last_steps_of_this_one_are_consumed() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    let next = RunKey { epoch: Epoch(1), ..key() };
+    for rank in 0..2 {
+        open(&mut scheduler, key(), rank, 1, shape(8, 2, 2), now);
+    }
+    let worker = scheduler.register_worker(addr(), 1, process(), now);
+    let mut made: BTreeMap<(u64, u32, u64), u32> = BTreeMap::new();
+    fn pull(scheduler: &mut Scheduler, worker: WorkerId, now: Instant, made: &mut BTreeMap<(u64, u32, u64), u32>) {
+        for (lease, chunk) in scheduler.pull(worker, 10, now).expect("registered") {
+            scheduler.chunk_done(worker, lease, now);
+            for step in chunk.first_step.0..chunk.first_step.0 + u64::from(chunk.steps) {
+                *made.entry((chunk.epoch.0, chunk.rank.0, step)).or_default() += 1;
+            }
+        }
+    }
+    for consumed in 1..=5 {
+        pull(&mut scheduler, worker, now, &mut made);
+        for rank in 0..2 {
+            report(&mut scheduler, key(), rank, 1, consumed, now);
+        }
+        assert_eq!(scheduler.has_run(next), consumed >= 6, "not before the window reaches the end ({consumed})");
+    }
+    pull(&mut scheduler, worker, now, &mut made);
+    for rank in 0..2 {
+        report(&mut scheduler, key(), rank, 1, 6, now);
+    }
+    assert!(scheduler.has_run(next), "two steps left, a window of two: epoch 1 is made");
+    pull(&mut scheduler, worker, now, &mut made);
+    let early: Vec<u64> = made.keys().filter(|(epoch, rank, _)| *epoch == 1 && *rank == 0).map(|(_, _, step)| *step).collect();
+    assert_eq!(early, [0, 1], "the first window of epoch 1, before any rank opened it");
+    // The ranks finish epoch 0 and open epoch 1 holding what came early.
+    for rank in 0..2 {
+        report(&mut scheduler, key(), rank, 1, 8, now);
+        let opening = Opening { session: SessionId(100 + u64::from(rank)), pass: Pass(2), consumed: 0, holding: vec![Step(0), Step(1)] };
+        scheduler.open_run(next, Rank(rank), &opening, shape(8, 2, 2), now).expect("opens");
+    }
+    for consumed in 2..=8 {
+        pull(&mut scheduler, worker, now, &mut made);
+        for rank in 0..2 {
+            report(&mut scheduler, next, rank, 2, consumed, now);
+        }
+    }
+    assert!(!scheduler.has_run(next), "epoch 1 finished");
+    for epoch in 0..2 {
+        for rank in 0..2 {
+            for step in 0..8 {
+                assert_eq!(made.get(&(epoch, rank, step)), Some(&1), "epoch {epoch} rank {rank} step {step} made once");
+            }
+        }
+    }
 }

@@ -8,6 +8,7 @@ mod exactly_once;
 mod faults;
 mod label_mixing;
 mod loss_paths;
+mod next_epoch;
 mod protocol_model;
 mod restart;
 mod resume;
