@@ -154,8 +154,9 @@ pub(crate) enum DatasetCommand {
 pub(crate) enum JobCommand {
     /// List jobs: ranks, live trainers, where each stands, how long it has been idle.
     Ls(CoordinatorAddr),
-    /// Remove a job and its checkpoint: nothing of it is made any more, and trainers that
-    /// attach with its name start a new job from epoch 0.
+    /// Remove a job and its checkpoint: nothing of it is made any more. A trainer that
+    /// attaches with its name afterwards makes a new job (and resumes from its own saved
+    /// state_dict, if it loads one).
     Rm(JobRmArgs),
 }
 

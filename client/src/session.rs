@@ -181,6 +181,18 @@ pub(crate) async fn report_progress<A>(
                 *session.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
                 return;
             }
+            Err(error) if error.code == ErrorCode::NotFound => {
+                // Jobs are durable: one the coordinator does not know was removed.
+                warn!(%job, %rank, %error, "the job was removed; this loader stops");
+                let removed = RemoteError::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "{job} was removed from the coordinator (stoker job rm, or no trainer for --job-ttl-hours): attach again to start a new job"
+                    ),
+                );
+                *session.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(removed);
+                return;
+            }
             Err(error) => {
                 debug!(%error, "progress report failed");
                 drop(turn);

@@ -84,7 +84,7 @@ fn a_job_with_live_trainers_is_removed_only_by_force_and_its_trainers_then_fail(
 }
 
 #[test]
-fn a_job_no_trainer_was_heard_from_for_the_ttl_is_removed_with_its_checkpoint() {
+fn a_job_no_trainer_was_heard_from_for_the_ttl_is_removed() {
     let ttl = Duration::from_secs(60);
     let Fixture { core, _dir } = fixture(Some(ttl));
     let start = Instant::now();

@@ -9,7 +9,7 @@
 mod run;
 mod seats;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -120,6 +120,12 @@ pub struct Scheduler {
     next_worker: u64,
     leases_expired: u64,
     chunks_failed: u64,
+    /// Runs made early (cross-epoch prefetch) that no rank has opened yet.
+    early: BTreeSet<RunKey>,
+    /// Jobs a rank of which iterated an epoch again or went back (an evaluation loader
+    /// reused at every validation, a resume): their next epoch is not made early, or it would
+    /// be made, and thrown away, at every pass. A rank moving on to a later epoch clears it.
+    not_early: BTreeSet<JobId>,
 }
 
 impl Scheduler {
@@ -137,6 +143,8 @@ impl Scheduler {
             next_worker: id_base,
             leases_expired: 0,
             chunks_failed: 0,
+            early: BTreeSet::new(),
+            not_early: BTreeSet::new(),
         }
     }
 
@@ -179,7 +187,18 @@ impl Scheduler {
     /// A new run counts the job's other ranks in only if they may still come to it
     /// ([`Seats::counted`]); the others must not hold its flow window.
     pub fn open_run(&mut self, key: RunKey, rank: Rank, opening: &Opening, shape: RunShape, now: Instant) -> Result<(), Refusal> {
+        let previous_opt = self.seats.run_of(key.job, rank, opening.session);
         let fresh = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat)?;
+        match previous_opt {
+            Some(previous) if fresh && key.epoch <= previous.epoch => {
+                self.not_early.insert(key.job);
+            }
+            Some(previous) if key.epoch > previous.epoch => {
+                self.not_early.remove(&key.job);
+            }
+            _ => {}
+        }
+        self.early.remove(&key);
         if !fresh && self.runs.contains_key(&key) {
             return Ok(());
         }
@@ -234,7 +253,7 @@ impl Scheduler {
     /// is made twice. Nothing happens if a rank already opened a later run of the job.
     fn open_next_epoch_early(&mut self, key: RunKey, shape: RunShape) {
         let next = RunKey { epoch: Epoch(key.epoch.0 + 1), start: Position(0), job: key.job };
-        if self.runs.keys().any(|other| other.job == key.job && other.epoch >= next.epoch) {
+        if self.not_early.contains(&key.job) || self.runs.keys().any(|other| other.job == key.job && other.epoch >= next.epoch) {
             return;
         }
         let seats = &self.seats;
@@ -246,6 +265,9 @@ impl Scheduler {
         }
         info!(job = %key.job, epoch = %next.epoch, steps = shape.steps, "next epoch's run opened early (cross-epoch prefetch)");
         self.runs.insert(next, run);
+        let runs = &self.runs;
+        self.early.retain(|early| runs.contains_key(early));
+        self.early.insert(next);
     }
 
     /// The trainer of `rank` stopped: nothing more of this session is taken for a sign of
@@ -369,7 +391,12 @@ impl Scheduler {
         let (seats, trainer_ttl) = (&self.seats, self.config.trainer_ttl);
         let next_lease = &mut self.next_lease;
         let stalled = &self.stalled;
-        for (key, run) in &mut self.runs {
+        let early = &self.early;
+        // Runs trainers opened first, then those opened early for them (cross-epoch prefetch):
+        // one job's next epoch never takes a worker from another job's current one.
+        let mut order: Vec<(&RunKey, &mut Run)> = self.runs.iter_mut().collect();
+        order.sort_by_key(|(key, _)| early.contains(*key));
+        for (key, run) in order {
             if room == 0 {
                 break;
             }
@@ -440,6 +467,8 @@ impl Scheduler {
     /// holding its leases are told at their next heartbeat (the leases are no longer theirs).
     pub fn forget_job(&mut self, job: JobId) {
         self.runs.retain(|key, _| key.job != job);
+        self.early.retain(|key| key.job != job);
+        self.not_early.remove(&job);
         self.leases.retain(|_, held| held.chunk.job != job);
         self.stalled.retain(|(_, stalled_job), _| *stalled_job != job);
         self.seats.forget_job(job);

@@ -220,6 +220,11 @@ impl Seats {
         self.seats.get(&(job, rank)).map(|seat| seat.session)
     }
 
+    /// The run `session`'s trainer of `rank` last opened, if that session holds the seat.
+    pub(super) fn run_of(&self, job: JobId, rank: Rank, session: SessionId) -> Option<RunKey> {
+        self.seats.get(&(job, rank)).filter(|seat| seat.session == session).and_then(|seat| seat.run_opt)
+    }
+
     /// When a trainer of `job` was last heard from, since this coordinator started.
     pub(super) fn heard(&self, job: JobId) -> Option<Instant> {
         self.heard.get(&job).copied()
