@@ -226,8 +226,10 @@ where
             connected: Mutex::new(HashMap::new()),
             batches_tx,
             stats: Arc::clone(&stats),
-            // Up to a window of freed batches is kept: never more than were in flight at once.
-            pool: PayloadPool::new(config.prefetch.max(2) as usize),
+            // Up to two windows of freed batches are kept: near an epoch's end the rest of it
+            // and the next epoch's first window (made early) are in flight at once, and never
+            // more; keeping fewer left malloc to churn (and the RSS to creep) at every epoch.
+            pool: PayloadPool::new(2 * config.prefetch.max(2) as usize),
         });
         connector.connect_new(&workers);
         let (progress_tx, progress_rx) = watch::channel(None);
