@@ -10,9 +10,9 @@ use stoker_common::plan::Shuffle;
 ///
 /// Pack images into shards (`pack`, `index`, `inspect`), run a cluster (`coordinator`,
 /// `worker`, `dataset add`), watch it (`status`), check it from a trainer node (`consume`),
-/// measure it (`bench`), or try everything on one machine (`demo`). Not built yet: Raft
-/// replication of the coordinator, metrics endpoints, mutual TLS, object stores and the
-/// Python package.
+/// measure it (`bench`), or try everything on one machine (`demo`). Coordinators replicate
+/// with Raft (`coordinator --peers`, `cluster add-node`). Not built yet: metrics endpoints,
+/// mutual TLS and object stores.
 #[derive(Debug, Parser)]
 #[command(name = "stoker", version, propagate_version = true)]
 pub(crate) struct Cli {
@@ -40,7 +40,11 @@ pub(crate) enum Command {
     /// List or remove jobs at the coordinator.
     #[command(subcommand)]
     Job(JobCommand),
-    /// Show the coordinator, workers, jobs and each rank's progress and data stall.
+    /// Change the coordinators of a replicated cluster (Raft membership, through the leader).
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Show every coordinator (role, term, log), workers, jobs and each rank's progress and
+    /// data stall.
     Status(StatusArgs),
     /// Attach as one trainer rank without a model and consume as fast as possible (or at
     /// --rate): checks a deployment from a trainer node, and drives tests.
@@ -72,7 +76,8 @@ pub(crate) enum BenchCommand {
 /// Where the coordinator is, for the commands that call it.
 #[derive(Debug, Args)]
 pub(crate) struct CoordinatorAddr {
-    /// The coordinator's address.
+    /// The coordinator's address HOST:PORT, or the addresses of a replicated coordinator's nodes
+    /// as HOST:PORT,HOST:PORT,... (calls follow the leader among them).
     #[arg(long, env = "STOKER_COORDINATOR", default_value = "127.0.0.1:7400")]
     pub(crate) coordinator: String,
 }
@@ -105,11 +110,29 @@ pub(crate) struct CoordinatorArgs {
     /// trainer attached to since.
     #[arg(long, default_value_t = 168.0)]
     pub(crate) job_ttl_hours: f64,
+    /// This coordinator's Raft node id (a positive number, unique in the cluster).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) node_id: u64,
+    /// The coordinators of a replicated cluster, ID=HOST:PORT,... including this one (e.g.
+    /// 1=c1:7400,2=c2:7400,3=c3:7400). Start every node with the same list: they form the
+    /// cluster once, and a restart reads the membership back from --data-dir (a list that
+    /// disagrees with it is refused). Without it this coordinator is a cluster of one.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) peers: Vec<String>,
+    /// Start as a new, empty node that waits to be added with `stoker cluster add-node`
+    /// instead of forming a cluster.
+    #[arg(long)]
+    pub(crate) join: bool,
+    /// Address other coordinators and clients reach this one at [default: its --peers entry,
+    /// else --listen].
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct WorkerArgs {
-    /// The coordinator's address.
+    /// The coordinator's address HOST:PORT, or the addresses of a replicated coordinator's nodes
+    /// as HOST:PORT,HOST:PORT,... (the worker follows the leader among them).
     #[arg(long, env = "STOKER_COORDINATOR", default_value = "127.0.0.1:7400")]
     pub(crate) coordinator: String,
     /// Address to listen on for trainers (UDP, QUIC).
@@ -158,6 +181,33 @@ pub(crate) enum JobCommand {
     /// attaches with its name afterwards makes a new job (and resumes from its own saved
     /// state_dict, if it loads one).
     Rm(JobRmArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCommand {
+    /// Add a coordinator: start it first with `stoker coordinator --node-id ID --join
+    /// --listen ... --data-dir EMPTY_DIR`, then run this; it catches up as a learner, then
+    /// votes. Update every node's --peers to the new list before their next restart.
+    AddNode(AddNodeArgs),
+    /// Remove a coordinator (a dead one before replacing it, or one being retired). Update
+    /// every node's --peers before their next restart.
+    RemoveNode(RemoveNodeArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AddNodeArgs {
+    /// The new node as ID=HOST:PORT (the id it was started with, the address others dial).
+    pub(crate) node: String,
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RemoveNodeArgs {
+    /// The node id to remove (`stoker status` lists them).
+    pub(crate) id: u64,
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
 }
 
 #[derive(Debug, Args)]

@@ -7,7 +7,7 @@ mod progress;
 
 use clap::Parser;
 
-use crate::args::{BenchCommand, Cli, Command, DatasetCommand, JobCommand};
+use crate::args::{BenchCommand, Cli, ClusterCommand, Command, DatasetCommand, JobCommand};
 
 fn main() -> std::process::ExitCode {
     init_tracing();
@@ -22,6 +22,8 @@ fn main() -> std::process::ExitCode {
         Command::Dataset(DatasetCommand::Ls(args)) => cmd::dataset::list(args),
         Command::Job(JobCommand::Ls(args)) => cmd::job::list(args),
         Command::Job(JobCommand::Rm(args)) => cmd::job::remove(args),
+        Command::Cluster(ClusterCommand::AddNode(args)) => cmd::cluster::add_node(args),
+        Command::Cluster(ClusterCommand::RemoveNode(args)) => cmd::cluster::remove_node(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Consume(args) => cmd::consume::run(args),
         Command::Demo(args) => cmd::demo::run(args),

@@ -1,10 +1,10 @@
 //! What a trainer asks for: the job spec, its rank, and how long to wait.
 
-use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
 use stoker_common::ids::Rank;
+use stoker_common::net::CoordinatorAddrs;
 use stoker_common::plan::{PlanSpec, Shuffle, Tail};
 use stoker_common::proto::JobSpec;
 use stoker_common::transform::{Recipe, TransformSpec};
@@ -17,8 +17,9 @@ pub const MIN_NACK_AFTER: Duration = Duration::from_millis(50);
 /// Settings of a [`crate::Loader`].
 #[derive(Clone, Debug)]
 pub struct LoaderConfig {
-    /// The coordinator's address.
-    pub coordinator: SocketAddr,
+    /// The coordinator's address, or the addresses of the nodes of a replicated coordinator
+    /// (calls follow the Raft leader among them).
+    pub coordinator: CoordinatorAddrs,
     /// Dataset name, as registered with `stoker dataset add`.
     pub dataset: String,
     /// Job name [default: derived from the dataset, the spec and the run id, so the ranks of
@@ -54,9 +55,10 @@ pub struct LoaderConfig {
 impl LoaderConfig {
     /// Defaults: RandomResizedCrop(224) + RandomHorizontalFlip, window shuffle, tail `drop`,
     /// seed 0, prefetch 8, a 5-minute batch timeout, missing steps reported after 1 s.
-    pub fn new(coordinator: SocketAddr, dataset: impl Into<String>, batch_size: u32) -> Self {
+    /// `coordinator` is one address (a `SocketAddr`) or a [`CoordinatorAddrs`] list.
+    pub fn new(coordinator: impl Into<CoordinatorAddrs>, dataset: impl Into<String>, batch_size: u32) -> Self {
         Self {
-            coordinator,
+            coordinator: coordinator.into(),
             dataset: dataset.into(),
             job_name: None,
             run_id: None,
@@ -148,7 +150,7 @@ mod tests {
     use super::*;
 
     fn config() -> LoaderConfig {
-        let mut config = LoaderConfig::new("127.0.0.1:7400".parse().expect("an address"), "train", 8);
+        let mut config = LoaderConfig::new("127.0.0.1:7400".parse::<std::net::SocketAddr>().expect("an address"), "train", 8);
         config.rank = Some(0);
         config.world_size = Some(1);
         config

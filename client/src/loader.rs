@@ -177,7 +177,7 @@ impl Loader<QuicCoordinator> {
         let tls = TlsConfigs::insecure()?;
         let coordinator = {
             let _guard = runtime.enter();
-            QuicCoordinator::new(config.coordinator, &tls)?
+            QuicCoordinator::with_addrs(config.coordinator.clone(), &tls)?
         };
         Self::attach_on(config, runtime, Arc::new(coordinator), &tls)
     }
@@ -221,7 +221,7 @@ where
         let (batches_tx, batches_rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ReceiveStats::default());
         let connector = Arc::new(Connector {
-            endpoint: client_endpoint(tls, config.coordinator, Tuning::default())?,
+            endpoint: client_endpoint(tls, config.coordinator.first(), Tuning::default())?,
             expect,
             connected: Mutex::new(HashMap::new()),
             batches_tx,

@@ -1,5 +1,6 @@
 //! Coordinator configuration: defaults in one place, validated into typed fields.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -32,6 +33,15 @@ pub struct CoordinatorConfig {
     /// A job no trainer was heard from for this long is removed (`None`: jobs are kept until
     /// `stoker job rm`). Measured from the coordinator's start for jobs not heard from since.
     pub job_ttl: Option<Duration>,
+    /// This coordinator's Raft node id.
+    pub node_id: u64,
+    /// The Raft cluster to form, node id → address (`host:port`); empty: this node alone.
+    pub peers: BTreeMap<u64, String>,
+    /// Start without forming a cluster and wait to be added (`stoker cluster add-node`).
+    pub join: bool,
+    /// The address other coordinators and clients reach this one at; `None`: the address it
+    /// listens on (or its entry in `peers`).
+    pub advertise: Option<String>,
 }
 
 impl CoordinatorConfig {
@@ -49,6 +59,10 @@ impl CoordinatorConfig {
             retry_delay: Duration::from_millis(500),
             trainer_ttl: Duration::from_secs(5),
             job_ttl: Some(Duration::from_secs(7 * 24 * 3600)),
+            node_id: 1,
+            peers: BTreeMap::new(),
+            join: false,
+            advertise: None,
         }
     }
 
@@ -67,6 +81,16 @@ impl CoordinatorConfig {
         if self.job_ttl.is_some_and(|ttl| ttl <= self.trainer_ttl) {
             return Err(CoordinatorError::Config {
                 message: format!("the job TTL ({:?}) must be longer than the trainer TTL ({:?})", self.job_ttl, self.trainer_ttl),
+            });
+        }
+        if !self.peers.is_empty() && !self.join && !self.peers.contains_key(&self.node_id) {
+            let ids: Vec<String> = self.peers.keys().map(ToString::to_string).collect();
+            return Err(CoordinatorError::Config {
+                message: format!(
+                    "node id {} is not among the peers ({}): give this node's own entry in --peers, or --join to be added later",
+                    self.node_id,
+                    ids.join(", ")
+                ),
             });
         }
         if self.chunk_steps == 0 {

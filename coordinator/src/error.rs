@@ -18,11 +18,17 @@ pub enum CoordinatorError {
         source: std::io::Error,
     },
     /// The persisted state cannot be read by this build.
-    #[error("cannot load coordinator state from {path}: {message} (move the data directory away to start empty)")]
+    #[error("cannot load coordinator state from {path}: {message}")]
     CorruptState {
         /// The file.
         path: PathBuf,
         /// What is wrong.
+        message: String,
+    },
+    /// The Raft cluster cannot be formed or joined as configured.
+    #[error("{message}")]
+    Cluster {
+        /// What is wrong and what to do.
         message: String,
     },
     /// The configuration is invalid.
@@ -45,7 +51,7 @@ pub enum CoordinatorError {
 impl From<&CoordinatorError> for RemoteError {
     fn from(error: &CoordinatorError) -> Self {
         let code = match error {
-            CoordinatorError::Config { .. } => ErrorCode::InvalidArgument,
+            CoordinatorError::Config { .. } | CoordinatorError::Cluster { .. } => ErrorCode::InvalidArgument,
             CoordinatorError::Storage { .. } | CoordinatorError::Net(_) => ErrorCode::Unavailable,
             CoordinatorError::CorruptState { .. } | CoordinatorError::Internal { .. } => ErrorCode::Internal,
         };

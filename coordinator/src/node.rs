@@ -1,50 +1,153 @@
-//! Composition root of a coordinator (STYLE G6): the QUIC endpoint on a socket the caller
-//! bound, the request service, and a timer that expires leases. Returns a handle to stop it.
+//! Composition root of a coordinator (STYLE G6): the Raft store in `--data-dir`, the Raft
+//! node, the QUIC endpoint on a socket the caller bound (control calls and Raft share it), the
+//! request driver, and a timer that expires leases and flushes checkpoints. Forms the cluster
+//! on a fresh store, checks the stored membership on a used one, and imports the data
+//! directory of earlier versions. Returns a handle to stop it.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
+use openraft::BasicNode;
 use stoker_common::net::{TlsConfigs, Tuning, serve_calls, server_endpoint};
 use stoker_common::proto::ControlRequest;
 use stoker_common::wire::CONTROL_FRAME_LIMIT;
 use tokio::task::JoinHandle;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::config::CoordinatorConfig;
+use crate::driver::Driver;
 use crate::error::CoordinatorError;
+use crate::legacy;
+use crate::raft::{LogStore, Network, Raft, StateMachine, StoreFile, raft_config};
 use crate::service::Coordinator;
+
+/// How long a coordinator alone waits to lead at start (an election timeout or two).
+const LEAD_ALONE_WITHIN: Duration = Duration::from_secs(10);
+/// How often the timer expires leases and, when leading, commits idle-job removals.
+const TICK: Duration = Duration::from_millis(200);
+/// How often the checkpoints recorded since the last flush are committed (one entry each).
+pub const CHECKPOINT_FLUSH: Duration = Duration::from_secs(1);
 
 /// A running coordinator.
 #[derive(Debug)]
 pub struct CoordinatorHandle {
     addr: SocketAddr,
     endpoint: quinn::Endpoint,
-    core: Arc<Coordinator>,
+    driver: Arc<Driver>,
     tasks: Vec<JoinHandle<()>>,
 }
 
-/// Start a coordinator serving on `socket` (already bound). Must run inside a tokio runtime.
-pub fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfigs) -> Result<CoordinatorHandle, CoordinatorError> {
+/// Start a coordinator serving on `socket` (already bound).
+pub async fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfigs) -> Result<CoordinatorHandle, CoordinatorError> {
+    let config = config.validate()?;
     let addr = socket.local_addr().map_err(|error| CoordinatorError::Internal { message: format!("socket has no address: {error}") })?;
-    let core = Arc::new(Coordinator::open(config, addr.to_string())?);
+    let advertised = config.advertise.clone().or_else(|| config.peers.get(&config.node_id).cloned()).unwrap_or_else(|| addr.to_string());
+    let members: BTreeMap<u64, String> =
+        if config.peers.is_empty() { BTreeMap::from([(config.node_id, advertised.clone())]) } else { config.peers.clone() };
+
+    let file = StoreFile::open(&config.data_dir)?;
+    let fresh = file.is_fresh()?;
+    let imported = if fresh { legacy::load(&config.data_dir)? } else { None };
+    if imported.is_some() && !config.peers.is_empty() {
+        return Err(CoordinatorError::Cluster {
+            message: format!(
+                "{} holds the single-node store of an earlier version: start this coordinator once without --peers to \
+                 import it, then add the others with `stoker cluster add-node`",
+                config.data_dir.display()
+            ),
+        });
+    }
+
+    let core = Arc::new(Coordinator::replicated(config.clone(), advertised.clone())?);
+    let machine = StateMachine::open(file.clone(), core.clone())?;
     let endpoint = server_endpoint(socket, tls, Tuning::default())?;
-    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&core)));
-    let timer_core = Arc::clone(&core);
-    let timer = tokio::spawn(async move {
-        let mut interval = tokio::time::interval(Duration::from_millis(200));
-        loop {
-            interval.tick().await;
-            timer_core.tick(Instant::now());
+    let raft_settings = raft_config("stoker").validate().map_err(|error| CoordinatorError::Config { message: error.to_string() })?;
+    let isolated = Arc::new(AtomicBool::new(false));
+    let network = Network::new(endpoint.clone(), Arc::clone(&isolated));
+    let raft = Raft::new(config.node_id, Arc::new(raft_settings), network, LogStore::new(file.clone()), machine)
+        .await
+        .map_err(|error| CoordinatorError::Internal { message: format!("cannot start Raft: {error}") })?;
+    let driver = Arc::new(Driver::new(config.node_id, advertised, raft.clone(), core, endpoint.clone(), isolated));
+
+    if fresh && !config.join {
+        let nodes: BTreeMap<u64, BasicNode> = members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
+        match raft.initialize(nodes).await {
+            Ok(()) => info!(node = config.node_id, members = ?members, "cluster formed"),
+            // Another member's initialisation reached this node first: the same cluster.
+            Err(error) => debug!(%error, "not initialised here"),
         }
-    });
-    info!(%addr, "coordinator listening");
-    Ok(CoordinatorHandle { addr, endpoint, core, tasks: vec![accept, timer] })
+    } else if !fresh {
+        check_membership(&raft, &config, &members, &file).await.inspect_err(|_| shut_down(&raft))?;
+    } else {
+        info!(node = config.node_id, "waiting to be added to a cluster (`stoker cluster add-node`)");
+    }
+    if config.peers.is_empty() && !config.join {
+        driver.wait_to_lead(LEAD_ALONE_WITHIN).await.inspect_err(|_| shut_down(&raft))?;
+    }
+    if let Some(state) = imported {
+        driver.import(state).await.inspect_err(|_| shut_down(&raft))?;
+        legacy::retire(&config.data_dir)?;
+        info!(dir = %config.data_dir.display(), "imported the single-node store of an earlier version into the Raft store");
+    } else if !fresh && legacy::load(&config.data_dir).ok().flatten().is_some() {
+        warn!(dir = %config.data_dir.display(), "an old single-node store lies beside the Raft store and is not read: it was imported before");
+    }
+
+    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver)));
+    let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
+    info!(%addr, node = config.node_id, "coordinator listening");
+    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer] })
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, core: Arc<Coordinator>) {
+/// Refuse to start when `--peers` (or this node alone) disagrees with the membership the
+/// store holds: the store wins, and the operator is told what it says.
+async fn check_membership(
+    raft: &Raft,
+    config: &CoordinatorConfig,
+    members: &BTreeMap<u64, String>,
+    file: &StoreFile,
+) -> Result<(), CoordinatorError> {
+    let stored = raft.metrics().borrow().membership_config.clone();
+    let stored_nodes: BTreeMap<u64, String> = stored.nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
+    if stored_nodes.is_empty() {
+        return Ok(());
+    }
+    let stored_ids: BTreeSet<u64> = stored_nodes.keys().copied().collect();
+    let given_ids: BTreeSet<u64> = members.keys().copied().collect();
+    let alone = config.peers.is_empty();
+    // Alone, the address may change between runs (a new port); in a cluster it must not.
+    let agrees = if alone { stored_ids == given_ids || config.join } else { stored_nodes == *members || config.join };
+    if !agrees {
+        let describe = |nodes: &BTreeMap<u64, String>| nodes.iter().map(|(id, addr)| format!("{id}={addr}")).collect::<Vec<_>>().join(",");
+        return Err(CoordinatorError::Cluster {
+            message: format!(
+                "the store {} says the cluster is {}, but {} was given: start with --peers {} (membership changes with \
+                 `stoker cluster add-node`/`remove-node`, not with flags), or move the data directory away to start a new cluster",
+                file.path().display(),
+                describe(&stored_nodes),
+                if alone { format!("no --peers (node {} alone)", config.node_id) } else { format!("--peers {}", describe(members)) },
+                describe(&stored_nodes),
+            ),
+        });
+    }
+    if !stored_ids.contains(&config.node_id) && !config.join {
+        warn!(node = config.node_id, "this node is not a member of the cluster its store knows: it was removed; it only listens");
+    }
+    Ok(())
+}
+
+fn shut_down(raft: &Raft) {
+    let raft = raft.clone();
+    tokio::spawn(async move {
+        let _ = raft.shutdown().await;
+    });
+}
+
+async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>) {
     while let Some(incoming) = endpoint.accept().await {
-        let core = Arc::clone(&core);
+        let driver = Arc::clone(&driver);
         tokio::spawn(async move {
             let connection = match incoming.await {
                 Ok(connection) => connection,
@@ -54,11 +157,25 @@ async fn accept_loop(endpoint: quinn::Endpoint, core: Arc<Coordinator>) {
                 }
             };
             serve_calls(connection, CONTROL_FRAME_LIMIT, move |request: ControlRequest| {
-                let core = Arc::clone(&core);
-                async move { core.handle(request, Instant::now()) }
+                let driver = Arc::clone(&driver);
+                async move { driver.serve(request).await }
             })
             .await;
         });
+    }
+}
+
+async fn timer_loop(driver: Arc<Driver>) {
+    let mut interval = tokio::time::interval(TICK);
+    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last_flush = Instant::now();
+    loop {
+        interval.tick().await;
+        let flush = last_flush.elapsed() >= CHECKPOINT_FLUSH;
+        if flush {
+            last_flush = Instant::now();
+        }
+        driver.tick(Instant::now(), flush).await;
     }
 }
 
@@ -70,14 +187,49 @@ impl CoordinatorHandle {
 
     /// The service behind the endpoint (for in-process callers and tests).
     pub fn core(&self) -> Arc<Coordinator> {
-        Arc::clone(&self.core)
+        self.driver.core()
     }
 
-    /// Stop serving: close every connection and the endpoint.
+    /// The Raft node (for tests and metrics).
+    pub fn raft(&self) -> Raft {
+        self.driver.raft()
+    }
+
+    /// Whether this coordinator leads now.
+    pub fn is_leader(&self) -> bool {
+        self.driver.raft().metrics().borrow().state == openraft::ServerState::Leader
+    }
+
+    /// Index of the last entry in its Raft log (0 if none).
+    pub fn last_log_index(&self) -> u64 {
+        self.driver.raft().metrics().borrow().last_log_index.unwrap_or(0)
+    }
+
+    /// A test's partition switch (STYLE G12 `set_unreachable`): while set, this coordinator
+    /// sends nothing to its peers and answers nobody, as if its network were cut.
+    pub fn set_isolated(&self, isolated: bool) {
+        self.driver.set_isolated(isolated);
+    }
+
+    /// Index of the last entry purged from its log behind a snapshot (0 if none).
+    pub fn last_purged_index(&self) -> u64 {
+        self.driver.raft().metrics().borrow().purged.map_or(0, |log_id| log_id.index)
+    }
+
+    /// Commit `command` through Raft (this node must lead): for tools and tests that write
+    /// the state directly.
+    pub async fn commit(&self, command: crate::state::Command) -> Result<crate::state::Applied, stoker_common::proto::RemoteError> {
+        self.driver.commit(command).await
+    }
+
+    /// Stop serving: close every connection and the endpoint, and stop Raft.
     pub fn shutdown(&mut self) {
         self.endpoint.close(0u32.into(), b"coordinator shutting down");
         for task in self.tasks.drain(..) {
             task.abort();
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            shut_down(&self.driver.raft());
         }
     }
 

@@ -1,6 +1,8 @@
-//! The coordinator's request handling: validates requests, commits durable changes through
-//! the [`Store`], and asks the [`Scheduler`] for decisions. Synchronous and quick: the lock is
-//! held for the pure decisions and the append of one log line, never across network IO.
+//! The coordinator's request handling, without IO (STYLE G4): [`Coordinator::step`] validates
+//! a request, asks the [`Scheduler`] for decisions, and answers, or asks its driver to commit a
+//! [`Command`] first (through Raft: `crate::node`). Committed commands come back through
+//! [`Replica::apply`] on every replica. Synchronous and quick: the lock is held for the pure
+//! decisions, never across IO.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -9,7 +11,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use stoker_common::api::CoordinatorApi;
 use stoker_common::ids::{JobId, Rank, SessionId, Step, WorkerId};
-use stoker_common::plan::{EpochPlan, ShardTable};
+use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
 use stoker_common::proto::{
     ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, ErrorCode, JobSpec, JobStatus, RankStatus, RemoteError,
 };
@@ -18,22 +20,56 @@ use stoker_common::transform::{Recipe, TransformSpec};
 
 use crate::config::CoordinatorConfig;
 use crate::error::CoordinatorError;
+use crate::raft::Replica;
 use crate::scheduler::{Opening, Refusal, Reporting, RunKey, RunShape, Scheduler, SeatRefusal};
 use crate::state::{Applied, ClusterState, Command};
-use crate::store::Store;
 
 struct Inner {
     state: ClusterState,
-    store: Store,
     scheduler: Scheduler,
     plans: BTreeMap<RunKey, Arc<EpochPlan>>,
     ranks: BTreeMap<(JobId, Rank), RankStatus>,
     next_session: u64,
-    /// Jobs that cannot go on (an `on_error=fail` sample), with the worker's reason. Not durable,
-    /// and a new `Attach` clears it: a restarted trainer (the data fixed) tries again.
-    failed: BTreeMap<JobId, String>,
-    /// When this coordinator started: a job no trainer was heard from since is idle since then.
+    /// Checkpoints not yet committed (replicated mode): one `RecordCheckpoints` entry carries
+    /// all of them at the next flush.
+    pending: BTreeMap<JobId, Checkpoint>,
+    /// The Raft term this node leads with the soft state it holds (replicated mode).
+    led_term: Option<u64>,
+    /// When this coordinator started leading: a job no trainer was heard from since is idle
+    /// since then.
     started: Instant,
+}
+
+/// Where committed commands go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Durability {
+    /// Applied at once, in memory (tests, simulations): [`Coordinator::handle`] commits itself.
+    Local,
+    /// Through Raft: the driver commits and the state machine applies.
+    Replicated,
+}
+
+/// What handling a request needs next.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The answer.
+    Reply(Result<ControlResponse, RemoteError>),
+    /// Commit `command` (it is valid now), then go on with `then`.
+    Commit {
+        /// The change.
+        command: Command,
+        /// What to do once it is committed and applied.
+        then: Then,
+    },
+}
+
+/// What follows a commit.
+#[derive(Debug)]
+pub enum Then {
+    /// Handle the request again (it now finds the job it created, say).
+    Again(ControlRequest),
+    /// Answer this.
+    Reply(ControlResponse),
 }
 
 /// A coordinator's state and logic, without the network.
@@ -41,6 +77,7 @@ pub struct Coordinator {
     inner: Mutex<Inner>,
     config: CoordinatorConfig,
     advertised: String,
+    durability: Durability,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -72,13 +109,18 @@ fn refused(refusal: Refusal) -> RemoteError {
     }
 }
 
+/// Ids of leases and sessions start here: milliseconds since 1970 × 1000, so that a later
+/// leader (or a restarted one) never hands out an id an earlier one gave.
+fn clock_id_base() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |elapsed| elapsed.as_millis() as u64 * 1000)
+}
+
 impl Coordinator {
-    /// Load the state in `config.data_dir`. `advertised` is the address status reports.
-    pub fn open(config: CoordinatorConfig, advertised: String) -> Result<Self, CoordinatorError> {
+    /// A coordinator whose state Raft fills in (through [`Replica`]); `advertised` is the
+    /// address status reports. It schedules only after [`Coordinator::lead`].
+    pub fn replicated(config: CoordinatorConfig, advertised: String) -> Result<Self, CoordinatorError> {
         let config = config.validate()?;
-        let (store, state) = Store::open(&config.data_dir)?;
-        let id_base = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |elapsed| elapsed.as_millis() as u64 * 1000);
-        Ok(Self::with_store(config, advertised, store, state, id_base))
+        Ok(Self::build(config, advertised, ClusterState::new(), clock_id_base(), Durability::Replicated))
     }
 
     /// A coordinator whose state lives in memory only, starting from `state`, with ids from
@@ -86,23 +128,69 @@ impl Coordinator {
     /// clock, and "restarts" it by building a new one from the old one's durable state).
     pub fn in_memory(config: CoordinatorConfig, state: ClusterState, id_base: u64) -> Result<Self, CoordinatorError> {
         let config = config.validate()?;
-        let (store, _) = Store::in_memory();
-        Ok(Self::with_store(config, "in-memory".to_owned(), store, state, id_base))
+        Ok(Self::build(config, "in-memory".to_owned(), state, id_base, Durability::Local))
     }
 
-    fn with_store(config: CoordinatorConfig, advertised: String, store: Store, state: ClusterState, id_base: u64) -> Self {
+    fn build(config: CoordinatorConfig, advertised: String, state: ClusterState, id_base: u64, durability: Durability) -> Self {
         let scheduler = Scheduler::new(config.scheduler(), id_base);
         let inner = Inner {
             state,
-            store,
             scheduler,
             plans: BTreeMap::new(),
             ranks: BTreeMap::new(),
             next_session: id_base,
-            failed: BTreeMap::new(),
+            pending: BTreeMap::new(),
+            led_term: None,
             started: Instant::now(),
         };
-        Self { inner: Mutex::new(inner), config, advertised }
+        Self { inner: Mutex::new(inner), config, advertised, durability }
+    }
+
+    /// This node leads in `term`: if it did not lead in that term until now, its soft state
+    /// (runs, leases, windows, workers, sessions) starts empty, as after a restart; workers
+    /// and trainers rebuild it by registering and opening again (DESIGN §6).
+    pub fn lead(&self, term: u64, now: Instant) {
+        let mut inner = self.lock();
+        if inner.led_term == Some(term) {
+            return;
+        }
+        let id_base = clock_id_base().max(inner.next_session + 1);
+        inner.scheduler = Scheduler::new(self.config.scheduler(), id_base);
+        inner.plans.clear();
+        inner.ranks.clear();
+        inner.pending.clear();
+        inner.next_session = id_base;
+        inner.started = now;
+        inner.led_term = Some(term);
+        tracing::info!(term, "leading: scheduling starts afresh; workers and trainers reconnect");
+    }
+
+    /// This node no longer leads: drop the soft state so that nothing stale is served if it
+    /// leads again.
+    pub fn follow(&self) {
+        let mut inner = self.lock();
+        if inner.led_term.take().is_some() {
+            inner.scheduler = Scheduler::new(self.config.scheduler(), clock_id_base());
+            inner.plans.clear();
+            inner.ranks.clear();
+            inner.pending.clear();
+            tracing::info!("no longer leading: soft state dropped");
+        }
+    }
+
+    /// The checkpoints recorded since the last call, as one command (replicated mode).
+    pub fn take_checkpoints(&self) -> Option<Command> {
+        let mut inner = self.lock();
+        if inner.pending.is_empty() {
+            return None;
+        }
+        let checkpoints = std::mem::take(&mut inner.pending).into_iter().collect();
+        Some(Command::RecordCheckpoints { checkpoints })
+    }
+
+    /// The address status reports.
+    pub fn advertised(&self) -> &str {
+        &self.advertised
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -110,37 +198,98 @@ impl Coordinator {
         self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Expire leases and forget dead workers (also done on every request); remove jobs no
-    /// trainer was heard from for the job TTL.
-    pub fn tick(&self, now: Instant) {
+    /// Expire leases and forget dead workers (also done on every request). Returns the
+    /// removal of every job no trainer was heard from for the job TTL, to commit (in local
+    /// mode they are applied here and nothing is returned).
+    pub fn tick(&self, now: Instant) -> Vec<Command> {
         let mut inner = self.lock();
         inner.scheduler.expire(now);
-        if let Some(ttl) = self.config.job_ttl {
-            let idle: Vec<JobId> = inner
-                .state
-                .jobs
-                .keys()
-                .copied()
-                .filter(|job| now.saturating_duration_since(inner.scheduler.last_heard(*job).unwrap_or(inner.started)) >= ttl)
-                .collect();
-            for job in idle {
-                if let Err(error) = inner.remove_job(job) {
-                    tracing::warn!(%job, %error, "cannot remove an idle job; trying again later");
-                } else {
-                    tracing::info!(%job, ttl_seconds = ttl.as_secs(), "job removed: no trainer for the job TTL (--job-ttl-hours)");
-                }
+        let Some(ttl) = self.config.job_ttl else { return Vec::new() };
+        let idle: Vec<Command> = inner
+            .state
+            .jobs
+            .keys()
+            .copied()
+            .filter(|job| now.saturating_duration_since(inner.scheduler.last_heard(*job).unwrap_or(inner.started)) >= ttl)
+            .map(|job| Command::RemoveJob { job })
+            .collect();
+        for command in &idle {
+            tracing::info!(?command, ttl_seconds = ttl.as_secs(), "job removed: no trainer for the job TTL (--job-ttl-hours)");
+        }
+        match self.durability {
+            Durability::Local => {
+                idle.into_iter().for_each(|command| {
+                    inner.apply(command);
+                });
+                Vec::new()
             }
+            Durability::Replicated => idle,
         }
     }
 
-    /// Answer one request.
+    /// Answer one request in local mode: commits are applied at once. (A replicated
+    /// coordinator's driver calls [`Coordinator::step`] and commits through Raft; here it
+    /// answers only requests that commit nothing, such as `Status`.)
     pub fn handle(&self, request: ControlRequest, now: Instant) -> Result<ControlResponse, RemoteError> {
+        let mut request = request;
+        // A request commits at most twice (create a job, clear its failure), then answers.
+        for _ in 0..4 {
+            match self.step(request, now) {
+                Outcome::Reply(answer) => {
+                    if let Some(checkpoints) = self.take_checkpoints().filter(|_| self.durability == Durability::Local) {
+                        self.lock().apply(checkpoints);
+                    }
+                    return answer;
+                }
+                Outcome::Commit { .. } if self.durability == Durability::Replicated => {
+                    return Err(RemoteError::new(
+                        ErrorCode::Internal,
+                        "a replicated coordinator commits through Raft: call it over the network",
+                    ));
+                }
+                Outcome::Commit { command, then } => {
+                    self.lock().apply(command);
+                    match then {
+                        Then::Again(again) => request = again,
+                        Then::Reply(answer) => return Ok(answer),
+                    }
+                }
+            }
+        }
+        Err(RemoteError::new(ErrorCode::Internal, "a request kept asking for commits"))
+    }
+
+    /// Handle one request as far as it goes without a commit.
+    pub fn step(&self, request: ControlRequest, now: Instant) -> Outcome {
         match request {
             ControlRequest::AddDataset { name, manifest } => self.add_dataset(name, &manifest),
+            ControlRequest::Attach { spec, rank, client } => self.attach(spec, rank, client, now),
+            ControlRequest::RemoveJob { name, force } => self.remove_job(name, force, now),
+            ControlRequest::ChunkFatal { worker, lease, reason } => {
+                let Some(job) = self.lock().scheduler.chunk_fatal(worker, lease) else { return Outcome::Reply(Ok(ControlResponse::Ack)) };
+                tracing::error!(%job, %worker, %lease, %reason, "job failed: a chunk cannot be made");
+                Outcome::Commit { command: Command::FailJob { job, reason }, then: Then::Reply(ControlResponse::Ack) }
+            }
+            other => Outcome::Reply(self.answer(other, now)),
+        }
+    }
+
+    /// Requests that change no durable state.
+    fn answer(&self, request: ControlRequest, now: Instant) -> Result<ControlResponse, RemoteError> {
+        match request {
+            ControlRequest::AddDataset { .. }
+            | ControlRequest::Attach { .. }
+            | ControlRequest::RemoveJob { .. }
+            | ControlRequest::ChunkFatal { .. }
+            | ControlRequest::Raft { .. }
+            | ControlRequest::NodeStatus
+            | ControlRequest::AddNode { .. }
+            | ControlRequest::RemoveNode { .. } => {
+                Err(RemoteError::new(ErrorCode::InvalidArgument, "this coordinator does not answer that request here"))
+            }
             ControlRequest::ListDatasets => {
                 Ok(ControlResponse::Datasets { datasets: self.lock().state.datasets.values().cloned().collect() })
             }
-            ControlRequest::Attach { spec, rank, client } => self.attach(spec, rank, client, now),
             ControlRequest::OpenEpoch { job, rank, epoch, start, session, pass, consumed, holding } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
@@ -189,37 +338,11 @@ impl Coordinator {
                 self.lock().scheduler.chunk_failed(worker, lease, now);
                 Ok(ControlResponse::Ack)
             }
-            ControlRequest::ChunkFatal { worker, lease, reason } => {
-                let mut inner = self.lock();
-                if let Some(job) = inner.scheduler.chunk_fatal(worker, lease) {
-                    tracing::error!(%job, %worker, %lease, %reason, "job failed: a chunk cannot be made");
-                    inner.failed.entry(job).or_insert(reason);
-                    inner.forget_plans_of_finished_runs();
-                }
-                Ok(ControlResponse::Ack)
-            }
             ControlRequest::Deregister { worker } => {
                 self.lock().scheduler.deregister(worker);
                 Ok(ControlResponse::Ack)
             }
             ControlRequest::Status => Ok(ControlResponse::Status { status: self.status(now) }),
-            ControlRequest::RemoveJob { name, force } => {
-                let mut inner = self.lock();
-                let Some((job, spec)) = inner.state.job_named(&name).map(|(job, spec)| (job, spec.clone())) else {
-                    return Err(not_found(format!("no job named {name:?}: `stoker job ls` lists them")));
-                };
-                let live = inner.scheduler.live_trainers(job, spec.plan.world_size.get(), now);
-                if !live.is_empty() && !force {
-                    let ranks: Vec<String> = live.iter().map(ToString::to_string).collect();
-                    return Err(invalid(format!(
-                        "job {name:?} has live trainers ({}): stop them first, or pass --force (they fail at their next request)",
-                        ranks.join(", ")
-                    )));
-                }
-                inner.remove_job(job).map_err(|error| RemoteError::from(&error))?;
-                tracing::info!(%job, %name, live = live.len(), "job removed");
-                Ok(ControlResponse::JobRemoved { job })
-            }
             ControlRequest::Detach { job, rank, session } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
@@ -231,7 +354,37 @@ impl Coordinator {
         }
     }
 
-    fn add_dataset(&self, name: String, manifest: &str) -> Result<ControlResponse, RemoteError> {
+    fn remove_job(&self, name: String, force: bool, now: Instant) -> Outcome {
+        let inner = self.lock();
+        let Some((job, spec)) = inner.state.job_named(&name).map(|(job, spec)| (job, spec.clone())) else {
+            return Outcome::Reply(Err(not_found(format!("no job named {name:?}: `stoker job ls` lists them"))));
+        };
+        let live = inner.scheduler.live_trainers(job, spec.plan.world_size.get(), now);
+        if !live.is_empty() && !force {
+            let ranks: Vec<String> = live.iter().map(ToString::to_string).collect();
+            return Outcome::Reply(Err(invalid(format!(
+                "job {name:?} has live trainers ({}): stop them first, or pass --force (they fail at their next request)",
+                ranks.join(", ")
+            ))));
+        }
+        tracing::info!(%job, %name, live = live.len(), "removing job");
+        Outcome::Commit { command: Command::RemoveJob { job }, then: Then::Reply(ControlResponse::JobRemoved { job }) }
+    }
+
+    fn add_dataset(&self, name: String, manifest: &str) -> Outcome {
+        match self.dataset_to_add(name, manifest) {
+            Ok(dataset) => {
+                tracing::info!(dataset = %dataset.name, manifest = %dataset.manifest, "adding dataset");
+                let then = Then::Reply(ControlResponse::DatasetAdded { dataset: dataset.clone() });
+                Outcome::Commit { command: Command::AddDataset { dataset }, then }
+            }
+            Err(error) => Outcome::Reply(Err(error)),
+        }
+    }
+
+    /// Check and load a dataset's manifest (file IO: the driver calls this off the async
+    /// threads).
+    fn dataset_to_add(&self, name: String, manifest: &str) -> Result<DatasetInfo, RemoteError> {
         if name.is_empty() || name.len() > 256 {
             return Err(invalid("a dataset name must have 1 to 256 characters"));
         }
@@ -248,54 +401,60 @@ impl Coordinator {
             version,
         };
         ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| invalid(error.to_string()))?;
-        let mut inner = self.lock();
-        let Inner { state, store, .. } = &mut *inner;
-        store.commit(state, Command::AddDataset { dataset: dataset.clone() }).map_err(|error| RemoteError::from(&error))?;
-        tracing::info!(dataset = %dataset.name, manifest = %dataset.manifest, "dataset added");
-        Ok(ControlResponse::DatasetAdded { dataset })
+        Ok(dataset)
     }
 
-    fn attach(&self, spec: JobSpec, rank: Rank, client: u64, now: Instant) -> Result<ControlResponse, RemoteError> {
-        validate_spec(&spec, rank)?;
+    fn attach(&self, spec: JobSpec, rank: Rank, client: u64, now: Instant) -> Outcome {
+        if let Err(error) = validate_spec(&spec, rank) {
+            return Outcome::Reply(Err(error));
+        }
+        match self.attach_existing(&spec, rank, client, now) {
+            Ok(Some(answer)) => Outcome::Reply(Ok(answer)),
+            Ok(None) => Outcome::Reply(Err(RemoteError::new(ErrorCode::Internal, "attach needs no commit"))),
+            Err(AttachNeeds::Commit(command)) => {
+                Outcome::Commit { command, then: Then::Again(ControlRequest::Attach { spec, rank, client }) }
+            }
+            Err(AttachNeeds::Refusal(error)) => Outcome::Reply(Err(error)),
+        }
+    }
+
+    /// Attach to the job of `spec` if it exists and has not failed; otherwise the command that
+    /// creates it (or clears its failure) first.
+    fn attach_existing(&self, spec: &JobSpec, rank: Rank, client: u64, now: Instant) -> Result<Option<ControlResponse>, AttachNeeds> {
         let mut inner = self.lock();
         let Some(current) = inner.state.datasets.get(&spec.dataset).cloned() else {
-            return Err(not_found(format!(
+            return Err(AttachNeeds::Refusal(not_found(format!(
                 "dataset {:?} is not registered: add it with `stoker dataset add {} PATH`",
                 spec.dataset, spec.dataset
-            )));
+            ))));
         };
         let job = match inner.state.job_named(&spec.name) {
-            Some((id, existing)) if *existing == spec => {
+            Some((id, existing)) if existing == spec => {
                 if let Some(bound) = inner.state.job_dataset(id).filter(|bound| bound.version != current.version) {
-                    return Err(invalid(format!(
+                    return Err(AttachNeeds::Refusal(invalid(format!(
                         "job {:?} was made for dataset {:?} as it was when the job started (manifest {}, version {:016x}); \
                          the name now stands for other data (manifest {}, version {:016x}), and the job's checkpoints and \
                          plans refer to the old one: give this run another job name to train on the new data",
                         spec.name, spec.dataset, bound.manifest, bound.version, current.manifest, current.version
-                    )));
+                    ))));
                 }
                 id
             }
             Some((_, existing)) => {
-                return Err(invalid(format!(
+                return Err(AttachNeeds::Refusal(invalid(format!(
                     "job {:?} exists with another spec ({}); attach every rank with the same spec, or pick another job name",
                     spec.name,
-                    describe_difference(existing, &spec)
-                )));
+                    describe_difference(existing, spec)
+                ))));
             }
             None => {
-                let Inner { state, store, .. } = &mut *inner;
-                match store.commit(state, Command::CreateJob { spec: spec.clone() }).map_err(|error| RemoteError::from(&error))? {
-                    Applied::JobCreated(id) => {
-                        tracing::info!(job = %id, name = %spec.name, dataset = %spec.dataset, "job created");
-                        id
-                    }
-                    Applied::Done => return Err(RemoteError::new(ErrorCode::Internal, "creating a job did not create one")),
-                }
+                tracing::info!(name = %spec.name, dataset = %spec.dataset, "creating job");
+                return Err(AttachNeeds::Commit(Command::CreateJob { spec: spec.clone() }));
             }
         };
-        if let Some(reason) = inner.failed.remove(&job) {
+        if let Some(reason) = inner.state.failed.get(&job) {
             tracing::info!(%job, %reason, "a trainer attached to a failed job: trying again");
+            return Err(AttachNeeds::Commit(Command::ClearFailure { job }));
         }
         let checkpoint = inner.state.checkpoints.get(&job).copied();
         let dataset = inner.state.job_dataset(job).cloned().unwrap_or(current);
@@ -310,7 +469,7 @@ impl Coordinator {
                 session
             }
         };
-        Ok(ControlResponse::Attached { job, dataset, workers: inner.scheduler.alive_workers(now), checkpoint, session })
+        Ok(Some(ControlResponse::Attached { job, dataset, workers: inner.scheduler.alive_workers(now), checkpoint, session }))
     }
 
     fn pull(&self, worker: WorkerId, max: u32, now: Instant) -> Result<ControlResponse, RemoteError> {
@@ -326,6 +485,12 @@ impl Coordinator {
             })
             .collect();
         Ok(ControlResponse::Chunks { grants })
+    }
+
+    /// What `stoker status` shows of this coordinator's state (the driver adds every
+    /// coordinator's Raft view).
+    pub fn handle_status(&self, now: Instant) -> ClusterStatus {
+        self.status(now)
     }
 
     fn status(&self, now: Instant) -> ClusterStatus {
@@ -351,6 +516,7 @@ impl Coordinator {
             .collect();
         ClusterStatus {
             coordinator: self.advertised.clone(),
+            coordinators: Vec::new(),
             datasets: inner.state.datasets.len() as u32,
             workers: inner.scheduler.worker_status(now),
             jobs,
@@ -384,16 +550,46 @@ fn check_list_len(what: &str, len: usize) -> Result<(), RemoteError> {
     Ok(())
 }
 
+/// What attaching needs first.
+enum AttachNeeds {
+    /// This committed.
+    Commit(Command),
+    /// Nothing: it is refused.
+    Refusal(RemoteError),
+}
+
+impl Replica for Coordinator {
+    fn apply(&self, command: Command) -> Applied {
+        self.lock().apply(command)
+    }
+
+    fn snapshot(&self) -> ClusterState {
+        self.lock().state.clone()
+    }
+
+    fn restore(&self, state: ClusterState) {
+        self.lock().state = state;
+    }
+}
+
 impl Inner {
-    /// Remove `job` durably and forget everything the scheduler holds of it.
-    fn remove_job(&mut self, job: JobId) -> Result<(), CoordinatorError> {
-        let Self { state, store, .. } = self;
-        store.commit(state, Command::RemoveJob { job })?;
-        self.scheduler.forget_job(job);
-        self.ranks.retain(|(ranked_job, _), _| *ranked_job != job);
-        self.failed.remove(&job);
-        self.forget_plans_of_finished_runs();
-        Ok(())
+    /// Apply a committed command, and forget the soft state of a job it removes or fails.
+    fn apply(&mut self, command: Command) -> Applied {
+        let removed = match &command {
+            Command::RemoveJob { job } => Some(*job),
+            _ => None,
+        };
+        let failed = matches!(command, Command::FailJob { .. });
+        let applied = self.state.apply(command);
+        if let Some(job) = removed {
+            self.scheduler.forget_job(job);
+            self.ranks.retain(|(ranked_job, _), _| *ranked_job != job);
+            self.pending.remove(&job);
+        }
+        if removed.is_some() || failed {
+            self.forget_plans_of_finished_runs();
+        }
+        applied
     }
 
     /// Drop the plans of runs that are gone (finished, left by every rank, or failed).
@@ -415,7 +611,7 @@ impl Inner {
 
     /// Refuse the requests of a failed job's trainers, with the reason it failed.
     fn check_not_failed(&self, job: JobId) -> Result<(), RemoteError> {
-        match self.failed.get(&job) {
+        match self.state.failed.get(&job) {
             Some(reason) => Err(RemoteError::new(ErrorCode::JobFailed, format!("{job} failed: {reason}"))),
             None => Ok(()),
         }
@@ -475,16 +671,15 @@ impl Inner {
             return Ok(true);
         }
         let checkpoint = plan.checkpoint_after(Step(slowest - 1));
-        let unchanged = self.state.checkpoints.get(&key.job) == Some(&checkpoint);
+        let latest = self.pending.get(&key.job).or_else(|| self.state.checkpoints.get(&key.job));
+        let unchanged = latest == Some(&checkpoint);
         if !self.scheduler.has_run(key) {
             self.plans.remove(&key);
         }
-        if unchanged {
-            return Ok(true);
+        if !unchanged {
+            // Committed at the next flush, with every other job's (`take_checkpoints`).
+            self.pending.insert(key.job, checkpoint);
         }
-        self.store
-            .commit(&mut self.state, Command::RecordCheckpoint { job: key.job, checkpoint })
-            .map_err(|error| RemoteError::from(&error))?;
         Ok(true)
     }
 }

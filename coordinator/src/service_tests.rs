@@ -14,14 +14,20 @@ struct Fixture {
     _dir: tempfile::TempDir,
 }
 
-/// A coordinator with the dataset "train" (a manifest of two shards; no shard is read here).
-fn fixture(job_ttl: Option<Duration>) -> Fixture {
+/// A folder holding a manifest of two 8-sample shards (no shard is read here), and its path.
+fn manifest_of_two_shards() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
     let shards =
         vec![ManifestShard { uri: "a.tar".into(), samples: 8, bytes: 1 }, ManifestShard { uri: "b.tar".into(), samples: 8, bytes: 1 }];
     let manifest = Manifest { version: stoker_common::shard::manifest::MANIFEST_VERSION, shards, classes: Vec::new(), packed: None };
     let path = dir.path().join("manifest.json");
     manifest.save(&path).unwrap_or_else(|error| panic!("{error}"));
+    (dir, path)
+}
+
+/// A coordinator with the dataset "train" (a manifest of two shards; no shard is read here).
+fn fixture(job_ttl: Option<Duration>) -> Fixture {
+    let (dir, path) = manifest_of_two_shards();
     let mut config = CoordinatorConfig::new(dir.path().join("data"));
     config.job_ttl = job_ttl;
     let core = Coordinator::in_memory(config, ClusterState::new(), 1).unwrap_or_else(|error| panic!("{error}"));
@@ -117,4 +123,93 @@ fn a_job_no_trainer_was_heard_from_for_the_ttl_is_removed() {
     };
     assert_eq!(status.jobs.len(), 1);
     assert!(status.jobs[0].idle_seconds < 1.0, "{:?}", status.jobs[0]);
+}
+
+/// Answer `request` on a replicated core as its driver does, applying each commit (Raft's
+/// part) and counting them in `commits`.
+fn drive(core: &Coordinator, request: ControlRequest, now: Instant, commits: &mut u64) -> Result<ControlResponse, RemoteError> {
+    let mut request = request;
+    for _ in 0..4 {
+        match core.step(request, now) {
+            Outcome::Reply(answer) => return answer,
+            Outcome::Commit { command, then } => {
+                *commits += 1;
+                Replica::apply(core, command);
+                match then {
+                    Then::Again(again) => request = again,
+                    Then::Reply(answer) => return Ok(answer),
+                }
+            }
+        }
+    }
+    panic!("too many commits")
+}
+
+/// Issue 17, item 6: progress reports do not become Raft entries one by one. 1,000 ranks
+/// (500 jobs × 2) reporting every second for 10 seconds cost one entry per flush, with every
+/// job's newest checkpoint in it.
+#[test]
+fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
+    let (dir, path) = manifest_of_two_shards();
+    let core =
+        Coordinator::replicated(CoordinatorConfig::new(dir.path().join("data")), "test".into()).unwrap_or_else(|error| panic!("{error}"));
+    let start = Instant::now();
+    core.lead(1, start);
+    let mut commits = 0;
+    let add = ControlRequest::AddDataset { name: "train".into(), manifest: path.to_string_lossy().into_owned() };
+    drive(&core, add, start, &mut commits).unwrap_or_else(|error| panic!("{error}"));
+    let mut sessions = Vec::new();
+    for job_index in 0..500 {
+        for rank in 0..2 {
+            let attach = ControlRequest::Attach { spec: spec(&format!("job-{job_index}")), rank: Rank(rank), client: u64::from(rank) + 1 };
+            let Ok(ControlResponse::Attached { job, session, .. }) = drive(&core, attach, start, &mut commits) else { panic!("attach") };
+            let open = ControlRequest::OpenEpoch {
+                job,
+                rank: Rank(rank),
+                epoch: Epoch(0),
+                start: Position(0),
+                session,
+                pass: Pass(1),
+                consumed: 0,
+                holding: Vec::new(),
+            };
+            drive(&core, open, start, &mut commits).unwrap_or_else(|error| panic!("{error}"));
+            sessions.push((job, Rank(rank), session));
+        }
+    }
+    assert_eq!(commits, 1 + 500, "the dataset, and each job created once");
+    let mut flushed = Vec::new();
+    for second in 1..=10u64 {
+        let now = start + Duration::from_secs(second);
+        for (job, rank, session) in &sessions {
+            let report = ControlRequest::ReportProgress {
+                job: *job,
+                rank: *rank,
+                epoch: Epoch(0),
+                start: Position(0),
+                consumed: second.min(4),
+                wait_seconds: 0.0,
+                session: *session,
+                pass: Pass(1),
+                missing: Vec::new(),
+            };
+            drive(&core, report, now, &mut commits).unwrap_or_else(|error| panic!("{error}"));
+        }
+        // The driver's flush, once per second.
+        if let Some(command) = core.take_checkpoints() {
+            flushed.push(command.clone());
+            Replica::apply(&core, command);
+        }
+    }
+    assert_eq!(commits, 1 + 500, "10,000 reports committed nothing by themselves");
+    // Steps 1..4 move each job's checkpoint; from then on nothing changes and nothing is written.
+    assert_eq!(flushed.len(), 4, "one entry per flush while checkpoints move");
+    for command in &flushed {
+        let Command::RecordCheckpoints { checkpoints } = command else { panic!("{command:?}") };
+        assert_eq!(checkpoints.len(), 500, "every job's newest checkpoint, once");
+    }
+    // The epoch's 4 steps done: every job stands at the start of the next epoch.
+    let positions: Vec<(Epoch, Position)> =
+        core.state().checkpoints.values().map(|checkpoint| (checkpoint.epoch, checkpoint.position)).collect();
+    assert!(positions.len() == 500 && positions.iter().all(|at| *at == (Epoch(1), Position(0))), "{:?}", &positions[..3]);
 }

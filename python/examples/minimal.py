@@ -15,7 +15,7 @@ import stoker
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--coordinator", default="127.0.0.1:7400", help="HOST:PORT of the coordinator")
+    parser.add_argument("--coordinator", default="127.0.0.1:7400", help="HOST:PORT of the coordinator, or HOST:PORT,HOST:PORT,... of a replicated one")
     parser.add_argument("--dataset", default="train", help="name given to `stoker dataset add`")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=2)

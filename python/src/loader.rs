@@ -8,13 +8,13 @@
 //!   (leaked: dropping it would wait for threads that do not exist in the child), attaches
 //!   anew and continues from the position the parent had reached.
 
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use stoker_client::{Loader, LoaderConfig, LoaderState, Next};
 use stoker_common::ids::Epoch;
+use stoker_common::net::CoordinatorAddrs;
 use stoker_common::transform::TransformSpec;
 
 use crate::batch;
@@ -218,9 +218,9 @@ impl NativeLoader {
     }
 }
 
-/// `HOST:PORT` → the first address it resolves to.
-fn resolve(coordinator: &str) -> PyResult<SocketAddr> {
-    coordinator.to_socket_addrs().ok().and_then(|mut addrs| addrs.next()).ok_or_else(|| {
-        ConfigError::new_err(format!("coordinator {coordinator:?} is not an address: give HOST:PORT, e.g. \"127.0.0.1:7400\""))
+/// `HOST:PORT`, or `HOST:PORT,HOST:PORT,...` for the nodes of a replicated coordinator.
+fn resolve(coordinator: &str) -> PyResult<CoordinatorAddrs> {
+    CoordinatorAddrs::parse(coordinator).map_err(|error| {
+        ConfigError::new_err(format!("{error}; e.g. \"127.0.0.1:7400\", or \"h1:7400,h2:7400,h3:7400\" for a replicated coordinator"))
     })
 }

@@ -21,8 +21,10 @@ ON_ERROR = ("replace", "fail")
 class Loader:
     """Batches of one rank, every sample of an epoch exactly once across the ranks.
 
-    ``coordinator`` is ``"HOST:PORT"`` (default: the ``STOKER_COORDINATOR`` environment
-    variable); ``dataset`` a name registered with ``stoker dataset add``. ``rank`` and
+    ``coordinator`` is ``"HOST:PORT"``, or for a replicated coordinator the list of its nodes,
+    ``stoker.Loader("h1:7400,h2:7400,h3:7400", ...)``: calls follow the Raft leader among them
+    (default: the ``STOKER_COORDINATOR`` environment variable, ``STOKER_COORDINATOR=a,b,c`` for
+    a list); ``dataset`` a name registered with ``stoker dataset add``. ``rank`` and
     ``world_size`` default to torchrun's ``RANK`` and ``WORLD_SIZE`` (else 0 and 1). Ranks that
     give the same settings and ``run_id`` share one job; the first to attach creates it.
     ``run_id`` (default: torchrun's ``TORCHELASTIC_RUN_ID``) keeps two runs with identical
@@ -76,7 +78,10 @@ class Loader:
         if coordinator is None:
             coordinator = os.environ.get("STOKER_COORDINATOR")
             if not coordinator:
-                raise ConfigError('no coordinator: pass Loader("HOST:PORT", ...) or set STOKER_COORDINATOR=HOST:PORT')
+                raise ConfigError(
+                    'no coordinator: pass Loader("HOST:PORT", ...) or set STOKER_COORDINATOR=HOST:PORT '
+                    '(a replicated coordinator: "HOST:PORT,HOST:PORT,HOST:PORT")'
+                )
         if not isinstance(dataset, str) or not dataset:
             raise ConfigError(f"dataset must be the name of a registered dataset (stoker dataset ls), got {dataset!r}")
         if isinstance(shuffle, bool):

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use stoker_client::LoaderConfig;
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
-use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::net::{CoordinatorAddrs, QuicCoordinator, TlsConfigs};
 use stoker_common::proto::{ControlRequest, DatasetInfo};
 use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
 use stoker_common::shard::pack::{PackOptions, pack};
@@ -42,6 +42,9 @@ pub struct ClusterConfig {
     pub delivery_timeout: Duration,
     /// A worker releases a job's pipeline after this long without work.
     pub job_idle: Duration,
+    /// Coordinators: 1 is a cluster of one (the embedded default); 3 form a Raft cluster on
+    /// 127.0.0.1, each with its own data directory (`node-N` inside the cluster's).
+    pub coordinators: usize,
 }
 
 impl Default for ClusterConfig {
@@ -56,6 +59,7 @@ impl Default for ClusterConfig {
             lease_stall: CoordinatorConfig::new(PathBuf::new()).lease_stall,
             delivery_timeout: WorkerConfig::new(1).delivery_timeout,
             job_idle: WorkerConfig::new(1).job_idle,
+            coordinators: 1,
         }
     }
 }
@@ -70,15 +74,16 @@ pub struct TestCluster {
     config: ClusterConfig,
     data_dir: PathBuf,
     _temporary: Option<TempDir>,
-    coordinator: Option<CoordinatorHandle>,
-    coordinator_addr: SocketAddr,
+    /// Coordinator `i` is node `i + 1`.
+    coordinators: Vec<Option<CoordinatorHandle>>,
+    coordinator_addrs: Vec<SocketAddr>,
     workers: Vec<Option<WorkerHandle<QuicCoordinator>>>,
     next_worker_ip: u8,
 }
 
 impl std::fmt::Debug for TestCluster {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        formatter.debug_struct("TestCluster").field("coordinator", &self.coordinator_addr).finish_non_exhaustive()
+        formatter.debug_struct("TestCluster").field("coordinators", &self.coordinator_addrs).finish_non_exhaustive()
     }
 }
 
@@ -150,12 +155,24 @@ impl TestCluster {
             config,
             data_dir,
             _temporary: temporary,
-            coordinator: None,
-            coordinator_addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            coordinators: Vec::new(),
+            coordinator_addrs: Vec::new(),
             workers: Vec::new(),
             next_worker_ip: 2,
         };
-        cluster.start_coordinator(0)?;
+        let count = cluster.config.coordinators.max(1);
+        for _ in 0..count {
+            // Ports are picked now (the peers of each node must be known at its start).
+            let socket = bind(Ipv4Addr::LOCALHOST, 0)?;
+            cluster.coordinator_addrs.push(socket.local_addr().map_err(|error| error.to_string())?);
+            cluster.coordinators.push(None);
+        }
+        for index in 0..count {
+            cluster.start_coordinator_node(index)?;
+        }
+        if count > 1 {
+            cluster.wait_for_leader(Duration::from_secs(20))?;
+        }
         for _ in 0..cluster.config.workers {
             cluster.add_worker()?;
         }
@@ -163,7 +180,20 @@ impl TestCluster {
     }
 
     fn start_coordinator(&mut self, port: u16) -> Result<(), TestkitError> {
-        let mut config = CoordinatorConfig::new(self.data_dir.clone());
+        self.coordinator_addrs[0].set_port(port);
+        self.start_coordinator_node(0)
+    }
+
+    /// Start coordinator `index` (node `index + 1`) on its address and data directory.
+    pub fn start_coordinator_node(&mut self, index: usize) -> Result<(), TestkitError> {
+        let port = self.coordinator_addrs.get(index).ok_or("no such coordinator")?.port();
+        let count = self.coordinator_addrs.len();
+        let data_dir = if count == 1 { self.data_dir.clone() } else { self.data_dir.join(format!("node-{}", index + 1)) };
+        let mut config = CoordinatorConfig::new(data_dir);
+        config.node_id = index as u64 + 1;
+        if count > 1 {
+            config.peers = self.coordinator_addrs.iter().enumerate().map(|(i, addr)| (i as u64 + 1, addr.to_string())).collect();
+        }
         config.lease_ttl = self.config.lease_ttl;
         config.heartbeat = self.config.heartbeat;
         config.chunk_steps = self.config.chunk_steps;
@@ -176,10 +206,41 @@ impl TestCluster {
         })?;
         let socket = socket_opt.ok_or("no socket")?;
         let _guard = self.runtime.enter();
-        let handle = stoker_coordinator::start(config, socket, &self.tls).map_err(|error| error.to_string())?;
-        self.coordinator_addr = handle.local_addr();
-        self.coordinator = Some(handle);
+        let handle = self.runtime.block_on(stoker_coordinator::start(config, socket, &self.tls)).map_err(|error| error.to_string())?;
+        self.coordinator_addrs[index] = handle.local_addr();
+        self.coordinators[index] = Some(handle);
         Ok(())
+    }
+
+    /// Stop coordinator `index` as a crash would: its endpoint closes, Raft stops, nothing is
+    /// handed over. Its data directory stays for [`Self::start_coordinator_node`].
+    pub fn kill_coordinator_node(&mut self, index: usize) {
+        if let Some(mut handle) = self.coordinators.get_mut(index).and_then(Option::take) {
+            let _guard = self.runtime.enter();
+            handle.shutdown();
+            let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), handle.join()).await });
+        }
+    }
+
+    /// The index of the coordinator that leads now, if one does.
+    pub fn leader_index(&self) -> Option<usize> {
+        self.coordinators.iter().position(|handle| handle.as_ref().is_some_and(CoordinatorHandle::is_leader))
+    }
+
+    /// Wait until one running coordinator leads; returns its index.
+    pub fn wait_for_leader(&self, timeout: Duration) -> Result<usize, TestkitError> {
+        let mut leader = None;
+        wait_until(timeout, "a coordinator leads", || {
+            leader = self.leader_index();
+            leader.is_some()
+        })?;
+        leader.ok_or_else(|| "no leader".to_owned())
+    }
+
+    /// Every coordinator's address, as clients are given them.
+    pub fn coordinator_list(&self) -> CoordinatorAddrs {
+        CoordinatorAddrs::from_addrs(self.coordinator_addrs.iter().copied())
+            .unwrap_or_else(|| CoordinatorAddrs::one(self.coordinator_addr()))
     }
 
     /// Stop the coordinator and start it again on the same address and data directory.
@@ -190,7 +251,7 @@ impl TestCluster {
 
     /// Stop the coordinator (its address stays reserved for [`Self::start_coordinator_again`]).
     pub fn stop_coordinator(&mut self) {
-        if let Some(mut handle) = self.coordinator.take() {
+        if let Some(mut handle) = self.coordinators.first_mut().and_then(Option::take) {
             handle.shutdown();
             let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), handle.join()).await });
         }
@@ -199,7 +260,7 @@ impl TestCluster {
     /// Start the coordinator stopped by [`Self::stop_coordinator`], on the same address and
     /// data directory.
     pub fn start_coordinator_again(&mut self) -> Result<(), TestkitError> {
-        self.start_coordinator(self.coordinator_addr.port())
+        self.start_coordinator_node(0)
     }
 
     /// Stop the coordinator, lose its data directory (as a machine replaced without its disk
@@ -207,7 +268,7 @@ impl TestCluster {
     pub fn restart_coordinator_with_empty_state(&mut self) -> Result<(), TestkitError> {
         self.stop_coordinator();
         std::fs::remove_dir_all(&self.data_dir).map_err(|error| format!("cannot remove {}: {error}", self.data_dir.display()))?;
-        self.start_coordinator(self.coordinator_addr.port())
+        self.start_coordinator(self.coordinator_addr().port())
     }
 
     /// Start one more worker on the next loopback address; returns its index.
@@ -216,7 +277,7 @@ impl TestCluster {
         self.next_worker_ip = self.next_worker_ip.checked_add(1).ok_or("too many workers")?;
         let socket = bind(ip, 0)?;
         let _guard = self.runtime.enter();
-        let api = QuicCoordinator::new(self.coordinator_addr, &self.tls).map_err(|error| error.to_string())?;
+        let api = QuicCoordinator::with_addrs(self.coordinator_list(), &self.tls).map_err(|error| error.to_string())?;
         let mut config = WorkerConfig::new(self.config.threads_per_worker);
         config.delivery_timeout = self.config.delivery_timeout;
         config.job_idle = self.config.job_idle;
@@ -245,20 +306,27 @@ impl TestCluster {
         self.workers.get(index).and_then(Option::as_ref)
     }
 
-    /// The coordinator's address.
+    /// The (first) coordinator's address.
     pub fn coordinator_addr(&self) -> SocketAddr {
-        self.coordinator_addr
+        self.coordinator_addrs.first().copied().unwrap_or_else(|| SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
     }
 
-    /// The coordinator's service (to inspect its state).
+    /// The service of the coordinator that leads (of the only one, in a cluster of one), to
+    /// inspect its state.
     pub fn coordinator(&self) -> Option<Arc<Coordinator>> {
-        self.coordinator.as_ref().map(CoordinatorHandle::core)
+        let index = if self.coordinators.len() == 1 { 0 } else { self.leader_index()? };
+        self.coordinators.get(index)?.as_ref().map(CoordinatorHandle::core)
+    }
+
+    /// Coordinator `index`'s handle, if running.
+    pub fn coordinator_node(&self, index: usize) -> Option<&CoordinatorHandle> {
+        self.coordinators.get(index).and_then(Option::as_ref)
     }
 
     /// Call the coordinator over QUIC, as an operator's CLI would.
     pub fn call(&self, request: ControlRequest) -> Result<stoker_common::proto::ControlResponse, stoker_common::proto::RemoteError> {
         let _guard = self.runtime.enter();
-        let api = QuicCoordinator::new(self.coordinator_addr, &self.tls)
+        let api = QuicCoordinator::with_addrs(self.coordinator_list(), &self.tls)
             .map_err(|error| stoker_common::proto::RemoteError::new(stoker_common::proto::ErrorCode::Unavailable, error.to_string()))?;
         let answer = self.runtime.block_on(api.call(request));
         api.close();
@@ -274,7 +342,7 @@ impl TestCluster {
 
     /// A loader configuration for this cluster (rank and world size still to set).
     pub fn loader_config(&self, dataset: &str, batch_size: u32) -> LoaderConfig {
-        let mut config = LoaderConfig::new(self.coordinator_addr, dataset, batch_size);
+        let mut config = LoaderConfig::new(self.coordinator_list(), dataset, batch_size);
         config.batch_timeout = Duration::from_secs(60);
         config
     }

@@ -8,11 +8,11 @@ use stoker_client::LoaderConfig;
 use stoker_common::transform::TransformSpec;
 
 use super::ranks::consume;
-use super::remote::resolve;
+use super::remote::resolve_coordinators;
 use crate::args::ConsumeArgs;
 
 pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
-    let mut config = LoaderConfig::new(resolve(&args.coordinator.coordinator)?, args.dataset.clone(), args.batch_size);
+    let mut config = LoaderConfig::new(resolve_coordinators(&args.coordinator.coordinator)?, args.dataset.clone(), args.batch_size);
     config.rank = args.rank;
     config.world_size = args.world_size;
     config.seed = args.seed;

@@ -4,7 +4,7 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use anyhow::Context;
 use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::net::{CoordinatorAddrs, QuicCoordinator, TlsConfigs};
 use stoker_common::proto::{ControlRequest, ControlResponse};
 
 /// `host:port` → the first address it resolves to.
@@ -15,19 +15,26 @@ pub(crate) fn resolve(text: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("{text:?} resolves to no address"))
 }
 
+/// `--coordinator`: `HOST:PORT`, or the nodes of a replicated coordinator as
+/// `HOST:PORT,HOST:PORT,...`, each resolved to its first address.
+pub(crate) fn resolve_coordinators(text: &str) -> anyhow::Result<CoordinatorAddrs> {
+    Ok(CoordinatorAddrs::parse(text)?)
+}
+
 /// A runtime for one command's network work.
 pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("cannot start the async runtime")
 }
 
-/// Send one request to the coordinator at `addr`.
-pub(crate) fn call(addr: &str, request: ControlRequest) -> anyhow::Result<ControlResponse> {
-    let addr = resolve(addr)?;
+/// Send one request to the coordinator at `addrs` (one `HOST:PORT` or a comma-separated list:
+/// the call follows the leader).
+pub(crate) fn call(addrs: &str, request: ControlRequest) -> anyhow::Result<ControlResponse> {
+    let addrs = resolve_coordinators(addrs)?;
     let runtime = runtime()?;
     let _guard = runtime.enter();
     let tls = TlsConfigs::insecure()?;
-    let coordinator = QuicCoordinator::new(addr, &tls)?;
+    let coordinator = QuicCoordinator::with_addrs(addrs.clone(), &tls)?;
     let answer = runtime.block_on(coordinator.call(request));
     coordinator.close();
-    answer.with_context(|| format!("coordinator at {addr}"))
+    answer.with_context(|| format!("coordinator at {addrs}"))
 }

@@ -1,6 +1,7 @@
 //! `stoker coordinator` and `stoker worker`: long-running nodes, stopped by Ctrl-C (a worker
 //! then hands its leases back).
 
+use std::collections::BTreeMap;
 use std::net::UdpSocket;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use stoker_coordinator::CoordinatorConfig;
 use stoker_worker::WorkerConfig;
 use tracing::warn;
 
-use super::remote::{resolve, runtime};
+use super::remote::{resolve, resolve_coordinators, runtime};
 use crate::args::{CoordinatorArgs, WorkerArgs};
 
 /// How long a stopping node waits for its blocking tasks: one stuck opening a dataset on a
@@ -39,20 +40,46 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
                 .with_context(|| format!("--job-ttl-hours {hours}: give a positive number of hours, or 0 to keep jobs"))?,
         ),
     };
+    config.node_id = args.node_id;
+    config.peers = parse_peers(&args.peers)?;
+    config.join = args.join;
+    config.advertise = args.advertise.clone();
     let runtime = runtime()?;
     let _guard = runtime.enter();
     warn!("{INSECURE}");
-    let mut handle = stoker_coordinator::start(config, socket, &TlsConfigs::insecure()?)?;
-    eprintln!("coordinator listening on {} (data in {}); Ctrl-C stops it", handle.local_addr(), args.data_dir.display());
+    let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &TlsConfigs::insecure()?))?;
+    eprintln!("coordinator {} listening on {} (data in {}); Ctrl-C stops it", args.node_id, handle.local_addr(), args.data_dir.display());
     runtime.block_on(tokio::signal::ctrl_c()).context("cannot wait for Ctrl-C")?;
     handle.shutdown();
     runtime.shutdown_timeout(SHUTDOWN_GRACE);
     Ok(ExitCode::SUCCESS)
 }
 
+/// `--peers 1=h:7400,2=h:7400`: node id → address, each id once.
+fn parse_peers(entries: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
+    let mut peers = BTreeMap::new();
+    for entry in entries.iter().map(|entry| entry.trim()).filter(|entry| !entry.is_empty()) {
+        let (id, addr) = entry.split_once('=').with_context(|| format!("--peers entry {entry:?}: give ID=HOST:PORT, e.g. 1=c1:7400"))?;
+        let id: u64 = id
+            .trim()
+            .parse()
+            .ok()
+            .filter(|id| *id > 0)
+            .with_context(|| format!("--peers entry {entry:?}: the id must be a positive number"))?;
+        let addr = addr.trim();
+        if !addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok()) {
+            anyhow::bail!("--peers entry {entry:?}: the address must be HOST:PORT");
+        }
+        if peers.insert(id, addr.to_owned()).is_some() {
+            anyhow::bail!("--peers names node {id} twice");
+        }
+    }
+    Ok(peers)
+}
+
 pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let listen = resolve(&args.listen)?;
-    let coordinator = resolve(&args.coordinator)?;
+    let coordinator = resolve_coordinators(&args.coordinator)?;
     let advertise = args.advertise.as_deref().map(resolve).transpose()?;
     if advertise.is_none() && listen.ip().is_unspecified() {
         anyhow::bail!("--listen {listen} is not an address trainers can dial: give --advertise HOST:PORT");
@@ -71,7 +98,7 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let _guard = runtime.enter();
     warn!("{INSECURE}");
     let tls = TlsConfigs::insecure()?;
-    let api = QuicCoordinator::new(coordinator, &tls)?;
+    let api = QuicCoordinator::with_addrs(coordinator.clone(), &tls)?;
     let handle = stoker_worker::start(config, socket, &tls, api)?;
     eprintln!("worker listening on {} with {threads} decode threads, coordinator {coordinator}; Ctrl-C stops it", handle.local_addr());
     runtime.block_on(tokio::signal::ctrl_c()).context("cannot wait for Ctrl-C")?;

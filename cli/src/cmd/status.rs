@@ -14,7 +14,20 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&json(&status))?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("coordinator {} (single node; Raft replication not built yet), {} datasets", status.coordinator, status.datasets);
+    println!("leader {}, {} datasets", status.coordinator, status.datasets);
+    println!("\nCOORDINATOR  ADDRESS                ROLE         TERM   LAST LOG    APPLIED  LEADER");
+    for node in &status.coordinators {
+        println!(
+            "{:<12} {:<22} {:<12} {:>4} {:>10} {:>10}  {}",
+            node.id,
+            node.addr,
+            node.role,
+            node.term,
+            node.last_log,
+            node.applied,
+            node.leader.map_or_else(|| "-".to_owned(), |leader| leader.to_string())
+        );
+    }
     println!("\nWORKER                      ADDRESS                ALIVE  THREADS  CHUNKS  IMG/S  STUCK ON");
     for worker in &status.workers {
         let stuck: Vec<String> = worker.stuck_jobs.iter().map(ToString::to_string).collect();
@@ -51,6 +64,10 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
 fn json(status: &ClusterStatus) -> serde_json::Value {
     serde_json::json!({
         "coordinator": status.coordinator,
+        "coordinators": status.coordinators.iter().map(|c| serde_json::json!({
+            "id": c.id, "addr": c.addr, "role": c.role, "term": c.term, "last_log": c.last_log, "applied": c.applied,
+            "leader": c.leader,
+        })).collect::<Vec<_>>(),
         "datasets": status.datasets,
         "workers": status.workers.iter().map(|w| serde_json::json!({
             "id": w.info.id.0, "addr": w.info.addr.to_string(), "alive": w.alive, "threads": w.threads,

@@ -21,12 +21,20 @@ fn a_finished_job_is_listed_with_its_checkpoint_and_removed_by_name() {
         .output()
         .expect("consume");
     assert!(consumed.status.success(), "{}", text(&consumed));
-    let listed = stoker(&["job", "ls", "--coordinator", &coordinator]);
-    let listing = text(&listed);
-    assert!(listed.status.success(), "{listing}");
+    // The job's checkpoint is what the last progress report the coordinator got says (the
+    // trainer's very last report may not go out before it detaches), committed at the
+    // coordinator's next checkpoint flush (every second).
+    let mut listing = String::new();
+    for _ in 0..50 {
+        let listed = stoker(&["job", "ls", "--coordinator", &coordinator]);
+        listing = text(&listed);
+        assert!(listed.status.success(), "{listing}");
+        if listing.contains(" position ") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
     let line = listing.lines().find(|line| line.starts_with("train-")).unwrap_or_else(|| panic!("the job is listed: {listing}"));
-    // The job's checkpoint is what the last progress report the coordinator got says: the
-    // trainer's very last report may not go out before it detaches.
     assert!(line.contains(" epoch ") && line.contains(" position "), "a checkpoint: {line}");
     assert!(line.contains("0/1"), "no live trainer once it detached: {line}");
     let name = line.split_whitespace().next().expect("a name").to_owned();

@@ -5,5 +5,6 @@ mod bench_pipeline;
 mod jobs;
 mod pack_inspect;
 mod process_faults;
+mod raft_processes;
 mod support;
 mod worker_memory;

@@ -2,8 +2,6 @@
 //! `stoker` processes, two `stoker consume` trainer processes; one worker is `kill -9`ed by
 //! PID while it holds a lease, and every sample still arrives exactly once per epoch.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -11,7 +9,7 @@ use stoker_common::api::CoordinatorApi;
 use stoker_common::net::{QuicCoordinator, TlsConfigs};
 use stoker_common::proto::{ControlRequest, ControlResponse};
 
-use crate::support::{Node, start_node, stoker_command as stoker};
+use crate::support::{Node, assert_two_ranks_saw_every_key_once, start_node, stoker_command as stoker, wait_for_consumers};
 
 /// Chunks `worker_addr` holds, asked of the coordinator over one connection kept open: a
 /// chunk of this small dataset is held for milliseconds, so polling must be fast.
@@ -36,16 +34,6 @@ impl LeaseProbe {
         let Ok(ControlResponse::Status { status }) = answer else { return 0 };
         status.workers.iter().filter(|worker| worker.info.addr.to_string() == worker_addr).map(|worker| worker.chunks_in_flight).sum()
     }
-}
-
-fn read_keys(path: &Path) -> Vec<(u64, u64, String)> {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
-        .filter_map(|line| {
-            let mut parts = line.splitn(3, ' ');
-            Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.to_owned()))
-        })
-        .collect()
 }
 
 /// `kill -9` of a worker process mid-epoch: its leases expire, other workers make its chunks,
@@ -84,34 +72,7 @@ fn a_worker_process_killed_with_sigkill_loses_no_sample() {
     }
     victim.0.kill().expect("kill -9");
     let _ = victim.0.wait();
-    for (mut node, keys) in consumers {
-        let deadline = Instant::now() + Duration::from_secs(90);
-        let exit = loop {
-            if let Some(exit) = node.0.try_wait().expect("wait") {
-                break exit;
-            }
-            assert!(Instant::now() < deadline, "a trainer did not finish");
-            std::thread::park_timeout(Duration::from_millis(50));
-        };
-        assert!(exit.success(), "consume failed for {}", keys.display());
-    }
-    let mut per_epoch: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-    for rank in 0..2 {
-        let records = read_keys(&dir.join(format!("keys-{rank}.txt")));
-        for epoch in 0..2 {
-            let mut steps: Vec<u64> = records.iter().filter(|r| r.0 == epoch).map(|r| r.1).collect();
-            steps.dedup();
-            assert_eq!(steps, (0..15).collect::<Vec<_>>(), "rank {rank} epoch {epoch}: 120 samples / (2 ranks x 4) = 15 steps");
-        }
-        for (epoch, _, key) in records {
-            per_epoch.entry(epoch).or_default().push(key);
-        }
-    }
-    for (epoch, mut keys) in per_epoch {
-        keys.sort();
-        let total = keys.len();
-        keys.dedup();
-        assert_eq!((total, keys.len()), (120, 120), "epoch {epoch}: every key exactly once");
-    }
+    wait_for_consumers(consumers, Duration::from_secs(90));
+    assert_two_ranks_saw_every_key_once(&dir);
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -40,8 +40,14 @@ pub(crate) fn start_node(args: &[&str]) -> (Node, String) {
     let mut child = stoker_command().args(args).stderr(Stdio::piped()).stdout(Stdio::null()).spawn().expect("spawn stoker");
     let stderr = child.stderr.take().expect("stderr");
     let (line_tx, line_rx) = std::sync::mpsc::channel();
+    // STOKER_TEST_LOGS=DIR keeps every node's log there (one file per process) for debugging.
+    let mut log_opt = std::env::var_os("STOKER_TEST_LOGS")
+        .and_then(|dir| std::fs::File::create(Path::new(&dir).join(format!("{}-{}.log", args[0], child.id()))).ok());
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(log) = log_opt.as_mut() {
+                let _ = std::io::Write::write_all(log, format!("{line}\n").as_bytes());
+            }
             if line.contains("listening on") {
                 let _ = line_tx.send(line);
             }
@@ -50,4 +56,53 @@ pub(crate) fn start_node(args: &[&str]) -> (Node, String) {
     let line = line_rx.recv_timeout(Duration::from_secs(20)).expect("the node says where it listens");
     let addr = line.split("listening on ").nth(1).and_then(|rest| rest.split_whitespace().next()).expect("an address").to_owned();
     (Node(child), addr)
+}
+
+/// The `--keys-out` file of `stoker consume`: (epoch, step, key) per line.
+pub(crate) fn read_keys(path: &Path) -> Vec<(u64, u64, String)> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ' ');
+            Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.to_owned()))
+        })
+        .collect()
+}
+
+/// Wait (at most `timeout`) for each consumer to exit, and require success.
+pub(crate) fn wait_for_consumers(consumers: Vec<(Node, std::path::PathBuf)>, timeout: Duration) {
+    for (mut node, keys) in consumers {
+        let deadline = std::time::Instant::now() + timeout;
+        let exit = loop {
+            if let Some(exit) = node.0.try_wait().expect("wait") {
+                break exit;
+            }
+            assert!(std::time::Instant::now() < deadline, "a trainer did not finish");
+            std::thread::park_timeout(Duration::from_millis(50));
+        };
+        assert!(exit.success(), "consume failed for {}", keys.display());
+    }
+}
+
+/// The 2 ranks' `keys-RANK.txt` in `dir` over 2 epochs of the 120-sample test dataset (batch
+/// 4): every step once and in order per rank, every key once per epoch.
+pub(crate) fn assert_two_ranks_saw_every_key_once(dir: &Path) {
+    let mut per_epoch: std::collections::BTreeMap<u64, Vec<String>> = std::collections::BTreeMap::new();
+    for rank in 0..2 {
+        let records = read_keys(&dir.join(format!("keys-{rank}.txt")));
+        for epoch in 0..2 {
+            let mut steps: Vec<u64> = records.iter().filter(|r| r.0 == epoch).map(|r| r.1).collect();
+            steps.dedup();
+            assert_eq!(steps, (0..15).collect::<Vec<_>>(), "rank {rank} epoch {epoch}: 120 samples / (2 ranks x 4) = 15 steps");
+        }
+        for (epoch, _, key) in records {
+            per_epoch.entry(epoch).or_default().push(key);
+        }
+    }
+    for (epoch, mut keys) in per_epoch {
+        keys.sort();
+        let total = keys.len();
+        keys.dedup();
+        assert_eq!((total, keys.len()), (120, 120), "epoch {epoch}: every key exactly once");
+    }
 }

@@ -149,15 +149,31 @@ pub fn server_endpoint(socket: UdpSocket, tls: &TlsConfigs, tuning: Tuning) -> R
 /// A QUIC endpoint that only dials out, bound to an ephemeral port of `peer`'s address family
 /// (loopback when the peer is on loopback).
 pub fn client_endpoint(tls: &TlsConfigs, peer: SocketAddr, tuning: Tuning) -> Result<Endpoint, NetError> {
-    let bind: SocketAddr = match peer {
-        SocketAddr::V4(v4) if v4.ip().is_loopback() => (Ipv4Addr::LOCALHOST, 0).into(),
-        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
-        SocketAddr::V6(v6) if v6.ip().is_loopback() => (Ipv6Addr::LOCALHOST, 0).into(),
-        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
-    };
+    client_endpoint_for_all(tls, &[peer], tuning)
+}
+
+/// A QUIC endpoint that only dials out and can reach every one of `peers` (the nodes of a
+/// replicated coordinator): see [`client_bind_addr`].
+pub fn client_endpoint_for_all(tls: &TlsConfigs, peers: &[SocketAddr], tuning: Tuning) -> Result<Endpoint, NetError> {
+    let bind = client_bind_addr(peers);
     let socket =
         UdpSocket::bind(bind).map_err(|error| NetError::Setup { message: format!("cannot bind a UDP socket on {bind}: {error}") })?;
     open_endpoint(socket, None, tls, tuning)
+}
+
+/// Where a client endpoint binds (an ephemeral port) to reach all of `peers`: loopback when they
+/// all are on loopback of one family, else the unspecified address of their family, and IPv6's
+/// (dual-stack: IPv4 peers are dialled as v4-mapped addresses) when the families are mixed.
+fn client_bind_addr(peers: &[SocketAddr]) -> SocketAddr {
+    let all_v4 = peers.iter().all(SocketAddr::is_ipv4);
+    let all_v6 = peers.iter().all(SocketAddr::is_ipv6);
+    let all_loopback = peers.iter().all(|peer| peer.ip().is_loopback());
+    match (all_v4, all_v6, all_loopback) {
+        (true, _, true) => (Ipv4Addr::LOCALHOST, 0).into(),
+        (true, _, false) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        (false, true, true) => (Ipv6Addr::LOCALHOST, 0).into(),
+        (false, _, _) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    }
 }
 
 /// An endpoint on `socket` with `tuning`'s socket buffers and transport, dialling out with
@@ -205,4 +221,30 @@ pub(crate) fn connection_error(addr: SocketAddr, source: ConnectionError) -> Net
         return NetError::VersionMismatch { addr, protocol: crate::proto::ALPN_TEXT };
     }
     NetError::Connection { addr, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn addrs(texts: &[&str]) -> Vec<SocketAddr> {
+        texts.iter().map(|text| text.parse().expect("a socket address")).collect()
+    }
+
+    #[test]
+    fn a_client_binds_where_it_reaches_every_peer() {
+        let cases = [
+            (&["127.0.0.1:7400"][..], "127.0.0.1:0"),
+            (&["127.0.0.1:7400", "127.0.0.3:7400"][..], "127.0.0.1:0"),
+            (&["127.0.0.1:7400", "10.0.0.2:7400"][..], "0.0.0.0:0"),
+            (&["10.0.0.2:7400"][..], "0.0.0.0:0"),
+            (&["[::1]:7400"][..], "[::1]:0"),
+            (&["[::1]:7400", "[2001:db8::1]:7400"][..], "[::]:0"),
+            (&["127.0.0.1:7400", "[::1]:7400"][..], "[::]:0"),
+            (&["10.0.0.2:7400", "[2001:db8::1]:7400"][..], "[::]:0"),
+        ];
+        for (peers, bind) in cases {
+            assert_eq!(client_bind_addr(&addrs(peers)), bind.parse::<SocketAddr>().expect("an address"), "{peers:?}");
+        }
+    }
 }

@@ -259,6 +259,40 @@ pub enum ControlRequest {
         /// Remove it even though trainers of it are live (they fail at their next request).
         force: bool,
     },
+    /// A Raft message between coordinators (append entries, vote, snapshot chunk). The
+    /// payload is the openraft request as JSON; only the coordinator reads it.
+    Raft {
+        /// Which message.
+        kind: RaftKind,
+        /// The openraft request, JSON.
+        payload: Vec<u8>,
+    },
+    /// This coordinator's own Raft view (any coordinator answers; no redirect to the leader).
+    NodeStatus,
+    /// Add a coordinator to the Raft cluster (`stoker cluster add-node`): it joins as a
+    /// learner, catches up, then becomes a voter. Leader only.
+    AddNode {
+        /// Its node id.
+        id: u64,
+        /// Its address (`host:port`, as other coordinators and clients dial it).
+        addr: String,
+    },
+    /// Remove a coordinator from the Raft cluster (`stoker cluster remove-node`). Leader only.
+    RemoveNode {
+        /// Its node id.
+        id: u64,
+    },
+}
+
+/// The kind of a [`ControlRequest::Raft`] message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RaftKind {
+    /// Log replication and heartbeats.
+    AppendEntries,
+    /// A candidate asks for a vote.
+    Vote,
+    /// One chunk of a snapshot.
+    InstallSnapshot,
 }
 
 /// The answer to a [`ControlRequest`] of the same name.
@@ -338,13 +372,49 @@ pub enum ControlResponse {
         /// Its id.
         job: JobId,
     },
+    /// The answer to a [`ControlRequest::Raft`]: openraft's response as JSON.
+    Raft {
+        /// It.
+        payload: Vec<u8>,
+    },
+    /// One coordinator's Raft view.
+    NodeStatus {
+        /// It.
+        node: CoordinatorStatus,
+    },
+    /// Membership changed: the voters now.
+    MembershipChanged {
+        /// Node ids and addresses of the voters.
+        voters: Vec<(u64, String)>,
+    },
+}
+
+/// One coordinator as `stoker status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CoordinatorStatus {
+    /// Its Raft node id.
+    pub id: u64,
+    /// Its address.
+    pub addr: String,
+    /// `leader`, `follower`, `candidate`, `learner`, or `unreachable` (the leader could not ask it).
+    pub role: String,
+    /// Its current term.
+    pub term: u64,
+    /// Index of its last log entry.
+    pub last_log: u64,
+    /// Index of the last entry applied to its state.
+    pub applied: u64,
+    /// The leader's node id as this coordinator knows it.
+    pub leader: Option<u64>,
 }
 
 /// What `stoker status` shows.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterStatus {
-    /// The coordinator's address.
+    /// The coordinator's address (the leader, which answered).
     pub coordinator: String,
+    /// Every coordinator of the Raft cluster, as the leader sees them.
+    pub coordinators: Vec<CoordinatorStatus>,
     /// Datasets registered.
     pub datasets: u32,
     /// Workers known.

@@ -15,8 +15,8 @@ pub mod error_code;
 
 pub use self::batch::{BatchHeader, TrainerHello};
 pub use self::control::{
-    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, JobSpec, JobStatus, LeaseProgress, RankStatus,
-    WorkerInfo, WorkerStatus,
+    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, JobSpec, JobStatus, LeaseProgress,
+    RaftKind, RankStatus, WorkerInfo, WorkerStatus,
 };
 pub use self::error_code::{ErrorCode, RemoteError};
 
@@ -32,10 +32,12 @@ pub use self::error_code::{ErrorCode, RemoteError};
 ///   `WorkerRegistered.lease_stall_millis`, `RegisterWorker.instance` and `attempt`,
 ///   `Shuffle::Block`, `RemoveJob`/`JobRemoved`, and a job's live ranks, idle time and
 ///   checkpoint in `JobStatus`.
-pub const PROTOCOL_VERSION: u32 = 3;
+/// * 4: Raft between coordinators (`Raft`, `NodeStatus`, `AddNode`, `RemoveNode`), every
+///   coordinator in `ClusterStatus`.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/3";
+pub const ALPN_TEXT: &str = "stoker/4";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

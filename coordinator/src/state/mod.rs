@@ -40,10 +40,35 @@ pub enum Command {
         /// The job.
         job: JobId,
     },
+    /// Record where several jobs stand: progress reports coalesced by the leader into one
+    /// entry per flush (DESIGN §6: bounded Raft writes however many ranks report).
+    RecordCheckpoints {
+        /// Job and checkpoint.
+        checkpoints: Vec<(JobId, Checkpoint)>,
+    },
+    /// A job cannot go on (a sample fails and its transforms say `on_error=fail`): its
+    /// trainers are refused with `reason` until one attaches again.
+    FailJob {
+        /// The job.
+        job: JobId,
+        /// What failed, naming the shard and the key.
+        reason: String,
+    },
+    /// A trainer attached to a failed job: try again.
+    ClearFailure {
+        /// The job.
+        job: JobId,
+    },
+    /// Replace the whole state: the import of a data directory written by the single-node
+    /// store of earlier versions (`commands.jsonl`, `state.json`).
+    Import {
+        /// The state imported.
+        state: Box<ClusterState>,
+    },
 }
 
 /// What a command did.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Applied {
     /// Nothing beyond the state change.
     Done,
@@ -70,6 +95,9 @@ pub struct ClusterState {
     pub checkpoints: BTreeMap<JobId, Checkpoint>,
     /// The id the next job gets.
     pub next_job: u64,
+    /// Jobs that cannot go on, with the reason.
+    #[serde(default)]
+    pub failed: BTreeMap<JobId, String>,
 }
 
 impl ClusterState {
@@ -86,6 +114,10 @@ impl ClusterState {
                 Applied::Done
             }
             Command::CreateJob { spec } => {
+                // Two trainers may ask for the same new job at once: the first entry creates it.
+                if self.job_named(&spec.name).is_some() {
+                    return Applied::Done;
+                }
                 let id = JobId(self.next_job);
                 self.next_job += 1;
                 // Bound here, deterministically: the dataset of that name as the log has it now.
@@ -106,6 +138,27 @@ impl ClusterState {
                 self.jobs.remove(&job);
                 self.job_datasets.remove(&job);
                 self.checkpoints.remove(&job);
+                self.failed.remove(&job);
+                Applied::Done
+            }
+            Command::RecordCheckpoints { checkpoints } => {
+                for (job, checkpoint) in checkpoints {
+                    self.apply(Command::RecordCheckpoint { job, checkpoint });
+                }
+                Applied::Done
+            }
+            Command::FailJob { job, reason } => {
+                if self.jobs.contains_key(&job) {
+                    self.failed.entry(job).or_insert(reason);
+                }
+                Applied::Done
+            }
+            Command::ClearFailure { job } => {
+                self.failed.remove(&job);
+                Applied::Done
+            }
+            Command::Import { state } => {
+                *self = *state;
                 Applied::Done
             }
         }

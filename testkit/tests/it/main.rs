@@ -11,6 +11,7 @@ mod label_mixing;
 mod loss_paths;
 mod next_epoch;
 mod protocol_model;
+mod raft;
 mod restart;
 mod resume;
 mod wedged;

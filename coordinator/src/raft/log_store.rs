@@ -1,0 +1,301 @@
+//! The Raft log and vote in `--data-dir/raft.redb` (redb: an embedded pure-Rust B-tree whose
+//! commits are fsynced). Every append is one write transaction, committed before openraft is
+//! told the entries are flushed, so an acknowledged write survives `kill -9` and power loss.
+//! Calls run on tokio's blocking pool: the runtime threads never wait for the disk.
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{Entry, LogId, RaftLogReader, StorageError, StorageIOError, Vote};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::TypeConfig;
+use crate::error::CoordinatorError;
+
+/// Entries by index, each an openraft `Entry` as JSON.
+pub(super) const LOG: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("log");
+/// Small named records, JSON: the vote, the committed and last purged log ids, the snapshot.
+pub(super) const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta");
+
+const VOTE: &str = "vote";
+const COMMITTED: &str = "committed";
+const LAST_PURGED: &str = "last_purged";
+
+/// The file name of the store inside the data directory.
+pub const STORE_FILE: &str = "raft.redb";
+
+/// A failure of the store file, for openraft's errors.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {message}")]
+pub(super) struct FileError {
+    path: String,
+    message: String,
+}
+
+/// The open store file, shared by the log store and the state machine.
+#[derive(Clone, Debug)]
+pub struct StoreFile {
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+impl FileError {
+    pub(super) fn new(message: String) -> Self {
+        Self { path: String::new(), message }
+    }
+}
+
+impl StoreFile {
+    /// Open (creating) `raft.redb` in `dir`. A file that is not a redb database, or a damaged
+    /// one, is an error naming it: never a silent reset.
+    pub fn open(dir: &Path) -> Result<Self, CoordinatorError> {
+        std::fs::create_dir_all(dir).map_err(|source| CoordinatorError::Storage {
+            action: "cannot create data directory",
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let path = dir.join(STORE_FILE);
+        let db = Database::create(&path).map_err(|error| CoordinatorError::CorruptState {
+            path: path.clone(),
+            message: format!(
+                "cannot open the Raft store: {error} (move the file away to start this node empty, and it catches up \
+                 from the other coordinators; with one coordinator, restore the file from a backup)"
+            ),
+        })?;
+        let file = Self { db: Arc::new(db), path };
+        // Create the tables, so that readers never meet a missing one.
+        file.write(|txn| {
+            txn.open_table(LOG)?;
+            txn.open_table(META)?;
+            Ok(())
+        })
+        .map_err(|error| CoordinatorError::CorruptState { path: file.path.clone(), message: error.message })?;
+        Ok(file)
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Whether nothing was ever stored: no vote, no log entry, no snapshot. Such a node was
+    /// never part of a cluster.
+    pub fn is_fresh(&self) -> Result<bool, CoordinatorError> {
+        let check = || -> Result<bool, FileError> {
+            let vote: Option<Vote<u64>> = self.get_meta(VOTE)?;
+            let purged: Option<LogId<u64>> = self.get_meta(LAST_PURGED)?;
+            let snapshot: Option<serde_json::Value> = self.get_meta(super::state_machine::SNAPSHOT)?;
+            let empty_log = self.read(|txn| Ok(txn.open_table(LOG)?.first()?.is_none()))?;
+            Ok(vote.is_none() && purged.is_none() && snapshot.is_none() && empty_log)
+        };
+        check().map_err(|error| CoordinatorError::CorruptState { path: self.path.clone(), message: error.message })
+    }
+
+    fn error(&self, error: impl std::fmt::Display) -> FileError {
+        FileError { path: self.path.display().to_string(), message: error.to_string() }
+    }
+
+    pub(super) fn read<T>(&self, body: impl FnOnce(&redb::ReadTransaction) -> Result<T, redb::Error>) -> Result<T, FileError> {
+        let txn = self.db.begin_read().map_err(|error| self.error(error))?;
+        body(&txn).map_err(|error| self.error(error))
+    }
+
+    /// One write transaction, committed durably (fsync) before this returns.
+    pub(super) fn write<T>(&self, body: impl FnOnce(&redb::WriteTransaction) -> Result<T, redb::Error>) -> Result<T, FileError> {
+        let txn = self.db.begin_write().map_err(|error| self.error(error))?;
+        let value = body(&txn).map_err(|error| self.error(error))?;
+        txn.commit().map_err(|error| self.error(error))?;
+        Ok(value)
+    }
+
+    pub(super) fn get_meta<T: DeserializeOwned>(&self, key: &str) -> Result<Option<T>, FileError> {
+        let bytes = self.read(|txn| Ok(txn.open_table(META)?.get(key)?.map(|value| value.value().to_vec())))?;
+        bytes
+            .map(|bytes| serde_json::from_slice(&bytes).map_err(|error| self.error(format!("record {key:?} is unreadable: {error}"))))
+            .transpose()
+    }
+
+    pub(super) fn put_meta<T: Serialize>(&self, key: &str, value: &T) -> Result<(), FileError> {
+        let bytes = serde_json::to_vec(value).map_err(|error| self.error(error))?;
+        self.write(|txn| {
+            txn.open_table(META)?.insert(key, bytes.as_slice())?;
+            Ok(())
+        })
+    }
+
+    /// [`Self::put_meta`] without an fsync of its own: durable with the next durable commit.
+    pub(super) fn put_meta_lazily<T: Serialize>(&self, key: &str, value: &T) -> Result<(), FileError> {
+        let bytes = serde_json::to_vec(value).map_err(|error| self.error(error))?;
+        let mut txn = self.db.begin_write().map_err(|error| self.error(error))?;
+        txn.set_durability(redb::Durability::None).map_err(|error| self.error(error))?;
+        {
+            let mut table = txn.open_table(META).map_err(|error| self.error(error))?;
+            table.insert(key, bytes.as_slice()).map_err(|error| self.error(error))?;
+        }
+        txn.commit().map_err(|error| self.error(error))
+    }
+
+    /// Run `body` on the blocking pool with a clone of this file.
+    pub(super) async fn blocking<T: Send + 'static>(
+        &self,
+        body: impl FnOnce(&Self) -> Result<T, FileError> + Send + 'static,
+    ) -> Result<T, FileError> {
+        let file = self.clone();
+        tokio::task::spawn_blocking(move || body(&file)).await.map_err(|error| self.error(format!("store task failed: {error}")))?
+    }
+
+    fn entries(&self, start: Bound<u64>, end: Bound<u64>) -> Result<Vec<Entry<TypeConfig>>, FileError> {
+        let raw: Vec<(u64, Vec<u8>)> = self.read(|txn| {
+            let table = txn.open_table(LOG)?;
+            let mut raw = Vec::new();
+            for item in table.range::<u64>((start, end))? {
+                let (index, bytes) = item?;
+                raw.push((index.value(), bytes.value().to_vec()));
+            }
+            Ok(raw)
+        })?;
+        raw.into_iter()
+            .map(|(index, bytes)| {
+                serde_json::from_slice(&bytes).map_err(|error| self.error(format!("log entry {index} is unreadable: {error}")))
+            })
+            .collect()
+    }
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (Bound<u64>, Bound<u64>) {
+    (range.start_bound().cloned(), range.end_bound().cloned())
+}
+
+/// The Raft log and vote.
+#[derive(Clone, Debug)]
+pub struct LogStore {
+    file: StoreFile,
+}
+
+impl LogStore {
+    /// The log of `file`.
+    pub fn new(file: StoreFile) -> Self {
+        Self { file }
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<u64>> {
+        let (start, end) = bounds(&range);
+        self.file.blocking(move |file| file.entries(start, end)).await.map_err(|error| StorageIOError::read_logs(&error).into())
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
+        let read = self.file.blocking(|file| {
+            let last_purged: Option<LogId<u64>> = file.get_meta(LAST_PURGED)?;
+            let last = file.read(|txn| Ok(txn.open_table(LOG)?.last()?.map(|(_, bytes)| bytes.value().to_vec())))?;
+            let last_log_id = match last {
+                Some(bytes) => Some(
+                    serde_json::from_slice::<Entry<TypeConfig>>(&bytes)
+                        .map_err(|error| file.error(format!("the last log entry is unreadable: {error}")))?
+                        .log_id,
+                ),
+                None => last_purged,
+            };
+            Ok(LogState { last_purged_log_id: last_purged, last_log_id })
+        });
+        read.await.map_err(|error| StorageIOError::read_logs(&error).into())
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
+        let vote = *vote;
+        self.file.blocking(move |file| file.put_meta(VOTE, &vote)).await.map_err(|error| StorageIOError::write_vote(&error).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
+        self.file.blocking(|file| file.get_meta(VOTE)).await.map_err(|error| StorageIOError::read_vote(&error).into())
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError<u64>> {
+        // A hint that lets a restart apply committed entries before an election: written
+        // without its own fsync (the next append's fsync carries it). Lost, it costs nothing
+        // but that head start.
+        let saved = self.file.blocking(move |file| file.put_meta_lazily(COMMITTED, &committed));
+        saved.await.map_err(|error| StorageIOError::write(&error).into())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
+        let read = self.file.blocking(|file| file.get_meta::<Option<LogId<u64>>>(COMMITTED));
+        read.await.map(Option::flatten).map_err(|error| StorageIOError::read(&error).into())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + Send,
+        I::IntoIter: Send,
+    {
+        let encoded = entries
+            .into_iter()
+            .map(|entry| serde_json::to_vec(&entry).map(|bytes| (entry.log_id.index, bytes)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|error| StorageIOError::write_logs(&error))?;
+        let written = self
+            .file
+            .blocking(move |file| {
+                file.write(|txn| {
+                    let mut table = txn.open_table(LOG)?;
+                    for (index, bytes) in &encoded {
+                        table.insert(*index, bytes.as_slice())?;
+                    }
+                    Ok(())
+                })
+            })
+            .await;
+        match written {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(error) => {
+                callback.log_io_completed(Err(std::io::Error::other(error.to_string())));
+                Err(StorageIOError::write_logs(&error).into())
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        let from = log_id.index;
+        self.file
+            .blocking(move |file| file.write(|txn| remove_range(txn, from..)))
+            .await
+            .map_err(|error| StorageIOError::write_logs(&error).into())
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        let purged = self.file.blocking(move |file| {
+            file.put_meta(LAST_PURGED, &log_id)?;
+            file.write(|txn| remove_range(txn, ..=log_id.index))
+        });
+        purged.await.map_err(|error| StorageIOError::write_logs(&error).into())
+    }
+}
+
+fn remove_range(txn: &redb::WriteTransaction, range: impl RangeBounds<u64>) -> Result<(), redb::Error> {
+    let mut table = txn.open_table(LOG)?;
+    let keys: Vec<u64> = table.range::<u64>(bounds(&range))?.map(|item| item.map(|(key, _)| key.value())).collect::<Result<_, _>>()?;
+    for key in keys {
+        table.remove(key)?;
+    }
+    Ok(())
+}

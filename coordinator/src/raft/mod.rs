@@ -1,0 +1,98 @@
+//! Replication of the durable state with openraft (DESIGN §6): the type configuration, the
+//! store in `--data-dir` (log, vote, snapshots in redb), the state machine that applies
+//! [`Command`]s to the coordinator's state, and the transport over the control endpoint.
+
+use std::io::Cursor;
+
+use crate::state::{Applied, ClusterState, Command};
+
+mod log_store;
+mod network;
+mod state_machine;
+
+pub use self::log_store::{LogStore, STORE_FILE, StoreFile};
+pub use self::network::{Network, RaftCodecError, answer_raft_rpc};
+pub use self::state_machine::StateMachine;
+
+openraft::declare_raft_types!(
+    /// Stoker's Raft types: commands in, what they did out, nodes named by their address.
+    pub TypeConfig:
+        D = Command,
+        R = Applied,
+        NodeId = u64,
+        Node = openraft::BasicNode,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// A coordinator's Raft node.
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// What the state machine applies commands to: the coordinator's state. Applying must be
+/// deterministic (every replica applies the same log) and quick (it runs on Raft's task).
+pub trait Replica: Send + Sync + 'static {
+    /// Apply one committed command.
+    fn apply(&self, command: Command) -> Applied;
+    /// A copy of the whole state, for a snapshot.
+    fn snapshot(&self) -> ClusterState;
+    /// Replace the whole state with a snapshot's.
+    fn restore(&self, state: ClusterState);
+}
+
+/// A state alone (for the storage conformance suite and tools).
+#[derive(Debug)]
+pub struct PlainReplica(pub std::sync::Mutex<ClusterState>);
+
+impl Default for PlainReplica {
+    fn default() -> Self {
+        Self(std::sync::Mutex::new(ClusterState::new()))
+    }
+}
+
+impl PlainReplica {
+    fn state(&self) -> std::sync::MutexGuard<'_, ClusterState> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Replica for PlainReplica {
+    fn apply(&self, command: Command) -> Applied {
+        self.state().apply(command)
+    }
+
+    fn snapshot(&self) -> ClusterState {
+        self.state().clone()
+    }
+
+    fn restore(&self, state: ClusterState) {
+        *self.state() = state;
+    }
+}
+
+/// Raft timing and log bounds. Heartbeats every 100 ms and elections after 0.5–1 s of
+/// silence: a dead leader is replaced within about a second. A snapshot every 1,000 entries,
+/// keeping 200 behind it for slow followers: the log holds at most ~1,200 entries.
+pub fn raft_config(cluster: &str) -> openraft::Config {
+    openraft::Config {
+        cluster_name: cluster.to_owned(),
+        heartbeat_interval: 100,
+        election_timeout_min: 500,
+        election_timeout_max: 1000,
+        install_snapshot_timeout: 2000,
+        max_payload_entries: 256,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+        max_in_snapshot_log_to_keep: KEEP_BEHIND_SNAPSHOT,
+        purge_batch_size: 64,
+        snapshot_max_chunk_size: 1 << 20,
+        ..openraft::Config::default()
+    }
+}
+
+/// Entries between snapshots.
+pub const SNAPSHOT_EVERY: u64 = 1000;
+/// Entries kept in the log behind a snapshot.
+pub const KEEP_BEHIND_SNAPSHOT: u64 = 200;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,189 @@
+//! Raft between coordinators over the control endpoint (DESIGN §7): each message is a
+//! [`ControlRequest::Raft`] call, framed and size-checked like every other control call, on
+//! one cached connection per peer dialled from the coordinator's own endpoint.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use openraft::BasicNode;
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError as RaftRemoteError, Unreachable};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse,
+};
+use quinn::{Connection, Endpoint};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use stoker_common::net::{NetError, call, connect};
+use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RaftKind, RemoteError};
+use stoker_common::wire::CONTROL_FRAME_LIMIT;
+
+use super::{Raft, TypeConfig};
+
+/// A Raft message that could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum RaftCodecError {
+    /// The peer's answer or request is not what openraft sent.
+    #[error("unreadable Raft message: {0}")]
+    Decode(String),
+    /// The peer answered something else than a Raft answer.
+    #[error("the peer answered {0} to a Raft message")]
+    Unexpected(String),
+}
+
+/// Dials peers from the coordinator's endpoint.
+#[derive(Clone, Debug)]
+pub struct Network {
+    endpoint: Endpoint,
+    isolated: Arc<AtomicBool>,
+}
+
+impl Network {
+    /// Peers are dialled from `endpoint` (the one the coordinator serves on); while
+    /// `isolated` is set (a test's partition switch) nothing is sent.
+    pub fn new(endpoint: Endpoint, isolated: Arc<AtomicBool>) -> Self {
+        Self { endpoint, isolated }
+    }
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = Peer;
+
+    async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
+        Peer { target, addr: node.addr.clone(), endpoint: self.endpoint.clone(), connection: None, isolated: Arc::clone(&self.isolated) }
+    }
+}
+
+/// One peer coordinator.
+#[derive(Debug)]
+pub struct Peer {
+    target: u64,
+    addr: String,
+    endpoint: Endpoint,
+    connection: Option<Connection>,
+    isolated: Arc<AtomicBool>,
+}
+
+/// A failure to reach the peer (openraft backs off) or to understand it.
+enum SendError {
+    Unreachable(String),
+    Broken(String),
+}
+
+impl Peer {
+    async fn connection(&mut self, timeout: Duration) -> Result<Connection, SendError> {
+        if let Some(connection) = self.connection.as_ref().filter(|connection| connection.close_reason().is_none()) {
+            return Ok(connection.clone());
+        }
+        let addr: SocketAddr = match tokio::net::lookup_host(self.addr.as_str()).await {
+            Ok(mut addrs) => addrs.next().ok_or_else(|| SendError::Unreachable(format!("{} resolves to no address", self.addr)))?,
+            Err(error) => return Err(SendError::Unreachable(format!("cannot resolve {}: {error}", self.addr))),
+        };
+        let connection = connect(&self.endpoint, addr, timeout).await.map_err(|error| SendError::Unreachable(error.to_string()))?;
+        self.connection = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Send one message; the peer's answer is openraft's `Result<R, E>` as JSON.
+    async fn send<Q: Serialize, R: DeserializeOwned, E: DeserializeOwned>(
+        &mut self,
+        kind: RaftKind,
+        request: &Q,
+        option: &RPCOption,
+    ) -> Result<Result<R, E>, SendError> {
+        let timeout = option.hard_ttl();
+        if self.isolated.load(Ordering::Relaxed) {
+            return Err(SendError::Unreachable(format!("{} is cut off (partition switch)", self.addr)));
+        }
+        let payload = serde_json::to_vec(request).map_err(|error| SendError::Broken(error.to_string()))?;
+        let connection = self.connection(timeout).await?;
+        let request = ControlRequest::Raft { kind, payload };
+        let answer = match tokio::time::timeout(timeout, call::<_, ControlResponse>(&connection, &request, CONTROL_FRAME_LIMIT)).await {
+            Err(_) => {
+                // The peer may have restarted: its old connection never answers again.
+                self.connection = None;
+                return Err(SendError::Unreachable(format!("no answer from {} in {timeout:?}", self.addr)));
+            }
+            Ok(Err(NetError::Remote { source, .. })) => return Err(SendError::Broken(source.to_string())),
+            Ok(Err(error)) => {
+                self.connection = None;
+                return Err(SendError::Unreachable(error.to_string()));
+            }
+            Ok(Ok(answer)) => answer,
+        };
+        match answer {
+            ControlResponse::Raft { payload } => {
+                serde_json::from_slice(&payload).map_err(|error| SendError::Broken(RaftCodecError::Decode(error.to_string()).to_string()))
+            }
+            other => Err(SendError::Broken(RaftCodecError::Unexpected(format!("{other:?}")).to_string())),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct PeerError(String);
+
+// openraft's error type is what the trait returns: its size is not ours to choose.
+#[allow(clippy::result_large_err)]
+fn into_rpc<R, E: std::error::Error>(target: u64, result: Result<Result<R, E>, SendError>) -> Result<R, RPCError<u64, BasicNode, E>> {
+    match result {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(remote)) => Err(RPCError::RemoteError(RaftRemoteError::new(target, remote))),
+        Err(SendError::Unreachable(message)) => Err(RPCError::Unreachable(Unreachable::new(&PeerError(message)))),
+        Err(SendError::Broken(message)) => Err(RPCError::Network(NetworkError::new(&PeerError(message)))),
+    }
+}
+
+impl RaftNetwork<TypeConfig> for Peer {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        let result = self.send(RaftKind::AppendEntries, &rpc, &option).await;
+        into_rpc(self.target, result)
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<InstallSnapshotResponse<u64>, RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>> {
+        let result = self.send(RaftKind::InstallSnapshot, &rpc, &option).await;
+        into_rpc(self.target, result)
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<u64>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
+        let result = self.send(RaftKind::Vote, &rpc, &option).await;
+        into_rpc(self.target, result)
+    }
+
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(std::iter::repeat(Duration::from_millis(200)))
+    }
+}
+
+/// Answer a peer's Raft message with `raft`: the answer is openraft's `Result` as JSON.
+pub async fn answer_raft_rpc(raft: &Raft, kind: RaftKind, payload: &[u8]) -> Result<ControlResponse, RemoteError> {
+    fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, RemoteError> {
+        serde_json::from_slice(payload)
+            .map_err(|error| RemoteError::new(ErrorCode::InvalidArgument, format!("unreadable Raft message: {error}")))
+    }
+    fn encode<T: Serialize>(answer: &T) -> Result<ControlResponse, RemoteError> {
+        serde_json::to_vec(answer)
+            .map(|payload| ControlResponse::Raft { payload })
+            .map_err(|error| RemoteError::new(ErrorCode::Internal, format!("cannot encode a Raft answer: {error}")))
+    }
+    match kind {
+        RaftKind::AppendEntries => encode(&raft.append_entries(decode(payload)?).await),
+        RaftKind::Vote => encode(&raft.vote(decode(payload)?).await),
+        RaftKind::InstallSnapshot => encode(&raft.install_snapshot(decode(payload)?).await),
+    }
+}

@@ -1,0 +1,77 @@
+//! Issue 17: the Raft log stays bounded (snapshots and purges) across 100,000 recorded
+//! checkpoints, and the state survives a restart from snapshot plus log.
+
+use std::net::UdpSocket;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use stoker_common::ids::{Epoch, JobId, Position};
+use stoker_common::net::TlsConfigs;
+use stoker_common::plan::{Checkpoint, PlanSpec, Shuffle, Tail};
+use stoker_common::proto::{DatasetInfo, JobSpec};
+use stoker_coordinator::raft::{KEEP_BEHIND_SNAPSHOT, SNAPSHOT_EVERY};
+use stoker_coordinator::state::Command;
+use stoker_coordinator::{CoordinatorConfig, start};
+
+const RECORDS: u64 = 100_000;
+/// Commits in flight at once (openraft batches them into one append and one fsync).
+const CONCURRENT: u64 = 500;
+
+fn spec() -> JobSpec {
+    JobSpec {
+        name: "bounded".to_owned(),
+        dataset: "train".to_owned(),
+        plan: PlanSpec { seed: 1, world_size: NonZeroU32::MIN, batch_size: NonZeroU32::MIN, shuffle: Shuffle::Full, tail: Tail::Partial },
+        transforms: "{}".to_owned(),
+        prefetch: 4,
+    }
+}
+
+#[test]
+fn the_log_stays_bounded_across_100_000_checkpoints() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let tls = TlsConfigs::insecure().expect("tls");
+    let started = Instant::now();
+    let last = runtime.block_on(async {
+        let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
+        let handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls).await.expect("coordinator");
+        let dataset = DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![10], version: 1 };
+        handle.commit(Command::AddDataset { dataset }).await.expect("dataset");
+        handle.commit(Command::CreateJob { spec: spec() }).await.expect("job");
+        let handle_ref = std::sync::Arc::new(handle);
+        let mut most_in_log = 0;
+        for wave in 0..RECORDS / CONCURRENT {
+            let commits: Vec<_> = (0..CONCURRENT)
+                .map(|index| {
+                    let handle = std::sync::Arc::clone(&handle_ref);
+                    let position = wave * CONCURRENT + index + 1;
+                    let checkpoint = Checkpoint { version: 1, epoch: Epoch(0), position: Position(position), order_fingerprint: 7 };
+                    tokio::spawn(async move { handle.commit(Command::RecordCheckpoint { job: JobId(1), checkpoint }).await })
+                })
+                .collect();
+            for commit in commits {
+                commit.await.expect("task").expect("commit");
+            }
+            most_in_log = most_in_log.max(handle_ref.last_log_index() - handle_ref.last_purged_index());
+        }
+        let bound = SNAPSHOT_EVERY + KEEP_BEHIND_SNAPSHOT + CONCURRENT + 64;
+        assert!(most_in_log <= bound, "the log held {most_in_log} entries, over {bound}");
+        assert!(handle_ref.last_log_index() > RECORDS, "every record is an entry");
+        let state = handle_ref.core().state();
+        let Ok(mut handle) = std::sync::Arc::try_unwrap(handle_ref) else { panic!("no other owner") };
+        handle.shutdown();
+        handle.join().await;
+        state
+    });
+    eprintln!("{RECORDS} checkpoints committed in {:?}", started.elapsed());
+    // Concurrent commits apply in any order: the last applied is one of the last wave.
+    assert!(last.checkpoints[&JobId(1)].position.0 > RECORDS - CONCURRENT, "{:?}", last.checkpoints);
+    let reopened = runtime.block_on(async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
+        let handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls).await.expect("reopens");
+        handle.core().state()
+    });
+    assert_eq!(reopened, last, "snapshot plus the rest of the log give the same state");
+}

@@ -1,0 +1,195 @@
+//! Three coordinators replicated with Raft (issue 17): the leader dies mid-epoch and training
+//! goes on, exactly once; the whole cluster restarts and keeps its state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use stoker_client::{Loader, LoaderConfig};
+use stoker_common::ids::Epoch;
+use stoker_common::plan::Tail;
+use stoker_testkit::{ClusterConfig, TestCluster, wait_until};
+use tracing::info;
+
+use crate::common::{Seen, assert_in_order, config_for, dataset};
+
+const SAMPLES: usize = 120;
+const EPOCHS: u64 = 2;
+
+fn raft_cluster() -> TestCluster {
+    let config = ClusterConfig { workers: 2, coordinators: 3, ..Default::default() };
+    let cluster = TestCluster::start(config).expect("cluster");
+    cluster.add_dataset("train", &dataset()).expect("dataset");
+    cluster.wait_for_workers().expect("workers");
+    cluster
+}
+
+fn base_config(cluster: &TestCluster, job: &str) -> LoaderConfig {
+    let mut base = cluster.loader_config("train", 4);
+    base.tail = Tail::Partial;
+    base.prefetch = 4;
+    base.job_name = Some(job.to_owned());
+    base
+}
+
+/// Two ranks consume `EPOCHS` epochs, pausing `pause` per batch and counting batches in
+/// `consumed`.
+fn run_ranks(base: &LoaderConfig, pause: Duration, consumed: &Arc<AtomicU64>) -> Vec<std::thread::JoinHandle<Vec<Seen>>> {
+    (0..2)
+        .map(|rank| {
+            let config = config_for(base, rank, 2);
+            let consumed = Arc::clone(consumed);
+            std::thread::spawn(move || {
+                let mut loader = Loader::attach(&config).expect("attach");
+                let mut seen = Vec::new();
+                for epoch in 0..EPOCHS {
+                    loader.set_epoch(Epoch(epoch));
+                    for batch in &mut loader {
+                        let batch = batch.expect("batch");
+                        seen.push(Seen { epoch, step: batch.step().0, keys: batch.keys().to_vec(), checksum: batch.checksum() });
+                        consumed.fetch_add(1, Ordering::Relaxed);
+                        std::thread::park_timeout(pause);
+                    }
+                }
+                seen
+            })
+        })
+        .collect()
+}
+
+fn finish(handles: Vec<std::thread::JoinHandle<Vec<Seen>>>) -> BTreeMap<u32, Vec<Seen>> {
+    handles.into_iter().enumerate().map(|(rank, handle)| (rank as u32, handle.join().expect("rank thread"))).collect()
+}
+
+fn checksums(seen: &BTreeMap<u32, Vec<Seen>>) -> BTreeMap<(u64, u32, u64), u64> {
+    seen.iter().flat_map(|(rank, records)| records.iter().map(|r| ((r.epoch, *rank, r.step), r.checksum))).collect()
+}
+
+fn assert_every_key_once_per_epoch(seen: &BTreeMap<u32, Vec<Seen>>) {
+    for epoch in 0..EPOCHS {
+        let mut keys: Vec<&String> = seen.values().flatten().filter(|r| r.epoch == epoch).flat_map(|r| &r.keys).collect();
+        keys.sort();
+        let total = keys.len();
+        keys.dedup();
+        assert_eq!((total, keys.len()), (SAMPLES, SAMPLES), "epoch {epoch}: every key exactly once");
+    }
+}
+
+#[test]
+fn killing_the_leader_mid_epoch_loses_and_repeats_nothing() {
+    let mut cluster = raft_cluster();
+    let steps = (SAMPLES as u64).div_ceil(8);
+    let baseline = {
+        info!("--- a run without failures");
+        let seen = finish(run_ranks(&base_config(&cluster, "baseline"), Duration::ZERO, &Arc::new(AtomicU64::new(0))));
+        assert_in_order(&seen, steps, EPOCHS);
+        checksums(&seen)
+    };
+    let consumed = Arc::new(AtomicU64::new(0));
+    // 100 ms a batch: 3 s an epoch, so that the kill and the election fall mid-epoch.
+    let ranks = run_ranks(&base_config(&cluster, "failover"), Duration::from_millis(100), &consumed);
+    {
+        info!("--- kill the leader mid-epoch");
+        wait_until(Duration::from_secs(60), "ranks are a few steps into epoch 0", || consumed.load(Ordering::Relaxed) >= 6)
+            .expect("progress");
+        let leader = cluster.leader_index().expect("a leader");
+        cluster.kill_coordinator_node(leader);
+        let killed = Instant::now();
+        let new_leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("a new leader");
+        let election = killed.elapsed();
+        info!(?election, new_leader, "new leader");
+        assert_ne!(new_leader, leader);
+        // The election timeout is 0.5–1 s; debug builds and a loaded machine get slack.
+        assert!(election < Duration::from_secs(5), "a new leader took {election:?}");
+        let total = 2 * EPOCHS * steps;
+        assert!(consumed.load(Ordering::Relaxed) < total / 2, "the leader died in epoch 0 and the new one serves the rest");
+    }
+    {
+        info!("--- training goes on: every key once per epoch, the same batches as without the failure");
+        let seen = finish(ranks);
+        assert_in_order(&seen, steps, EPOCHS);
+        assert_every_key_once_per_epoch(&seen);
+        assert_eq!(checksums(&seen), baseline, "batch checksums equal those of the run without the failure");
+    }
+}
+
+#[test]
+fn a_whole_cluster_restart_keeps_datasets_jobs_and_checkpoints_and_a_trainer_resumes() {
+    let mut cluster = raft_cluster();
+    let config = config_for(&base_config(&cluster, "resumed"), 0, 1);
+    let (state, before) = {
+        info!("--- one rank consumes 5 steps and saves its state");
+        let mut loader = Loader::attach(&config).expect("attach");
+        loader.set_epoch(Epoch(0));
+        for batch in (&mut loader).take(5) {
+            batch.expect("batch");
+        }
+        let state = loader.state().expect("state");
+        drop(loader);
+        let core = cluster.coordinator().expect("leader");
+        wait_until(Duration::from_secs(10), "the checkpoint of step 4 is committed", || {
+            core.state().checkpoints.values().any(|checkpoint| checkpoint.position.0 == 20)
+        })
+        .expect("checkpoint");
+        (state, core.state())
+    };
+    {
+        info!("--- every coordinator stops, then every one starts again");
+        for index in 0..3 {
+            cluster.kill_coordinator_node(index);
+        }
+        for index in 0..3 {
+            cluster.start_coordinator_node(index).expect("restart");
+        }
+        cluster.wait_for_leader(Duration::from_secs(20)).expect("a leader");
+        let core = cluster.coordinator().expect("leader");
+        wait_until(Duration::from_secs(10), "the leader has applied the log", || core.state() == before).expect("state back");
+    }
+    {
+        info!("--- the trainer resumes from its state: steps 5.. of epoch 0");
+        cluster.wait_for_workers().expect("workers registered with the new leader");
+        let mut loader = Loader::attach(&config).expect("attach again");
+        loader.resume(&state).expect("resume");
+        let steps: Vec<u64> = (&mut loader).map(|batch| batch.expect("batch").step().0).collect();
+        assert_eq!(steps, (5..30).collect::<Vec<_>>());
+    }
+}
+
+/// A follower cut off from the others: the majority keeps serving (a dataset added, an epoch
+/// trained), there is never more than one leader, and after healing the follower catches up.
+#[test]
+fn a_follower_cut_off_cannot_lead_alone_and_catches_up_after_healing() {
+    let cluster = raft_cluster();
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("leader");
+    let cut = (leader + 1) % 3;
+    info!(cut, "--- cut a follower off");
+    cluster.coordinator_node(cut).expect("running").set_isolated(true);
+    let leaders = || (0..3).filter(|index| cluster.coordinator_node(*index).is_some_and(|node| node.is_leader())).count();
+    let majority = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            // Two election timeouts and more: the cut-off node campaigns and never wins.
+            let until = Instant::now() + Duration::from_secs(4);
+            let mut most = 0;
+            while Instant::now() < until {
+                most = most.max(leaders());
+                assert!(!cluster.coordinator_node(cut).is_some_and(|node| node.is_leader()), "the cut-off node leads alone");
+                std::thread::park_timeout(Duration::from_millis(10));
+            }
+            most
+        });
+        cluster.add_dataset("second", &dataset()).expect("the majority commits");
+        let seen = crate::common::consume(&base_config(&cluster, "partitioned"), 2, 1);
+        assert_in_order(&seen, (SAMPLES as u64).div_ceil(8), 1);
+        watcher.join().expect("watcher")
+    });
+    assert_eq!(majority, 1, "exactly one leader while partitioned");
+    info!("--- heal");
+    cluster.coordinator_node(cut).expect("running").set_isolated(false);
+    let leader_state = || cluster.coordinator().map(|core| core.state());
+    wait_until(Duration::from_secs(20), "the healed follower has the leader's state", || {
+        let mine = cluster.coordinator_node(cut).expect("running").core().state();
+        leader_state().is_some_and(|state| state == mine && state.datasets.contains_key("second"))
+    })
+    .expect("caught up");
+}
