@@ -3,14 +3,14 @@
 //! redirects callers to the leader otherwise. Raft messages, this node's status and membership
 //! changes are answered here.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use openraft::error::{ClientWriteError, RaftError};
-use openraft::{BasicNode, ServerState};
+use openraft::{BasicNode, ChangeMembers, ServerState};
 use quinn::Endpoint;
 use stoker_common::net::{call, connect};
 use stoker_common::proto::{ControlRequest, ControlResponse, CoordinatorStatus, ErrorCode, RemoteError};
@@ -24,6 +24,16 @@ use crate::state::{Applied, ClusterState, Command};
 
 /// How long the leader waits for each other coordinator's status in `stoker status`.
 const PEER_STATUS_TIMEOUT: Duration = Duration::from_millis(500);
+/// A leader serves for this long after a majority last confirmed it (and it had applied every
+/// entry committed before): shorter than the election timeout's lower bound plus a heartbeat,
+/// so a leader cut off from the others stops scheduling about when they elect another.
+const LEADERSHIP_LEASE: Duration = Duration::from_millis(600);
+/// How long one confirmation of leadership may take.
+const CONFIRM_WITHIN: Duration = Duration::from_millis(500);
+/// How long `cluster add-node` waits for the new node to catch up as a learner.
+const ADD_NODE_WITHIN: Duration = Duration::from_secs(30);
+/// How long the timer waits for one of its commits.
+const TICK_COMMIT_WITHIN: Duration = Duration::from_secs(2);
 
 /// Serves requests on one coordinator.
 pub(crate) struct Driver {
@@ -32,8 +42,11 @@ pub(crate) struct Driver {
     raft: Raft,
     core: Arc<Coordinator>,
     endpoint: Endpoint,
-    /// A test's partition switch: while set, this node neither sends nor answers anything.
+    /// A test's partition switch: while set, this node neither sends nor answers Raft messages
+    /// (clients still reach it).
     isolated: Arc<AtomicBool>,
+    /// When a majority last confirmed this node's leadership, in which term.
+    confirmed: std::sync::Mutex<Option<(u64, Instant)>>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -55,7 +68,7 @@ impl Driver {
         endpoint: Endpoint,
         isolated: Arc<AtomicBool>,
     ) -> Self {
-        Self { id, advertised, raft, core, endpoint, isolated }
+        Self { id, advertised, raft, core, endpoint, isolated, confirmed: std::sync::Mutex::new(None) }
     }
 
     pub(crate) fn set_isolated(&self, isolated: bool) {
@@ -72,10 +85,11 @@ impl Driver {
 
     /// Answer one request.
     pub(crate) async fn serve(&self, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
-        if self.isolated.load(Ordering::Relaxed) {
-            return Err(unavailable(format!("coordinator {} is cut off (partition switch)", self.advertised)));
-        }
+        let cut_off = self.isolated.load(Ordering::Relaxed);
         match request {
+            ControlRequest::Raft { .. } if cut_off => {
+                Err(unavailable(format!("coordinator {} is cut off (partition switch)", self.advertised)))
+            }
             ControlRequest::Raft { kind, payload } => answer_raft_rpc(&self.raft, kind, &payload).await,
             ControlRequest::NodeStatus => Ok(ControlResponse::NodeStatus { node: self.own_status() }),
             ControlRequest::AddNode { id, addr } => {
@@ -154,8 +168,17 @@ impl Driver {
             (metrics.state == ServerState::Leader && metrics.current_leader == Some(self.id), metrics.current_term, leader_addr)
         };
         if leading {
-            self.core.lead(term, Instant::now());
-            return Ok(());
+            if self.confirm(term).await {
+                self.core.lead(term, Instant::now());
+                return Ok(());
+            }
+            return Err(RemoteError::new(
+                ErrorCode::NotLeader { leader_hint: None },
+                format!(
+                    "coordinator {} was elected but a majority has not confirmed it yet (or it is cut off): try again shortly",
+                    self.advertised
+                ),
+            ));
         }
         let hint = match &leader {
             Some(addr) => resolve(addr).await,
@@ -166,6 +189,24 @@ impl Driver {
             None => format!("coordinator {} knows no leader yet (an election is under way): try again shortly", self.advertised),
         };
         Err(RemoteError::new(ErrorCode::NotLeader { leader_hint: hint }, message))
+    }
+
+    /// Whether a majority confirmed this node's leadership in `term` within the lease, and it
+    /// has applied everything committed before (openraft's read index): asked now if not.
+    async fn confirm(&self, term: u64) -> bool {
+        let fresh =
+            |confirmed: &Option<(u64, Instant)>| confirmed.is_some_and(|(at_term, at)| at_term == term && at.elapsed() < LEADERSHIP_LEASE);
+        if fresh(&self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)) {
+            return true;
+        }
+        let asked = Instant::now();
+        match tokio::time::timeout(CONFIRM_WITHIN, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => {
+                *self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((term, asked));
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Wait until this node leads (a cluster of one after a restart: one election timeout).
@@ -189,6 +230,26 @@ impl Driver {
             .map_err(|error| CoordinatorError::Internal { message: format!("cannot import the old store: {}", error.message) })
     }
 
+    /// A coordinator alone may come back on another address (a new port): record it, so that
+    /// `stoker status`, redirects and a later `cluster add-node` use the address it has now.
+    pub(crate) async fn update_own_address(&self) -> Result<(), CoordinatorError> {
+        let stored = self.raft.metrics().borrow().membership_config.membership().get_node(&self.id).map(|node| node.addr.clone());
+        if stored.as_deref() == Some(self.advertised.as_str()) {
+            return Ok(());
+        }
+        let nodes = BTreeMap::from([(self.id, BasicNode::new(&self.advertised))]);
+        let changed =
+            tokio::time::timeout(Duration::from_secs(10), self.raft.change_membership(ChangeMembers::SetNodes(nodes), true)).await;
+        match changed {
+            Ok(Ok(_)) => {
+                info!(old = ?stored, new = %self.advertised, "this coordinator's address changed");
+                Ok(())
+            }
+            Ok(Err(error)) => Err(CoordinatorError::Cluster { message: format!("cannot record this coordinator's new address: {error}") }),
+            Err(_) => Err(CoordinatorError::Cluster { message: "cannot record this coordinator's new address within 10 s".to_owned() }),
+        }
+    }
+
     /// Expire leases; when leading, commit idle-job removals and (if `flush`) the checkpoints
     /// recorded since the last flush, as one entry.
     pub(crate) async fn tick(&self, now: Instant, flush: bool) {
@@ -201,16 +262,54 @@ impl Driver {
             self.core.follow();
             return;
         }
+        // Confirmed at every tick, so requests seldom wait for a confirmation. Unconfirmed
+        // (slow, or cut off), the soft state is kept for this term but nothing is committed.
+        if !self.confirm(term).await {
+            return;
+        }
         self.core.lead(term, now);
         let mut commands = self.core.tick(now);
+        commands.extend(self.newly_joined());
         if flush {
             commands.extend(self.core.take_checkpoints());
         }
         for command in commands {
-            if let Err(error) = self.commit(command).await {
-                warn!(%error, "cannot commit; trying again at the next tick");
+            let pending = match &command {
+                Command::RecordCheckpoints { checkpoints } => Some(checkpoints.clone()),
+                _ => None,
+            };
+            let committed = tokio::time::timeout(TICK_COMMIT_WITHIN, self.commit(command)).await;
+            let failure = match committed {
+                Ok(Ok(_)) => continue,
+                Ok(Err(error)) => error.message,
+                Err(_) => format!("no commit within {TICK_COMMIT_WITHIN:?}"),
+            };
+            warn!(%failure, "cannot commit; trying again at the next tick");
+            if let Some(checkpoints) = pending {
+                self.core.restore_checkpoints(checkpoints);
             }
         }
+    }
+
+    /// `NodeJoined` for each voter whose log the leader has seen match and the state does not
+    /// name yet (this node included).
+    fn newly_joined(&self) -> Vec<Command> {
+        let joined = self.core.nodes_joined();
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let matched: Vec<u64> = match &metrics.replication {
+            Some(replication) => replication.iter().filter(|(_, matched)| matched.is_some()).map(|(id, _)| *id).collect(),
+            None => Vec::new(),
+        };
+        let voters: BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
+        matched
+            .into_iter()
+            .chain([self.id])
+            .filter(|id| voters.contains(id) && !joined.contains(id))
+            .collect::<BTreeSet<u64>>()
+            .into_iter()
+            .map(|id| Command::NodeJoined { id })
+            .collect()
     }
 
     fn own_status(&self) -> CoordinatorStatus {
@@ -231,6 +330,7 @@ impl Driver {
             last_log: metrics.last_log_index.unwrap_or(0),
             applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
             leader: metrics.current_leader,
+            joined: self.core.nodes_joined().into_iter().collect(),
         }
     }
 
@@ -247,41 +347,61 @@ impl Driver {
                 statuses.push(self.own_status());
                 continue;
             }
-            let asked = self.ask_status(&addr).await;
+            let asked = ask_status(&self.endpoint, &addr).await;
             statuses.push(asked.unwrap_or(CoordinatorStatus { id, addr, role: "unreachable".to_owned(), ..CoordinatorStatus::default() }));
         }
         statuses
     }
 
-    async fn ask_status(&self, addr: &str) -> Option<CoordinatorStatus> {
-        let target = resolve(addr).await?;
-        let asked = tokio::time::timeout(PEER_STATUS_TIMEOUT, async {
-            let connection = connect(&self.endpoint, target, PEER_STATUS_TIMEOUT).await.ok()?;
-            let answer = call::<_, ControlResponse>(&connection, &ControlRequest::NodeStatus, CONTROL_FRAME_LIMIT).await.ok();
-            connection.close(0u32.into(), b"status");
-            match answer? {
-                ControlResponse::NodeStatus { node } => Some(node),
-                _ => None,
-            }
-        });
-        asked.await.ok().flatten()
-    }
-
     async fn add_node(&self, id: u64, addr: String) -> Result<ControlResponse, RemoteError> {
-        if addr.is_empty() || addr.len() > 256 {
-            return Err(RemoteError::new(ErrorCode::InvalidArgument, "a node address must have 1 to 256 characters"));
+        let invalid = |message: String| RemoteError::new(ErrorCode::InvalidArgument, message);
+        let well_formed =
+            addr.len() <= 256 && addr.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+        if !well_formed {
+            return Err(invalid(format!("{addr:?} is not HOST:PORT")));
+        }
+        if id == 0 {
+            return Err(invalid("node ids are positive numbers".to_owned()));
+        }
+        let known: Vec<(u64, String)> = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            metrics.membership_config.nodes().map(|(id, node)| (*id, node.addr.clone())).collect()
+        };
+        if let Some((_, existing)) = known.iter().find(|(known_id, existing)| *known_id == id && *existing != addr) {
+            return Err(invalid(format!("node {id} is in the cluster at {existing}: remove it first to add it elsewhere")));
+        }
+        if let Some((unroutable, at)) = known.iter().find(|(_, at)| resolve_now(at).is_some_and(|socket| socket.ip().is_unspecified())) {
+            return Err(invalid(format!(
+                "node {unroutable} is recorded at {at}, which other coordinators cannot dial: restart it with --advertise HOST:PORT first"
+            )));
         }
         info!(node = id, %addr, "adding a coordinator: as a learner until it has caught up, then as a voter");
-        self.raft
-            .add_learner(id, BasicNode::new(&addr), true)
-            .await
-            .map_err(|error| unavailable(format!("cannot add node {id} as a learner: {error}")))?;
+        let added = tokio::time::timeout(ADD_NODE_WITHIN, self.raft.add_learner(id, BasicNode::new(&addr), true)).await;
+        match added {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => return Err(unavailable(format!("cannot add node {id} as a learner: {error}"))),
+            Err(_) => {
+                return Err(unavailable(format!(
+                    "node {id} at {addr} did not catch up within {}s: is it running with --join at that address? It stays a \
+                     learner (no vote) until it does; `stoker cluster remove-node {id}` takes it out",
+                    ADD_NODE_WITHIN.as_secs()
+                )));
+            }
+        }
         let mut voters = self.voters();
         voters.insert(id);
         self.change_voters(voters).await
     }
 
     async fn remove_node(&self, id: u64) -> Result<ControlResponse, RemoteError> {
+        let learner = self.raft.metrics().borrow().membership_config.membership().learner_ids().any(|learner| learner == id);
+        if learner {
+            info!(node = id, "removing a learner");
+            let removed = self.raft.change_membership(ChangeMembers::RemoveNodes(BTreeSet::from([id])), false).await;
+            removed.map_err(|error| unavailable(format!("cannot remove node {id}: {error}")))?;
+            return Ok(ControlResponse::MembershipChanged { voters: self.voter_addrs() });
+        }
         let mut voters = self.voters();
         if !voters.remove(&id) {
             return Err(RemoteError::new(
@@ -293,7 +413,13 @@ impl Driver {
             return Err(RemoteError::new(ErrorCode::InvalidArgument, "cannot remove the last coordinator"));
         }
         info!(node = id, "removing a coordinator");
-        self.change_voters(voters).await
+        let changed = self.change_voters(voters).await?;
+        // Its id may start afresh on an empty data directory from now on. (Best effort: a
+        // leader that removed itself no longer leads, and the id stays refused.)
+        if let Err(error) = self.commit(Command::NodeLeft { id }).await {
+            warn!(node = id, %error, "cannot record that the node left; its id stays refused on an empty data directory");
+        }
+        Ok(changed)
     }
 
     fn voters(&self) -> BTreeSet<u64> {
@@ -308,12 +434,20 @@ impl Driver {
             .map_err(|error| unavailable(format!("cannot change the membership: {error}")))?;
         let membership = changed.log_id;
         info!(?membership, "membership changed");
+        Ok(ControlResponse::MembershipChanged { voters: self.voter_addrs() })
+    }
+
+    fn voter_addrs(&self) -> Vec<(u64, String)> {
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let config = metrics.membership_config.membership();
-        let voters = config.voter_ids().filter_map(|id| config.get_node(&id).map(|node| (id, node.addr.clone()))).collect();
-        Ok(ControlResponse::MembershipChanged { voters })
+        config.voter_ids().filter_map(|id| config.get_node(&id).map(|node| (id, node.addr.clone()))).collect()
     }
+}
+
+/// `addr` as a socket address if it is one literally (no lookup).
+fn resolve_now(addr: &str) -> Option<SocketAddr> {
+    addr.parse().ok()
 }
 
 /// The socket address of `host:port` (a name is looked up), or `None`.
@@ -322,4 +456,20 @@ async fn resolve(addr: &str) -> Option<SocketAddr> {
         return Some(parsed);
     }
     tokio::net::lookup_host(addr).await.ok()?.next()
+}
+
+/// Ask the coordinator at `addr` for its own status, from `endpoint`; `None` if it does not
+/// answer within [`PEER_STATUS_TIMEOUT`].
+pub(crate) async fn ask_status(endpoint: &Endpoint, addr: &str) -> Option<CoordinatorStatus> {
+    let target = resolve(addr).await?;
+    let asked = tokio::time::timeout(PEER_STATUS_TIMEOUT, async {
+        let connection = connect(endpoint, target, PEER_STATUS_TIMEOUT).await.ok()?;
+        let answer = call::<_, ControlResponse>(&connection, &ControlRequest::NodeStatus, CONTROL_FRAME_LIMIT).await.ok();
+        connection.close(0u32.into(), b"status");
+        match answer? {
+            ControlResponse::NodeStatus { node } => Some(node),
+            _ => None,
+        }
+    });
+    asked.await.ok().flatten()
 }

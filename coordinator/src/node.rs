@@ -38,6 +38,8 @@ pub struct CoordinatorHandle {
     endpoint: quinn::Endpoint,
     driver: Arc<Driver>,
     tasks: Vec<JoinHandle<()>>,
+    /// Raft stopping (its store closes when it has).
+    stopping: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Start a coordinator serving on `socket` (already bound).
@@ -50,12 +52,12 @@ pub async fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfig
 
     let file = StoreFile::open(&config.data_dir)?;
     let fresh = file.is_fresh()?;
-    let imported = if fresh { legacy::load(&config.data_dir)? } else { None };
-    if imported.is_some() && !config.peers.is_empty() {
+    let imported = legacy::load(&config.data_dir)?;
+    if imported.is_some() && (!config.peers.is_empty() || config.join) {
         return Err(CoordinatorError::Cluster {
             message: format!(
-                "{} holds the single-node store of an earlier version: start this coordinator once without --peers to \
-                 import it, then add the others with `stoker cluster add-node`",
+                "{} holds the single-node store of an earlier version: start this coordinator once without --peers \
+                 or --join to import it, then add the others with `stoker cluster add-node`",
                 config.data_dir.display()
             ),
         });
@@ -72,6 +74,9 @@ pub async fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfig
         .map_err(|error| CoordinatorError::Internal { message: format!("cannot start Raft: {error}") })?;
     let driver = Arc::new(Driver::new(config.node_id, advertised, raft.clone(), core, endpoint.clone(), isolated));
 
+    if fresh && !config.join && !config.peers.is_empty() {
+        refuse_a_reused_node_id(&endpoint, &config).await?;
+    }
     if fresh && !config.join {
         let nodes: BTreeMap<u64, BasicNode> = members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
         match raft.initialize(nodes).await {
@@ -80,25 +85,36 @@ pub async fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfig
             Err(error) => debug!(%error, "not initialised here"),
         }
     } else if !fresh {
-        check_membership(&raft, &config, &members, &file).await.inspect_err(|_| shut_down(&raft))?;
+        if let Err(error) = check_membership(&raft, &config, &members, &file).await {
+            return stopped(&raft, error).await;
+        }
     } else {
         info!(node = config.node_id, "waiting to be added to a cluster (`stoker cluster add-node`)");
     }
-    if config.peers.is_empty() && !config.join {
-        driver.wait_to_lead(LEAD_ALONE_WITHIN).await.inspect_err(|_| shut_down(&raft))?;
+    let alone = config.peers.is_empty() && !config.join;
+    if alone && let Err(error) = driver.wait_to_lead(LEAD_ALONE_WITHIN).await {
+        return stopped(&raft, error).await;
     }
     if let Some(state) = imported {
-        driver.import(state).await.inspect_err(|_| shut_down(&raft))?;
+        // Imported before (a start that stopped before renaming the old files) or not: the
+        // replicated state says, not whether the Raft store is new.
+        if driver.core().state().imported_legacy {
+            warn!(dir = %config.data_dir.display(), "the old single-node store was imported before; renaming its files now");
+        } else if let Err(error) = driver.import(state).await {
+            return stopped(&raft, error).await;
+        } else {
+            info!(dir = %config.data_dir.display(), "imported the single-node store of an earlier version into the Raft store");
+        }
         legacy::retire(&config.data_dir)?;
-        info!(dir = %config.data_dir.display(), "imported the single-node store of an earlier version into the Raft store");
-    } else if !fresh && legacy::load(&config.data_dir).ok().flatten().is_some() {
-        warn!(dir = %config.data_dir.display(), "an old single-node store lies beside the Raft store and is not read: it was imported before");
+    }
+    if alone && let Err(error) = driver.update_own_address().await {
+        return stopped(&raft, error).await;
     }
 
     let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver)));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
     info!(%addr, node = config.node_id, "coordinator listening");
-    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer] })
+    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: std::sync::Mutex::new(None) })
 }
 
 /// Refuse to start when `--peers` (or this node alone) disagrees with the membership the
@@ -109,7 +125,13 @@ async fn check_membership(
     members: &BTreeMap<u64, String>,
     file: &StoreFile,
 ) -> Result<(), CoordinatorError> {
-    let stored = raft.metrics().borrow().membership_config.clone();
+    // The metrics show the stored membership once Raft's core has loaded the store.
+    let wait = raft.wait(Some(Duration::from_secs(2)));
+    let loaded = wait.metrics(|metrics| metrics.membership_config.nodes().next().is_some(), "membership loaded").await;
+    let stored = match loaded {
+        Ok(metrics) => metrics.membership_config.clone(),
+        Err(_) => raft.metrics().borrow().membership_config.clone(),
+    };
     let stored_nodes: BTreeMap<u64, String> = stored.nodes().map(|(id, node)| (*id, node.addr.clone())).collect();
     if stored_nodes.is_empty() {
         return Ok(());
@@ -138,11 +160,40 @@ async fn check_membership(
     Ok(())
 }
 
-fn shut_down(raft: &Raft) {
+/// A node id the cluster knows, started on an empty data directory, could vote twice in one
+/// term (it forgot its vote): refuse it. Asked before this node serves anything, so a "joined"
+/// record cannot be about this very start.
+async fn refuse_a_reused_node_id(endpoint: &quinn::Endpoint, config: &CoordinatorConfig) -> Result<(), CoordinatorError> {
+    for (id, addr) in config.peers.iter().filter(|(id, _)| **id != config.node_id) {
+        let Some(status) = crate::driver::ask_status(endpoint, addr).await else { continue };
+        if status.joined.contains(&config.node_id) {
+            return Err(CoordinatorError::Cluster {
+                message: format!(
+                    "node {} took part in this cluster before (node {id} at {addr} says so), but {} is empty: a node \
+                     that lost its data must not come back under its old id. Remove it (`stoker cluster remove-node {}`) \
+                     and start this one with a new --node-id and --join, then `stoker cluster add-node`; or give it its \
+                     old data directory",
+                    config.node_id,
+                    config.data_dir.display(),
+                    config.node_id
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Stop `raft` (closing the store) and fail with `error`.
+async fn stopped<T>(raft: &Raft, error: CoordinatorError) -> Result<T, CoordinatorError> {
+    let _ = raft.shutdown().await;
+    Err(error)
+}
+
+fn shut_down(raft: &Raft) -> JoinHandle<()> {
     let raft = raft.clone();
     tokio::spawn(async move {
         let _ = raft.shutdown().await;
-    });
+    })
 }
 
 async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>) {
@@ -205,8 +256,9 @@ impl CoordinatorHandle {
         self.driver.raft().metrics().borrow().last_log_index.unwrap_or(0)
     }
 
-    /// A test's partition switch (STYLE G12 `set_unreachable`): while set, this coordinator
-    /// sends nothing to its peers and answers nobody, as if its network were cut.
+    /// A test's partition switch (STYLE G12 `set_unreachable`): while set, this coordinator and
+    /// its peers exchange no Raft messages, as if the network between coordinators were cut;
+    /// clients still reach it (the case where a deposed leader must stop scheduling).
     pub fn set_isolated(&self, isolated: bool) {
         self.driver.set_isolated(isolated);
     }
@@ -228,14 +280,19 @@ impl CoordinatorHandle {
         for task in self.tasks.drain(..) {
             task.abort();
         }
-        if tokio::runtime::Handle::try_current().is_ok() {
-            shut_down(&self.driver.raft());
+        let mut stopping = self.stopping.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if stopping.is_none() && tokio::runtime::Handle::try_current().is_ok() {
+            *stopping = Some(shut_down(&self.driver.raft()));
         }
     }
 
-    /// Wait until the endpoint is closed.
+    /// Wait until the endpoint is closed and Raft has stopped (its store is closed).
     pub async fn join(&self) {
         self.endpoint.wait_idle().await;
+        let stopping = self.stopping.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(stopping) = stopping {
+            let _ = stopping.await;
+        }
     }
 }
 

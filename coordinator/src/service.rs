@@ -188,6 +188,16 @@ impl Coordinator {
         Some(Command::RecordCheckpoints { checkpoints })
     }
 
+    /// Put back checkpoints whose commit failed, unless newer ones were recorded meanwhile.
+    pub fn restore_checkpoints(&self, checkpoints: Vec<(JobId, Checkpoint)>) {
+        let mut inner = self.lock();
+        for (job, checkpoint) in checkpoints {
+            if inner.state.jobs.contains_key(&job) {
+                inner.pending.entry(job).or_insert(checkpoint);
+            }
+        }
+    }
+
     /// The address status reports.
     pub fn advertised(&self) -> &str {
         &self.advertised
@@ -236,7 +246,8 @@ impl Coordinator {
         for _ in 0..4 {
             match self.step(request, now) {
                 Outcome::Reply(answer) => {
-                    if let Some(checkpoints) = self.take_checkpoints().filter(|_| self.durability == Durability::Local) {
+                    let checkpoints = if self.durability == Durability::Local { self.take_checkpoints() } else { None };
+                    if let Some(checkpoints) = checkpoints {
                         self.lock().apply(checkpoints);
                     }
                     return answer;
@@ -531,6 +542,11 @@ impl Coordinator {
     /// Chunks workers reported failed so far (for metrics and tests).
     pub fn chunks_failed(&self) -> u64 {
         self.lock().scheduler.chunks_failed()
+    }
+
+    /// Coordinator node ids that took part in the cluster.
+    pub fn nodes_joined(&self) -> std::collections::BTreeSet<u64> {
+        self.lock().state.nodes_joined.clone()
     }
 
     /// A copy of the durable state (for tests and status).

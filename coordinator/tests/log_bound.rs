@@ -75,3 +75,30 @@ fn the_log_stays_bounded_across_100_000_checkpoints() {
     });
     assert_eq!(reopened, last, "snapshot plus the rest of the log give the same state");
 }
+
+/// For BENCHMARKS.md (not run by `make test`): what one fsynced redb commit of one small log
+/// entry costs on this machine, against the same commit without fsync.
+///
+/// ```sh
+/// cargo test --release -p stoker-coordinator --test log_bound -- --ignored --nocapture
+/// ```
+#[test]
+#[ignore = "benchmark: run by hand for BENCHMARKS.md"]
+fn fsync_cost_per_commit() {
+    const TABLE: redb::TableDefinition<'_, u64, &[u8]> = redb::TableDefinition::new("log");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = redb::Database::create(dir.path().join("bench.redb")).expect("db");
+    let entry = vec![7u8; 300];
+    for (name, durability) in [("fsync (Immediate)", redb::Durability::Immediate), ("no fsync (None)", redb::Durability::None)] {
+        let commits = 2000u64;
+        let started = Instant::now();
+        for index in 0..commits {
+            let mut txn = db.begin_write().expect("txn");
+            txn.set_durability(durability).expect("durability");
+            txn.open_table(TABLE).expect("table").insert(index, entry.as_slice()).expect("insert");
+            txn.commit().expect("commit");
+        }
+        let per = started.elapsed().as_secs_f64() * 1e6 / commits as f64;
+        eprintln!("| {name} | {commits} | {per:.0} µs per commit |");
+    }
+}

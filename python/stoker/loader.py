@@ -55,7 +55,7 @@ class Loader:
 
     def __init__(
         self,
-        coordinator: Optional[str] = None,
+        coordinator: Union[str, Sequence[str], None] = None,
         dataset: Optional[str] = None,
         batch_size: Optional[int] = None,
         *,
@@ -82,6 +82,10 @@ class Loader:
                     'no coordinator: pass Loader("HOST:PORT", ...) or set STOKER_COORDINATOR=HOST:PORT '
                     '(a replicated coordinator: "HOST:PORT,HOST:PORT,HOST:PORT")'
                 )
+        if isinstance(coordinator, (list, tuple)):
+            coordinator = ",".join(str(address) for address in coordinator)
+        if not isinstance(coordinator, str):
+            raise ConfigError(f'coordinator must be "HOST:PORT" or "HOST:PORT,HOST:PORT,..." (or a list of them), got {coordinator!r}')
         if not isinstance(dataset, str) or not dataset:
             raise ConfigError(f"dataset must be the name of a registered dataset (stoker dataset ls), got {dataset!r}")
         if isinstance(shuffle, bool):

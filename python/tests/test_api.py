@@ -41,6 +41,14 @@ def test_the_coordinator_comes_from_stoker_coordinator_when_not_given(cluster, j
         stoker.Loader(dataset=cluster.dataset, batch_size=8, transforms=SMALL)
 
 
+def test_a_list_of_coordinators_is_followed_past_one_that_is_down(cluster, job_name) -> None:
+    # Nothing listens on 127.0.0.1:9 (UDP): the loader moves on to the coordinator that answers.
+    with stoker.Loader(["127.0.0.1:9", cluster.coordinator], cluster.dataset, 8, transforms=SMALL, rank=0, world_size=1, job_name=job_name) as loader:
+        assert len(next(iter(loader))) == 8
+    with pytest.raises(stoker.ConfigError, match="HOST:PORT"):
+        stoker.Loader(7400, cluster.dataset, 8)
+
+
 def test_timeout_none_waits_forever_and_a_bad_timeout_says_so(cluster, job_name) -> None:
     with make(cluster, job_name, timeout=None) as loader:
         assert len(next(iter(loader))) == 8

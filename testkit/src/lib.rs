@@ -188,8 +188,7 @@ impl TestCluster {
     pub fn start_coordinator_node(&mut self, index: usize) -> Result<(), TestkitError> {
         let port = self.coordinator_addrs.get(index).ok_or("no such coordinator")?.port();
         let count = self.coordinator_addrs.len();
-        let data_dir = if count == 1 { self.data_dir.clone() } else { self.data_dir.join(format!("node-{}", index + 1)) };
-        let mut config = CoordinatorConfig::new(data_dir);
+        let mut config = CoordinatorConfig::new(self.coordinator_data_dir(index));
         config.node_id = index as u64 + 1;
         if count > 1 {
             config.peers = self.coordinator_addrs.iter().enumerate().map(|(i, addr)| (i as u64 + 1, addr.to_string())).collect();
@@ -212,6 +211,22 @@ impl TestCluster {
         Ok(())
     }
 
+    /// Start one more coordinator (node `index + 1`, returned as `index`) with `--join`: empty,
+    /// waiting for `AddNode`. Clients learn of it from the leader's redirects only.
+    pub fn start_joining_coordinator(&mut self) -> Result<usize, TestkitError> {
+        let socket = bind(Ipv4Addr::LOCALHOST, 0)?;
+        let index = self.coordinator_addrs.len();
+        self.coordinator_addrs.push(socket.local_addr().map_err(|error| error.to_string())?);
+        self.coordinators.push(None);
+        let mut config = CoordinatorConfig::new(self.coordinator_data_dir(index));
+        config.node_id = index as u64 + 1;
+        config.join = true;
+        let _guard = self.runtime.enter();
+        let handle = self.runtime.block_on(stoker_coordinator::start(config, socket, &self.tls)).map_err(|error| error.to_string())?;
+        self.coordinators[index] = Some(handle);
+        Ok(index)
+    }
+
     /// Stop coordinator `index` as a crash would: its endpoint closes, Raft stops, nothing is
     /// handed over. Its data directory stays for [`Self::start_coordinator_node`].
     pub fn kill_coordinator_node(&mut self, index: usize) {
@@ -220,6 +235,11 @@ impl TestCluster {
             handle.shutdown();
             let _ = self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), handle.join()).await });
         }
+    }
+
+    /// Coordinator `index`'s data directory.
+    pub fn coordinator_data_dir(&self, index: usize) -> PathBuf {
+        if self.coordinator_addrs.len() == 1 { self.data_dir.clone() } else { self.data_dir.join(format!("node-{}", index + 1)) }
     }
 
     /// The index of the coordinator that leads now, if one does.

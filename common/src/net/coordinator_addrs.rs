@@ -80,26 +80,43 @@ impl CoordinatorAddrs {
             return Err(CoordinatorAddrsError::Empty { text: text.to_owned() });
         }
         let mut addrs = Vec::new();
+        // A well-formed name that does not resolve now (a coordinator whose DNS record is gone
+        // while its host is replaced) is skipped if another entry resolves: the others lead.
+        let mut unresolved = None;
         for (index, entry) in text.split(',').enumerate() {
             let entry = entry.trim();
             let position = index + 1;
             if entry.is_empty() {
                 return Err(CoordinatorAddrsError::EmptyEntry { position, text: text.to_owned() });
             }
-            let mut resolved = entry.to_socket_addrs().map_err(|error| CoordinatorAddrsError::Unresolvable {
-                entry: entry.to_owned(),
-                position,
-                text: text.to_owned(),
-                reason: error.to_string(),
-            })?;
-            let addr = resolved.next().ok_or_else(|| CoordinatorAddrsError::NoAddress {
-                entry: entry.to_owned(),
-                position,
-                text: text.to_owned(),
-            })?;
-            addrs.push(addr);
+            let well_formed = entry.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            let resolved = match entry.to_socket_addrs() {
+                Ok(mut resolved) => resolved.next().ok_or_else(|| CoordinatorAddrsError::NoAddress {
+                    entry: entry.to_owned(),
+                    position,
+                    text: text.to_owned(),
+                }),
+                Err(error) => Err(CoordinatorAddrsError::Unresolvable {
+                    entry: entry.to_owned(),
+                    position,
+                    text: text.to_owned(),
+                    reason: error.to_string(),
+                }),
+            };
+            match resolved {
+                Ok(addr) => addrs.push(addr),
+                Err(error) if well_formed && entry.parse::<SocketAddr>().is_err() => {
+                    tracing::warn!(%error, "skipping a coordinator address that does not resolve");
+                    unresolved.get_or_insert(error);
+                }
+                Err(error) => return Err(error),
+            }
         }
-        Self::from_addrs(addrs).ok_or_else(|| CoordinatorAddrsError::Empty { text: text.to_owned() })
+        match (Self::from_addrs(addrs), unresolved) {
+            (Some(addrs), _) => Ok(addrs),
+            (None, Some(error)) => Err(error),
+            (None, None) => Err(CoordinatorAddrsError::Empty { text: text.to_owned() }),
+        }
     }
 
     /// The first address given.

@@ -406,6 +406,8 @@ pub struct CoordinatorStatus {
     pub applied: u64,
     /// The leader's node id as this coordinator knows it.
     pub leader: Option<u64>,
+    /// Node ids that took part in the cluster, as this coordinator's state has them.
+    pub joined: Vec<u64>,
 }
 
 /// What `stoker status` shows.

@@ -60,13 +60,31 @@ impl StoreFile {
             source,
         })?;
         let path = dir.join(STORE_FILE);
-        let db = Database::create(&path).map_err(|error| CoordinatorError::CorruptState {
-            path: path.clone(),
-            message: format!(
-                "cannot open the Raft store: {error} (move the file away to start this node empty, and it catches up \
-                 from the other coordinators; with one coordinator, restore the file from a backup)"
-            ),
-        })?;
+        // A coordinator of this process stopping a moment ago may still hold the file.
+        let mut tries = 0;
+        let db = loop {
+            match Database::create(&path) {
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) if tries < 40 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                    return Err(CoordinatorError::Cluster {
+                        message: format!("{} is in use by another coordinator: give each coordinator its own --data-dir", path.display()),
+                    });
+                }
+                Err(error) => {
+                    return Err(CoordinatorError::CorruptState {
+                        path: path.clone(),
+                        message: format!(
+                            "cannot open the Raft store: {error} (move the file away to start this node empty: in a \
+                             cluster, remove the node and add it back under a new id; alone, restore the file from a backup)"
+                        ),
+                    });
+                }
+                Ok(db) => break db,
+            }
+        };
         let file = Self { db: Arc::new(db), path };
         // Create the tables, so that readers never meet a missing one.
         file.write(|txn| {

@@ -80,7 +80,7 @@ pub fn raft_config(cluster: &str) -> openraft::Config {
         election_timeout_min: 500,
         election_timeout_max: 1000,
         install_snapshot_timeout: 2000,
-        max_payload_entries: 256,
+        max_payload_entries: 64,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
         max_in_snapshot_log_to_keep: KEEP_BEHIND_SNAPSHOT,
         purge_batch_size: 64,

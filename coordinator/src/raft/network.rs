@@ -22,6 +22,9 @@ use stoker_common::wire::CONTROL_FRAME_LIMIT;
 
 use super::{Raft, TypeConfig};
 
+/// The largest snapshot a peer may send: the state of tens of thousands of jobs is a few MB.
+pub(crate) const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
+
 /// A Raft message that could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]
 pub enum RaftCodecError {
@@ -184,6 +187,17 @@ pub async fn answer_raft_rpc(raft: &Raft, kind: RaftKind, payload: &[u8]) -> Res
     match kind {
         RaftKind::AppendEntries => encode(&raft.append_entries(decode(payload)?).await),
         RaftKind::Vote => encode(&raft.vote(decode(payload)?).await),
-        RaftKind::InstallSnapshot => encode(&raft.install_snapshot(decode(payload)?).await),
+        RaftKind::InstallSnapshot => {
+            let request: InstallSnapshotRequest<TypeConfig> = decode(payload)?;
+            // openraft writes a chunk at its offset in a Vec: an offset far out would allocate it.
+            let end = request.offset.checked_add(request.data.len() as u64);
+            if end.is_none_or(|end| end > MAX_SNAPSHOT_BYTES) {
+                return Err(RemoteError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("a snapshot chunk at offset {} is past the {MAX_SNAPSHOT_BYTES}-byte snapshot limit", request.offset),
+                ));
+            }
+            encode(&raft.install_snapshot(request).await)
+        }
     }
 }

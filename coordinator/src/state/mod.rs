@@ -3,7 +3,7 @@
 //! the same state on every replica: this is what Raft will replicate, and what the
 //! single-node store replays after a restart.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 use stoker_common::ids::JobId;
@@ -59,6 +59,18 @@ pub enum Command {
         /// The job.
         job: JobId,
     },
+    /// A coordinator node took part in the cluster (the leader saw its log match): a later
+    /// start of that node id on an empty data directory is refused.
+    NodeJoined {
+        /// Its node id.
+        id: u64,
+    },
+    /// A coordinator node left the cluster (`stoker cluster remove-node`): its id may start
+    /// afresh.
+    NodeLeft {
+        /// Its node id.
+        id: u64,
+    },
     /// Replace the whole state: the import of a data directory written by the single-node
     /// store of earlier versions (`commands.jsonl`, `state.json`).
     Import {
@@ -98,6 +110,12 @@ pub struct ClusterState {
     /// Jobs that cannot go on, with the reason.
     #[serde(default)]
     pub failed: BTreeMap<JobId, String>,
+    /// Coordinator node ids that took part in the cluster.
+    #[serde(default)]
+    pub nodes_joined: BTreeSet<u64>,
+    /// Whether the single-node store of an earlier version was imported (it never is twice).
+    #[serde(default)]
+    pub imported_legacy: bool,
 }
 
 impl ClusterState {
@@ -157,8 +175,17 @@ impl ClusterState {
                 self.failed.remove(&job);
                 Applied::Done
             }
+            Command::NodeJoined { id } => {
+                self.nodes_joined.insert(id);
+                Applied::Done
+            }
+            Command::NodeLeft { id } => {
+                self.nodes_joined.remove(&id);
+                Applied::Done
+            }
             Command::Import { state } => {
                 *self = *state;
+                self.imported_legacy = true;
                 Applied::Done
             }
         }

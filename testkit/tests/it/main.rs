@@ -12,6 +12,7 @@ mod loss_paths;
 mod next_epoch;
 mod protocol_model;
 mod raft;
+mod raft_bench;
 mod restart;
 mod resume;
 mod wedged;

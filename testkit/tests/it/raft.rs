@@ -193,3 +193,87 @@ fn a_follower_cut_off_cannot_lead_alone_and_catches_up_after_healing() {
     })
     .expect("caught up");
 }
+
+/// A node that lost its disk must not come back under its old id (it forgot its vote): once
+/// the cluster has seen every node take part, a node started on an empty data directory with
+/// an id the cluster knows is refused, and told what to do.
+#[test]
+fn a_node_id_the_cluster_knows_is_refused_on_an_empty_data_directory() {
+    let mut cluster = raft_cluster();
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("leader");
+    let core = cluster.coordinator().expect("leader");
+    wait_until(Duration::from_secs(10), "every node recorded as joined", || core.nodes_joined().len() == 3).expect("joined");
+    let victim = (leader + 1) % 3;
+    cluster.kill_coordinator_node(victim);
+    let dir = cluster.coordinator_data_dir(victim);
+    std::fs::remove_dir_all(&dir).expect("wipe");
+    let refused = cluster.start_coordinator_node(victim).expect_err("refused");
+    assert!(refused.contains("took part in this cluster before") && refused.contains("remove-node"), "{refused}");
+}
+
+/// A leader cut off from the other coordinators but not from clients stops scheduling once
+/// its leadership is no longer confirmed, while the others elect a new leader: clients are
+/// sent on, not served by two schedulers.
+#[test]
+fn a_leader_cut_off_from_the_other_coordinators_stops_serving() {
+    let cluster = raft_cluster();
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("leader");
+    let addr = cluster.coordinator_node(leader).expect("leader").local_addr();
+    let ask_it = || {
+        cluster.block_on(async {
+            let client =
+                stoker_common::net::QuicCoordinator::new(addr, &stoker_common::net::TlsConfigs::insecure().expect("tls")).expect("client");
+            let answer = stoker_common::api::CoordinatorApi::call(&client, stoker_common::proto::ControlRequest::Status).await;
+            stoker_common::api::CoordinatorApi::close(&client);
+            answer
+        })
+    };
+    assert!(ask_it().is_ok(), "it serves while it leads");
+    cluster.coordinator_node(leader).expect("leader").set_isolated(true);
+    let cut_at = Instant::now();
+    wait_until(Duration::from_secs(10), "another coordinator leads", || {
+        (0..3).any(|index| index != leader && cluster.coordinator_node(index).is_some_and(|node| node.is_leader()))
+    })
+    .expect("a new leader");
+    wait_until(Duration::from_secs(5), "the cut-off leader refuses to serve", || {
+        ask_it().is_err_and(|error| matches!(error.code, stoker_common::proto::ErrorCode::NotLeader { .. }))
+    })
+    .expect("refusal");
+    info!(after = ?cut_at.elapsed(), "the cut-off leader stopped serving");
+    assert!(cluster.add_dataset("after-the-cut", &dataset()).is_ok(), "the majority serves");
+    cluster.coordinator_node(leader).expect("node").set_isolated(false);
+}
+
+/// `cluster remove-node` then `cluster add-node`: a dead node is taken out, a new empty node
+/// joins under a new id, catches up, votes, and can lead.
+#[test]
+fn a_dead_node_is_replaced_by_a_new_one_through_remove_and_add() {
+    use stoker_common::proto::{ControlRequest, ControlResponse};
+    let mut cluster = raft_cluster();
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("leader");
+    let dead = (leader + 1) % 3;
+    cluster.kill_coordinator_node(dead);
+    let removed = cluster.call(ControlRequest::RemoveNode { id: dead as u64 + 1 }).expect("removed");
+    let ControlResponse::MembershipChanged { voters } = removed else { panic!("{removed:?}") };
+    assert_eq!(voters.len(), 2, "{voters:?}");
+    let unknown = cluster.call(ControlRequest::RemoveNode { id: 42 }).expect_err("not a member");
+    assert_eq!(unknown.code, stoker_common::proto::ErrorCode::NotFound, "{unknown:?}");
+    let new = cluster.start_joining_coordinator().expect("a new node");
+    let addr = cluster.coordinator_node(new).expect("running").local_addr().to_string();
+    let bad = cluster.call(ControlRequest::AddNode { id: new as u64 + 1, addr: "no-port".into() }).expect_err("refused");
+    assert!(bad.message.contains("HOST:PORT"), "{bad:?}");
+    let added = cluster.call(ControlRequest::AddNode { id: new as u64 + 1, addr }).expect("added");
+    let ControlResponse::MembershipChanged { voters } = added else { panic!("{added:?}") };
+    assert_eq!(voters.len(), 3, "{voters:?}");
+    assert!(voters.iter().any(|(id, _)| *id == new as u64 + 1));
+    let core = cluster.coordinator().expect("leader");
+    wait_until(Duration::from_secs(10), "the new node has the leader's state", || {
+        cluster.coordinator_node(new).expect("running").core().state() == core.state()
+    })
+    .expect("caught up");
+    info!("--- the old leader goes: the new node's vote is needed, and the cluster still leads");
+    let leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("leader");
+    cluster.kill_coordinator_node(leader);
+    cluster.wait_for_leader(Duration::from_secs(10)).expect("a leader among the two left");
+    assert!(cluster.add_dataset("after-replacement", &dataset()).is_ok());
+}
