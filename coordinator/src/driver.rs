@@ -27,7 +27,7 @@ const PEER_STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// A leader serves for this long after a majority last confirmed it (and it had applied every
 /// entry committed before): shorter than the election timeout's lower bound plus a heartbeat,
 /// so a leader cut off from the others stops scheduling about when they elect another.
-const LEADERSHIP_LEASE: Duration = Duration::from_millis(600);
+const LEADERSHIP_LEASE: Duration = Duration::from_millis(500);
 /// How long one confirmation of leadership may take.
 const CONFIRM_WITHIN: Duration = Duration::from_millis(500);
 /// How long `cluster add-node` waits for the new node to catch up as a learner.

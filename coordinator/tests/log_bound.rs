@@ -80,11 +80,15 @@ fn the_log_stays_bounded_across_100_000_checkpoints() {
 /// entry costs on this machine, against the same commit without fsync.
 ///
 /// ```sh
-/// cargo test --release -p stoker-coordinator --test log_bound -- --ignored --nocapture
+/// STOKER_BENCH=1 cargo test --release -p stoker-coordinator --test log_bound -- --ignored --nocapture
 /// ```
 #[test]
 #[ignore = "benchmark: run by hand for BENCHMARKS.md"]
 fn fsync_cost_per_commit() {
+    if std::env::var_os("STOKER_BENCH").is_none() {
+        eprintln!("a benchmark: set STOKER_BENCH=1 to run it (`make test` runs ignored tests, but not this one)");
+        return;
+    }
     const TABLE: redb::TableDefinition<'_, u64, &[u8]> = redb::TableDefinition::new("log");
     let dir = tempfile::tempdir().expect("tempdir");
     let db = redb::Database::create(dir.path().join("bench.redb")).expect("db");

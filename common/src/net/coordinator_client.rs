@@ -21,9 +21,11 @@ use crate::wire::CONTROL_FRAME_LIMIT;
 /// How long to wait for the coordinator to accept a connection or answer a call.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long to wait for a connection when other coordinators could answer instead: a node that
-/// is down (no ICMP reaches a QUIC client) must not take most of a call's failover budget.
-const FAILOVER_CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long to wait for a connection or an answer when other coordinators could answer
+/// instead: a node that is down (no ICMP reaches a QUIC client, and a killed process closes no
+/// connection) must not hold a call long. A coordinator answers in milliseconds; the slowest
+/// request (a commit waiting for a majority's fsync) takes tens.
+const FAILOVER_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 
 /// One connection slot per address; its lock is held while dialling, so concurrent calls share
 /// one connection.
@@ -100,18 +102,30 @@ impl QuicCoordinator {
         Ok(connection)
     }
 
-    async fn call_once(&self, addr: SocketAddr, request: &ControlRequest, connect_timeout: Duration) -> Result<ControlResponse, NetError> {
-        let connection = self.connection(addr, connect_timeout).await?;
-        match tokio::time::timeout(CALL_TIMEOUT, call(&connection, request, CONTROL_FRAME_LIMIT)).await {
+    async fn call_once(&self, addr: SocketAddr, request: &ControlRequest, timeout: Duration) -> Result<ControlResponse, NetError> {
+        let connection = self.connection(addr, timeout).await?;
+        match tokio::time::timeout(timeout, call(&connection, request, CONTROL_FRAME_LIMIT)).await {
             Ok(answer) => answer,
-            Err(_) => Err(NetError::Timeout { addr, seconds: CALL_TIMEOUT.as_secs_f64() }),
+            Err(_) => {
+                // A coordinator killed without closing its connections never answers on them.
+                self.forget_connection(addr, &connection).await;
+                Err(NetError::Timeout { addr, seconds: timeout.as_secs_f64() })
+            }
+        }
+    }
+
+    async fn forget_connection(&self, addr: SocketAddr, connection: &Connection) {
+        let slot = self.slot(addr);
+        let mut cached = slot.lock().await;
+        if cached.as_ref().is_some_and(|known| known.stable_id() == connection.stable_id()) {
+            *cached = None;
         }
     }
 
     /// One try at `addr`, with transport failures as [`ErrorCode::Unavailable`].
     async fn try_at(&self, addr: SocketAddr, request: &ControlRequest) -> Result<ControlResponse, RemoteError> {
-        let connect_timeout = if self.known().all().len() > 1 { FAILOVER_CONNECT_TIMEOUT } else { CALL_TIMEOUT };
-        self.call_once(addr, request, connect_timeout).await.map_err(|error| match error {
+        let timeout = if self.known().all().len() > 1 { FAILOVER_CALL_TIMEOUT } else { CALL_TIMEOUT };
+        self.call_once(addr, request, timeout).await.map_err(|error| match error {
             NetError::Remote { source, .. } => source,
             NetError::VersionMismatch { .. } => RemoteError::new(ErrorCode::VersionMismatch, error.to_string()),
             other => RemoteError::new(ErrorCode::Unavailable, format!("coordinator {addr}: {other}")),

@@ -21,11 +21,15 @@ use crate::proto::ErrorCode;
 /// The first pause between tries.
 pub(crate) const INITIAL_BACKOFF: Duration = Duration::from_millis(50);
 
-/// The longest pause between tries.
-pub(crate) const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest pause between tries: short, so that a caller finds a newly elected leader
+/// within a quarter second of the election (calls during one are cheap refusals).
+pub(crate) const MAX_BACKOFF: Duration = Duration::from_millis(250);
 
 /// How long one call looks for the leader before it returns the last error, by default.
 pub(crate) const DEFAULT_FAILOVER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long an address that did not answer is not followed to on a hint: about an election.
+const UNREACHABLE_MEMORY: Duration = Duration::from_secs(3);
 
 /// Redirects followed at once in a row before they too wait for the backoff.
 const MAX_IMMEDIATE_REDIRECTS: u32 = 3;
@@ -47,12 +51,15 @@ pub(crate) struct KnownCoordinators {
     next: usize,
     /// The last address that answered.
     leader: Option<SocketAddr>,
+    /// Addresses found unreachable, and when: a follower that has not heard of an election yet
+    /// still names the dead leader, and its hint is not followed back there for a while.
+    unreachable: Vec<(SocketAddr, Instant)>,
 }
 
 impl KnownCoordinators {
     /// `addrs`, starting at the first.
     pub(crate) fn new(addrs: &CoordinatorAddrs) -> Self {
-        Self { addrs: addrs.as_slice().to_vec(), configured: addrs.len(), next: 0, leader: None }
+        Self { addrs: addrs.as_slice().to_vec(), configured: addrs.len(), next: 0, leader: None, unreachable: Vec::new() }
     }
 
     /// Where the next call starts.
@@ -68,9 +75,21 @@ impl KnownCoordinators {
     /// `addr` answered a call: it is the leader, and calls start there. Returns the previous
     /// leader (`Some(None)` if there was none yet) when this is a change.
     pub(crate) fn answered(&mut self, addr: SocketAddr) -> Option<Option<SocketAddr>> {
+        self.unreachable.retain(|(known, _)| *known != addr);
         self.next = self.learn(addr);
         let previous = self.leader.replace(addr);
         (previous != Some(addr)).then_some(previous)
+    }
+
+    /// `addr` did not answer at `now`.
+    fn unreachable_at(&mut self, addr: SocketAddr, now: Instant) {
+        self.unreachable.retain(|(known, at)| *known != addr && now.saturating_duration_since(*at) < UNREACHABLE_MEMORY);
+        self.unreachable.push((addr, now));
+    }
+
+    /// Whether `addr` did not answer within the last [`UNREACHABLE_MEMORY`].
+    fn is_unreachable(&self, addr: SocketAddr, now: Instant) -> bool {
+        self.unreachable.iter().any(|(known, at)| *known == addr && now.saturating_duration_since(*at) < UNREACHABLE_MEMORY)
     }
 
     /// `hint` is said to be the leader: learn it if new, and start there.
@@ -149,8 +168,11 @@ impl FollowAttempt {
         if !follow || self.attempts >= MAX_ATTEMPTS || now >= self.deadline {
             return Next::GiveUp;
         }
+        if *code == ErrorCode::Unavailable {
+            known.unreachable_at(failed, now);
+        }
         match code {
-            ErrorCode::NotLeader { leader_hint: Some(hint) } => {
+            ErrorCode::NotLeader { leader_hint: Some(hint) } if !known.is_unreachable(*hint, now) => {
                 known.redirect(*hint);
                 if *hint != failed && self.immediate_redirects < MAX_IMMEDIATE_REDIRECTS {
                     self.immediate_redirects += 1;
@@ -160,7 +182,14 @@ impl FollowAttempt {
                 }
             }
             _ => {
-                let addr = known.rotate_from(failed);
+                // The next address that was not found unreachable lately (any, if all were).
+                let mut addr = known.rotate_from(failed);
+                for _ in 0..known.all().len() {
+                    if !known.is_unreachable(addr, now) {
+                        break;
+                    }
+                    addr = known.rotate_from(addr);
+                }
                 self.pause_then(addr, now)
             }
         }
@@ -188,6 +217,29 @@ mod tests {
 
     fn not_leader(hint: Option<u8>) -> ErrorCode {
         ErrorCode::NotLeader { leader_hint: hint.map(addr) }
+    }
+
+    /// Found in the fail-over benchmark: followers still name a dead leader until the election
+    /// ends, and following them back to it cost a connect timeout each time.
+    #[test]
+    fn a_hint_naming_an_address_this_call_found_unreachable_is_not_followed() {
+        let mut known = known(&[1, 2, 3]);
+        let now = Instant::now();
+        let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
+        let next = attempt.after_failure(&mut known, addr(1), &ErrorCode::Unavailable, now);
+        assert!(matches!(next, Next::Call { addr: to, .. } if to == addr(2)), "{next:?}");
+        let next = attempt.after_failure(&mut known, addr(2), &not_leader(Some(1)), now);
+        assert!(matches!(next, Next::Call { addr: to, after } if to == addr(3) && after > Duration::ZERO), "{next:?}");
+        let next = attempt.after_failure(&mut known, addr(3), &not_leader(Some(1)), now);
+        assert!(matches!(next, Next::Call { addr: to, .. } if to == addr(2)), "the rotation skips the unreachable one: {next:?}");
+        let next = attempt.after_failure(&mut known, addr(2), &not_leader(Some(3)), now);
+        assert_eq!(next, Next::Call { addr: addr(3), after: Duration::ZERO }, "a hint to a live address is followed");
+        let mut later = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
+        let next = later.after_failure(&mut known, addr(2), &not_leader(Some(1)), now);
+        assert!(matches!(next, Next::Call { addr: to, .. } if to != addr(1)), "the next call remembers too: {next:?}");
+        let much_later = now + UNREACHABLE_MEMORY;
+        let next = later.after_failure(&mut known, addr(2), &not_leader(Some(1)), much_later);
+        assert!(matches!(next, Next::Call { addr: to, .. } if to == addr(1)), "and forgets after a while: {next:?}");
     }
 
     fn after(next: Next) -> Duration {
@@ -273,7 +325,7 @@ mod tests {
                 Next::GiveUp => panic!("gave up"),
             }
         }
-        assert_eq!(pauses, [50, 100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(pauses, [50, 100, 200, 250, 250, 250, 250, 250]);
         assert_eq!(called, [addr(2), addr(3), addr(1), addr(2), addr(3), addr(1), addr(2), addr(3)]);
     }
 

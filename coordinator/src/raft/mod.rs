@@ -70,15 +70,16 @@ impl Replica for PlainReplica {
     }
 }
 
-/// Raft timing and log bounds. Heartbeats every 100 ms and elections after 0.5–1 s of
-/// silence: a dead leader is replaced within about a second. A snapshot every 1,000 entries,
+/// Raft timing and log bounds. Heartbeats every 100 ms and elections after 0.3–0.6 s of
+/// silence: a dead leader is replaced within about a second (openraft's followers also wait
+/// out the old leader's lease before they vote). A snapshot every 1,000 entries,
 /// keeping 200 behind it for slow followers: the log holds at most ~1,200 entries.
 pub fn raft_config(cluster: &str) -> openraft::Config {
     openraft::Config {
         cluster_name: cluster.to_owned(),
         heartbeat_interval: 100,
-        election_timeout_min: 500,
-        election_timeout_max: 1000,
+        election_timeout_min: 300,
+        election_timeout_max: 600,
         install_snapshot_timeout: 2000,
         max_payload_entries: 64,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use stoker_client::{Loader, LoaderConfig};
 use stoker_common::ids::Epoch;
 use stoker_common::plan::Tail;
+use stoker_coordinator::state::Command;
 use stoker_testkit::{ClusterConfig, TestCluster, wait_until};
 use tracing::info;
 
@@ -132,6 +133,15 @@ fn a_whole_cluster_restart_keeps_datasets_jobs_and_checkpoints_and_a_trainer_res
             core.state().checkpoints.values().any(|checkpoint| checkpoint.position.0 == 20)
         })
         .expect("checkpoint");
+        // A second job that failed (as a worker's `ChunkFatal` makes it): its reason is durable.
+        let leader = cluster.coordinator_node(cluster.leader_index().expect("leader")).expect("running");
+        let mut failing = config_for(&base_config(&cluster, "failing"), 0, 1).job_spec().expect("spec");
+        failing.plan.seed = 99;
+        cluster.block_on(leader.commit(Command::CreateJob { spec: failing })).expect("job");
+        let failed = *core.state().jobs.keys().max().expect("a job");
+        let reason = "shard-000003.tar: sample 0042 cannot be decoded".to_owned();
+        cluster.block_on(leader.commit(Command::FailJob { job: failed, reason: reason.clone() })).expect("failure");
+        assert_eq!(core.state().failed.get(&failed), Some(&reason));
         (state, core.state())
     };
     {
