@@ -28,6 +28,8 @@ const PEER_STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// entry committed before): shorter than the election timeout's lower bound plus a heartbeat,
 /// so a leader cut off from the others stops scheduling about when they elect another.
 const LEADERSHIP_LEASE: Duration = Duration::from_millis(500);
+/// The timer confirms again once the last confirmation is this old (it ticks every 200 ms).
+const TICK_CONFIRMATION_AGE: Duration = Duration::from_millis(150);
 /// How long one confirmation of leadership may take.
 const CONFIRM_WITHIN: Duration = Duration::from_millis(500);
 /// How long `cluster add-node` waits for the new node to catch up as a learner.
@@ -47,6 +49,8 @@ pub(crate) struct Driver {
     isolated: Arc<AtomicBool>,
     /// When a majority last confirmed this node's leadership, in which term.
     confirmed: std::sync::Mutex<Option<(u64, Instant)>>,
+    /// Held while a confirmation is under way.
+    confirming: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Driver {
@@ -68,7 +72,16 @@ impl Driver {
         endpoint: Endpoint,
         isolated: Arc<AtomicBool>,
     ) -> Self {
-        Self { id, advertised, raft, core, endpoint, isolated, confirmed: std::sync::Mutex::new(None) }
+        Self {
+            id,
+            advertised,
+            raft,
+            core,
+            endpoint,
+            isolated,
+            confirmed: std::sync::Mutex::new(None),
+            confirming: tokio::sync::Mutex::new(()),
+        }
     }
 
     pub(crate) fn set_isolated(&self, isolated: bool) {
@@ -168,7 +181,7 @@ impl Driver {
             (metrics.state == ServerState::Leader && metrics.current_leader == Some(self.id), metrics.current_term, leader_addr)
         };
         if leading {
-            if self.confirm(term).await {
+            if self.confirm(term, false).await {
                 self.core.lead(term, Instant::now());
                 return Ok(());
             }
@@ -193,10 +206,20 @@ impl Driver {
 
     /// Whether a majority confirmed this node's leadership in `term` within the lease, and it
     /// has applied everything committed before (openraft's read index): asked now if not.
-    async fn confirm(&self, term: u64) -> bool {
-        let fresh =
-            |confirmed: &Option<(u64, Instant)>| confirmed.is_some_and(|(at_term, at)| at_term == term && at.elapsed() < LEADERSHIP_LEASE);
-        if fresh(&self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)) {
+    /// `refresh`: confirm again even if the last confirmation is still valid (the timer, so
+    /// that requests seldom find it stale). One confirmation runs at a time.
+    async fn confirm(&self, term: u64, refresh: bool) -> bool {
+        let fresh = |within: Duration| {
+            let confirmed = self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            confirmed.is_some_and(|(at_term, at)| at_term == term && at.elapsed() < within)
+        };
+        let wanted = if refresh { TICK_CONFIRMATION_AGE } else { LEADERSHIP_LEASE };
+        if fresh(wanted) {
+            return true;
+        }
+        let _one_at_a_time = self.confirming.lock().await;
+        // Another caller may have confirmed while this one waited.
+        if fresh(wanted) {
             return true;
         }
         let asked = Instant::now();
@@ -264,7 +287,7 @@ impl Driver {
         }
         // Confirmed at every tick, so requests seldom wait for a confirmation. Unconfirmed
         // (slow, or cut off), the soft state is kept for this term but nothing is committed.
-        if !self.confirm(term).await {
+        if !self.confirm(term, true).await {
             return;
         }
         self.core.lead(term, now);
@@ -302,17 +325,22 @@ impl Driver {
             None => Vec::new(),
         };
         let voters: BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
-        matched
+        let members: BTreeSet<u64> = metrics.membership_config.nodes().map(|(id, _)| *id).collect();
+        let joining = matched
             .into_iter()
             .chain([self.id])
             .filter(|id| voters.contains(id) && !joined.contains(id))
             .collect::<BTreeSet<u64>>()
             .into_iter()
-            .map(|id| Command::NodeJoined { id })
-            .collect()
+            .map(|id| Command::NodeJoined { id });
+        // A node no longer a member (removed, also a leader that removed itself) frees its id.
+        let left = joined.iter().filter(|id| !members.contains(id)).map(|id| Command::NodeLeft { id: *id });
+        joining.chain(left).collect()
     }
 
     fn own_status(&self) -> CoordinatorStatus {
+        // Read before the metrics are borrowed: openraft cannot publish metrics meanwhile.
+        let joined = self.core.nodes_joined().into_iter().collect();
         let metrics = self.raft.metrics();
         let metrics = metrics.borrow();
         let role = match metrics.state {
@@ -330,7 +358,7 @@ impl Driver {
             last_log: metrics.last_log_index.unwrap_or(0),
             applied: metrics.last_applied.map_or(0, |log_id| log_id.index),
             leader: metrics.current_leader,
-            joined: self.core.nodes_joined().into_iter().collect(),
+            joined,
         }
     }
 

@@ -74,8 +74,12 @@ pub async fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfig
         .map_err(|error| CoordinatorError::Internal { message: format!("cannot start Raft: {error}") })?;
     let driver = Arc::new(Driver::new(config.node_id, advertised, raft.clone(), core, endpoint.clone(), isolated));
 
-    if fresh && !config.join && !config.peers.is_empty() {
-        refuse_a_reused_node_id(&endpoint, &config).await?;
+    if fresh
+        && !config.join
+        && !config.peers.is_empty()
+        && let Err(error) = refuse_a_reused_node_id(&endpoint, &config).await
+    {
+        return stopped(&raft, error).await;
     }
     if fresh && !config.join {
         let nodes: BTreeMap<u64, BasicNode> = members.iter().map(|(id, addr)| (*id, BasicNode::new(addr))).collect();
@@ -105,7 +109,9 @@ pub async fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfig
         } else {
             info!(dir = %config.data_dir.display(), "imported the single-node store of an earlier version into the Raft store");
         }
-        legacy::retire(&config.data_dir)?;
+        if let Err(error) = legacy::retire(&config.data_dir) {
+            return stopped(&raft, error).await;
+        }
     }
     if alone && let Err(error) = driver.update_own_address().await {
         return stopped(&raft, error).await;

@@ -27,6 +27,19 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 /// request (a commit waiting for a majority's fsync) takes tens.
 const FAILOVER_CALL_TIMEOUT: Duration = Duration::from_millis(1500);
 
+/// How long one try of `request` may take. Most requests are answered in milliseconds, and
+/// with other coordinators to ask a silent one is given up after [`FAILOVER_CALL_TIMEOUT`];
+/// those that legitimately take long (reading a manifest, asking every coordinator, a new node
+/// catching up) get the long timeout, or longer.
+fn call_timeout(request: &ControlRequest, several: bool) -> Duration {
+    match request {
+        ControlRequest::AddNode { .. } => Duration::from_secs(45),
+        ControlRequest::AddDataset { .. } | ControlRequest::Status | ControlRequest::RemoveNode { .. } => CALL_TIMEOUT,
+        _ if several => FAILOVER_CALL_TIMEOUT,
+        _ => CALL_TIMEOUT,
+    }
+}
+
 /// One connection slot per address; its lock is held while dialling, so concurrent calls share
 /// one connection.
 type Slot = Arc<Mutex<Option<Connection>>>;
@@ -122,13 +135,14 @@ impl QuicCoordinator {
         }
     }
 
-    /// One try at `addr`, with transport failures as [`ErrorCode::Unavailable`].
-    async fn try_at(&self, addr: SocketAddr, request: &ControlRequest) -> Result<ControlResponse, RemoteError> {
-        let timeout = if self.known().all().len() > 1 { FAILOVER_CALL_TIMEOUT } else { CALL_TIMEOUT };
+    /// One try at `addr`, with transport failures as [`ErrorCode::Unavailable`]; the flag says
+    /// whether the coordinator answered at all (an answered error is not a dead node).
+    async fn try_at(&self, addr: SocketAddr, request: &ControlRequest) -> Result<ControlResponse, (RemoteError, bool)> {
+        let timeout = call_timeout(request, self.known().all().len() > 1);
         self.call_once(addr, request, timeout).await.map_err(|error| match error {
-            NetError::Remote { source, .. } => source,
-            NetError::VersionMismatch { .. } => RemoteError::new(ErrorCode::VersionMismatch, error.to_string()),
-            other => RemoteError::new(ErrorCode::Unavailable, format!("coordinator {addr}: {other}")),
+            NetError::Remote { source, .. } => (source, true),
+            NetError::VersionMismatch { .. } => (RemoteError::new(ErrorCode::VersionMismatch, error.to_string()), true),
+            other => (RemoteError::new(ErrorCode::Unavailable, format!("coordinator {addr}: {other}")), false),
         })
     }
 
@@ -158,7 +172,8 @@ impl CoordinatorApi for QuicCoordinator {
                 }
                 Err(error) => error,
             };
-            let next = attempt.after_failure(&mut self.known(), addr, &error.code, Instant::now());
+            let (error, answered) = error;
+            let next = attempt.after_failure(&mut self.known(), addr, &error.code, answered, Instant::now());
             match next {
                 Next::Call { addr: to, after } => {
                     debug!(failed = %addr, %to, pause_ms = after.as_millis() as u64, %error, "calling another coordinator");

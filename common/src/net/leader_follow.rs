@@ -158,7 +158,16 @@ impl FollowAttempt {
 
     /// The try at `failed` failed with `code` at `now`: what next. Updates `known` (a hinted
     /// leader is learned, the start moves past a failed address).
-    pub(crate) fn after_failure(&mut self, known: &mut KnownCoordinators, failed: SocketAddr, code: &ErrorCode, now: Instant) -> Next {
+    /// `answered`: the coordinator answered with this error (it is alive), rather than the
+    /// transport failing.
+    pub(crate) fn after_failure(
+        &mut self,
+        known: &mut KnownCoordinators,
+        failed: SocketAddr,
+        code: &ErrorCode,
+        answered: bool,
+        now: Instant,
+    ) -> Next {
         self.attempts += 1;
         let follow = match code {
             ErrorCode::NotLeader { .. } => true,
@@ -168,7 +177,7 @@ impl FollowAttempt {
         if !follow || self.attempts >= MAX_ATTEMPTS || now >= self.deadline {
             return Next::GiveUp;
         }
-        if *code == ErrorCode::Unavailable {
+        if *code == ErrorCode::Unavailable && !answered {
             known.unreachable_at(failed, now);
         }
         match code {
@@ -226,20 +235,32 @@ mod tests {
         let mut known = known(&[1, 2, 3]);
         let now = Instant::now();
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
-        let next = attempt.after_failure(&mut known, addr(1), &ErrorCode::Unavailable, now);
+        let next = attempt.after_failure(&mut known, addr(1), &ErrorCode::Unavailable, false, now);
         assert!(matches!(next, Next::Call { addr: to, .. } if to == addr(2)), "{next:?}");
-        let next = attempt.after_failure(&mut known, addr(2), &not_leader(Some(1)), now);
+        let next = attempt.after_failure(&mut known, addr(2), &not_leader(Some(1)), true, now);
         assert!(matches!(next, Next::Call { addr: to, after } if to == addr(3) && after > Duration::ZERO), "{next:?}");
-        let next = attempt.after_failure(&mut known, addr(3), &not_leader(Some(1)), now);
+        let next = attempt.after_failure(&mut known, addr(3), &not_leader(Some(1)), true, now);
         assert!(matches!(next, Next::Call { addr: to, .. } if to == addr(2)), "the rotation skips the unreachable one: {next:?}");
-        let next = attempt.after_failure(&mut known, addr(2), &not_leader(Some(3)), now);
+        let next = attempt.after_failure(&mut known, addr(2), &not_leader(Some(3)), true, now);
         assert_eq!(next, Next::Call { addr: addr(3), after: Duration::ZERO }, "a hint to a live address is followed");
         let mut later = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
-        let next = later.after_failure(&mut known, addr(2), &not_leader(Some(1)), now);
+        let next = later.after_failure(&mut known, addr(2), &not_leader(Some(1)), true, now);
         assert!(matches!(next, Next::Call { addr: to, .. } if to != addr(1)), "the next call remembers too: {next:?}");
         let much_later = now + UNREACHABLE_MEMORY;
-        let next = later.after_failure(&mut known, addr(2), &not_leader(Some(1)), much_later);
+        let next = later.after_failure(&mut known, addr(2), &not_leader(Some(1)), true, much_later);
         assert!(matches!(next, Next::Call { addr: to, .. } if to == addr(1)), "and forgets after a while: {next:?}");
+    }
+
+    /// From the second review: a leader answering `Unavailable` itself ("cannot commit") is
+    /// alive, and hints to it are still followed.
+    #[test]
+    fn an_answered_unavailable_does_not_mark_the_address_unreachable() {
+        let mut known = known(&[1, 2]);
+        let now = Instant::now();
+        let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
+        attempt.after_failure(&mut known, addr(1), &ErrorCode::Unavailable, true, now);
+        let next = attempt.after_failure(&mut known, addr(2), &not_leader(Some(1)), true, now);
+        assert_eq!(next, Next::Call { addr: addr(1), after: Duration::ZERO });
     }
 
     fn after(next: Next) -> Duration {
@@ -255,7 +276,7 @@ mod tests {
         let now = Instant::now();
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
         assert_eq!(known.start(), addr(1));
-        let next = attempt.after_failure(&mut known, addr(1), &not_leader(Some(3)), now);
+        let next = attempt.after_failure(&mut known, addr(1), &not_leader(Some(3)), true, now);
         assert_eq!(next, Next::Call { addr: addr(3), after: Duration::ZERO });
         assert_eq!(known.start(), addr(3));
         assert_eq!(known.answered(addr(3)), Some(None), "the first leader");
@@ -268,7 +289,7 @@ mod tests {
         let mut known = known(&[1]);
         let now = Instant::now();
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
-        let next = attempt.after_failure(&mut known, addr(1), &not_leader(Some(9)), now);
+        let next = attempt.after_failure(&mut known, addr(1), &not_leader(Some(9)), true, now);
         assert_eq!(next, Next::Call { addr: addr(9), after: Duration::ZERO });
         assert_eq!(known.all(), &[addr(1), addr(9)]);
         assert_eq!(known.answered(addr(9)), Some(None));
@@ -292,7 +313,7 @@ mod tests {
         let mut known = known(&[1]);
         let now = Instant::now();
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
-        assert_eq!(attempt.after_failure(&mut known, addr(1), &ErrorCode::Unavailable, now), Next::GiveUp);
+        assert_eq!(attempt.after_failure(&mut known, addr(1), &ErrorCode::Unavailable, false, now), Next::GiveUp);
     }
 
     #[test]
@@ -301,7 +322,7 @@ mod tests {
             let mut known = known(&[1, 2, 3]);
             let now = Instant::now();
             let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
-            assert_eq!(attempt.after_failure(&mut known, addr(1), &code, now), Next::GiveUp, "{code:?}");
+            assert_eq!(attempt.after_failure(&mut known, addr(1), &code, true, now), Next::GiveUp, "{code:?}");
             assert_eq!(known.start(), addr(1));
         }
     }
@@ -315,7 +336,7 @@ mod tests {
         let mut called = Vec::new();
         let mut failed = addr(1);
         for _ in 0..8 {
-            match attempt.after_failure(&mut known, failed, &ErrorCode::Unavailable, now) {
+            match attempt.after_failure(&mut known, failed, &ErrorCode::Unavailable, false, now) {
                 Next::Call { addr, after } => {
                     pauses.push(after.as_millis());
                     called.push(addr);
@@ -335,13 +356,13 @@ mod tests {
         let now = Instant::now();
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
         assert_eq!(
-            attempt.after_failure(&mut known, addr(1), &not_leader(None), now),
+            attempt.after_failure(&mut known, addr(1), &not_leader(None), true, now),
             Next::Call { addr: addr(1), after: INITIAL_BACKOFF }
         );
         let mut known = self::known(&[1, 2]);
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
         assert_eq!(
-            attempt.after_failure(&mut known, addr(1), &not_leader(None), now),
+            attempt.after_failure(&mut known, addr(1), &not_leader(None), true, now),
             Next::Call { addr: addr(2), after: INITIAL_BACKOFF }
         );
     }
@@ -354,7 +375,7 @@ mod tests {
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
         // This call failed at 1 (it started before 3 answered another call): it goes to 3.
         assert_eq!(
-            attempt.after_failure(&mut known, addr(1), &ErrorCode::Unavailable, now),
+            attempt.after_failure(&mut known, addr(1), &ErrorCode::Unavailable, false, now),
             Next::Call { addr: addr(3), after: INITIAL_BACKOFF }
         );
     }
@@ -368,7 +389,7 @@ mod tests {
         let mut pauses = Vec::new();
         for _ in 0..8 {
             let hint = if failed == addr(1) { 2 } else { 1 };
-            let next = attempt.after_failure(&mut known, failed, &not_leader(Some(hint)), now);
+            let next = attempt.after_failure(&mut known, failed, &not_leader(Some(hint)), true, now);
             assert_eq!(next, Next::Call { addr: addr(hint), after: after(next) });
             pauses.push(after(next).as_millis());
             now += after(next);
@@ -383,7 +404,7 @@ mod tests {
         let now = Instant::now();
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
         assert_eq!(
-            attempt.after_failure(&mut known, addr(1), &not_leader(Some(1)), now),
+            attempt.after_failure(&mut known, addr(1), &not_leader(Some(1)), true, now),
             Next::Call { addr: addr(1), after: INITIAL_BACKOFF }
         );
     }
@@ -397,7 +418,7 @@ mod tests {
         let mut now = start;
         let mut failed = addr(1);
         let mut waited = Duration::ZERO;
-        while let Next::Call { addr, after } = attempt.after_failure(&mut known, failed, &ErrorCode::Unavailable, now) {
+        while let Next::Call { addr, after } = attempt.after_failure(&mut known, failed, &ErrorCode::Unavailable, false, now) {
             waited += after;
             now += after;
             failed = addr;
@@ -405,7 +426,7 @@ mod tests {
         }
         assert_eq!(waited, budget, "50 + 70 (the rest of the budget, not 100)");
         let mut zero = FollowAttempt::new(start, Duration::ZERO);
-        assert_eq!(zero.after_failure(&mut known, addr(1), &not_leader(Some(2)), start), Next::GiveUp, "no budget: no following");
+        assert_eq!(zero.after_failure(&mut known, addr(1), &not_leader(Some(2)), true, start), Next::GiveUp, "no budget: no following");
     }
 
     #[test]
@@ -414,7 +435,7 @@ mod tests {
         let now = Instant::now();
         let mut attempt = FollowAttempt::new(now, DEFAULT_FAILOVER_TIMEOUT);
         let mut tries = 0;
-        while let Next::Call { addr: to, .. } = attempt.after_failure(&mut known, addr(1), &not_leader(Some(2)), now) {
+        while let Next::Call { addr: to, .. } = attempt.after_failure(&mut known, addr(1), &not_leader(Some(2)), true, now) {
             assert_eq!(to, addr(2));
             tries += 1;
             assert!(tries < 10 * MAX_ATTEMPTS, "unbounded");

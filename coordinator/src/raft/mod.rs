@@ -70,9 +70,9 @@ impl Replica for PlainReplica {
     }
 }
 
-/// Raft timing and log bounds. Heartbeats every 100 ms and elections after 0.3–0.6 s of
-/// silence: a dead leader is replaced within about a second (openraft's followers also wait
-/// out the old leader's lease before they vote). A snapshot every 1,000 entries,
+/// Raft timing and log bounds. Heartbeats every 100 ms and an election timeout of 0.3–0.6 s:
+/// openraft 0.9's followers first wait out the leader's lease (the maximum timeout, 0.6 s), so
+/// a dead leader is replaced 0.9–1.2 s after its last heartbeat (measured: 0.93–1.13 s). A snapshot every 1,000 entries,
 /// keeping 200 behind it for slow followers: the log holds at most ~1,200 entries.
 pub fn raft_config(cluster: &str) -> openraft::Config {
     openraft::Config {

@@ -2,6 +2,7 @@
 //! [`ControlRequest::Raft`] call, framed and size-checked like every other control call, on
 //! one cached connection per peer dialled from the coordinator's own endpoint.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,18 +37,21 @@ pub enum RaftCodecError {
     Unexpected(String),
 }
 
-/// Dials peers from the coordinator's endpoint.
+/// Dials peers from the coordinator's endpoint. Connections are shared by every client
+/// openraft makes for a peer: it makes a new one for each leadership check, and a handshake
+/// there would not fit in a heartbeat interval.
 #[derive(Clone, Debug)]
 pub struct Network {
     endpoint: Endpoint,
     isolated: Arc<AtomicBool>,
+    connections: Arc<std::sync::Mutex<HashMap<String, Connection>>>,
 }
 
 impl Network {
     /// Peers are dialled from `endpoint` (the one the coordinator serves on); while
     /// `isolated` is set (a test's partition switch) nothing is sent.
     pub fn new(endpoint: Endpoint, isolated: Arc<AtomicBool>) -> Self {
-        Self { endpoint, isolated }
+        Self { endpoint, isolated, connections: Arc::default() }
     }
 }
 
@@ -55,7 +59,13 @@ impl RaftNetworkFactory<TypeConfig> for Network {
     type Network = Peer;
 
     async fn new_client(&mut self, target: u64, node: &BasicNode) -> Peer {
-        Peer { target, addr: node.addr.clone(), endpoint: self.endpoint.clone(), connection: None, isolated: Arc::clone(&self.isolated) }
+        Peer {
+            target,
+            addr: node.addr.clone(),
+            endpoint: self.endpoint.clone(),
+            connections: Arc::clone(&self.connections),
+            isolated: Arc::clone(&self.isolated),
+        }
     }
 }
 
@@ -65,7 +75,7 @@ pub struct Peer {
     target: u64,
     addr: String,
     endpoint: Endpoint,
-    connection: Option<Connection>,
+    connections: Arc<std::sync::Mutex<HashMap<String, Connection>>>,
     isolated: Arc<AtomicBool>,
 }
 
@@ -76,16 +86,28 @@ enum SendError {
 }
 
 impl Peer {
+    fn cached(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connection>> {
+        self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn forget(&self, connection: &Connection) {
+        let mut cached = self.cached();
+        if cached.get(&self.addr).is_some_and(|known| known.stable_id() == connection.stable_id()) {
+            cached.remove(&self.addr);
+        }
+    }
+
     async fn connection(&mut self, timeout: Duration) -> Result<Connection, SendError> {
-        if let Some(connection) = self.connection.as_ref().filter(|connection| connection.close_reason().is_none()) {
-            return Ok(connection.clone());
+        let cached = self.cached().get(&self.addr).filter(|connection| connection.close_reason().is_none()).cloned();
+        if let Some(connection) = cached {
+            return Ok(connection);
         }
         let addr: SocketAddr = match tokio::net::lookup_host(self.addr.as_str()).await {
             Ok(mut addrs) => addrs.next().ok_or_else(|| SendError::Unreachable(format!("{} resolves to no address", self.addr)))?,
             Err(error) => return Err(SendError::Unreachable(format!("cannot resolve {}: {error}", self.addr))),
         };
         let connection = connect(&self.endpoint, addr, timeout).await.map_err(|error| SendError::Unreachable(error.to_string()))?;
-        self.connection = Some(connection.clone());
+        self.cached().insert(self.addr.clone(), connection.clone());
         Ok(connection)
     }
 
@@ -106,12 +128,12 @@ impl Peer {
         let answer = match tokio::time::timeout(timeout, call::<_, ControlResponse>(&connection, &request, CONTROL_FRAME_LIMIT)).await {
             Err(_) => {
                 // The peer may have restarted: its old connection never answers again.
-                self.connection = None;
+                self.forget(&connection);
                 return Err(SendError::Unreachable(format!("no answer from {} in {timeout:?}", self.addr)));
             }
             Ok(Err(NetError::Remote { source, .. })) => return Err(SendError::Broken(source.to_string())),
             Ok(Err(error)) => {
-                self.connection = None;
+                self.forget(&connection);
                 return Err(SendError::Unreachable(error.to_string()));
             }
             Ok(Ok(answer)) => answer,
