@@ -86,6 +86,13 @@ fn start_coordinator(id: usize, addrs: &[String], dir: &Path) -> Node {
     start_node(&args).0
 }
 
+/// The (epoch, position) of the checkpoint of the job of dataset "train", if any.
+fn job_checkpoint(probe: &Probe, addr: &str) -> Option<(u64, u64)> {
+    let Ok(ControlResponse::Status { status }) = probe.call(addr, ControlRequest::Status) else { return None };
+    let job = status.jobs.iter().find(|job| job.spec.dataset == "train")?;
+    job.checkpoint.map(|checkpoint| (checkpoint.epoch.0, checkpoint.position.0))
+}
+
 fn wait_for(timeout: Duration, what: &str, mut condition: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !condition() {
@@ -162,9 +169,11 @@ fn a_leader_process_killed_with_sigkill_is_replaced_and_rejoins_as_a_follower() 
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 17: `kill -9` of a single coordinator at 20 random moments while datasets are added:
-/// after each restart every acknowledged dataset is there, and what is there is a prefix of
-/// what was sent (the store is never corrupt and never loses an acknowledged write).
+/// Issue 17: `kill -9` of a single coordinator at 20 random moments while datasets are added
+/// and a trainer's checkpoints are recorded: after each restart every acknowledged dataset is
+/// there, what is there is a prefix of what was sent (the store is never corrupt and never
+/// loses an acknowledged write), and the job's checkpoint is never behind one read before the
+/// kill.
 #[test]
 fn a_coordinator_killed_at_random_moments_keeps_every_acknowledged_write() {
     let dir = stoker_testkit::unique_temp_dir("stoker-raft-kill").expect("temp dir");
@@ -173,6 +182,8 @@ fn a_coordinator_killed_at_random_moments_keeps_every_acknowledged_write() {
     let data_dir = dir.join("coordinator");
     let probe = Probe::new();
     let (mut acknowledged, mut sent) = (0usize, 0usize);
+    let mut trainer: Vec<Node> = Vec::new();
+    let (mut observed, mut moves) = (None, 0);
     // A fixed seed: the moments are random but the same on every run.
     let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
     for round in 0..20 {
@@ -189,11 +200,32 @@ fn a_coordinator_killed_at_random_moments_keeps_every_acknowledged_write() {
                 names.len()
             );
             (acknowledged, sent) = (names.len(), names.len());
+            let checkpoint = job_checkpoint(&probe, &addr);
+            assert!(checkpoint >= observed, "round {round}: the checkpoint went back from {observed:?} to {checkpoint:?}");
+        }
+        if round == 0 {
+            // A worker and a trainer that outlive every kill: the trainer's progress makes the
+            // coordinator record checkpoints all along.
+            let added = probe.call(&addr, ControlRequest::AddDataset { name: "train".into(), manifest: path_str(&manifest).to_owned() });
+            assert!(added.is_ok(), "{added:?}");
+            trainer.push(start_node(&["worker", "--coordinator", &addr, "--listen", "127.0.0.2:0", "--threads", "1"]).0);
+            let consume = stoker()
+                .args(["consume", "--coordinator", &addr, "--dataset", "train", "--rank", "0", "--world-size", "1", "--batch-size", "2"])
+                .args(["--epochs", "100000", "--size", "32", "--rate", "50"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("consume");
+            trainer.push(Node(consume));
+            // Attached and training before the first kill (a trainer that cannot attach at all
+            // gives up: a wrong address is the likely cause then).
+            wait_for(Duration::from_secs(30), "the trainer's first checkpoint", || job_checkpoint(&probe, &addr).is_some());
         }
         rng ^= rng << 13;
         rng ^= rng >> 7;
         rng ^= rng << 17;
-        let kill_at = Instant::now() + Duration::from_millis(rng % 400);
+        // Up to 1.5 s: checkpoints are committed once a second.
+        let kill_at = Instant::now() + Duration::from_millis(rng % 1500);
         // Adds go on from another thread while the process is killed. A call the kill leaves
         // unanswered is not waited for: the thread stops at its first error, and the flag
         // keeps it from sending after the kill.
@@ -221,6 +253,12 @@ fn a_coordinator_killed_at_random_moments_keeps_every_acknowledged_write() {
         while Instant::now() < kill_at {
             std::thread::park_timeout(Duration::from_millis(5));
         }
+        // What a reader saw is committed: it must survive the kill.
+        let seen = job_checkpoint(&probe, &addr);
+        if seen > observed {
+            moves += 1;
+            observed = seen;
+        }
         node.0.kill().expect("kill -9");
         stop.store(true, Ordering::SeqCst);
         let _ = node.0.wait();
@@ -228,5 +266,9 @@ fn a_coordinator_killed_at_random_moments_keeps_every_acknowledged_write() {
         (acknowledged, sent) = (acked.load(Ordering::SeqCst), attempted.load(Ordering::SeqCst));
     }
     assert!(acknowledged > 0, "some writes were acknowledged");
+    // A trainer with one coordinator address waits out a call to the killed process (10 s)
+    // before it reports to the restarted one, so its checkpoint moves in some rounds only.
+    assert!(moves >= 1, "the trainer's checkpoint was never seen to move before a kill");
+    drop(trainer);
     let _ = std::fs::remove_dir_all(&dir);
 }
