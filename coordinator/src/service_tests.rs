@@ -60,6 +60,11 @@ fn attach(core: &Coordinator, name: &str, rank: u32, now: Instant) -> (JobId, Se
     }
 }
 
+/// The first open of epoch 0 by a trainer of `session`.
+fn first_open(job: JobId, rank: Rank, session: SessionId) -> ControlRequest {
+    ControlRequest::OpenEpoch { job, rank, epoch: Epoch(0), start: Position(0), session, pass: Pass(1), consumed: 0, holding: Vec::new() }
+}
+
 fn remove(core: &Coordinator, name: &str, force: bool, now: Instant) -> Result<ControlResponse, RemoteError> {
     core.handle(ControlRequest::RemoveJob { name: name.to_owned(), force }, now)
 }
@@ -74,16 +79,7 @@ fn a_job_with_live_trainers_is_removed_only_by_force_and_its_trainers_then_fail(
     assert!(remove(&core, "nope", false, now).is_err_and(|error| error.code == ErrorCode::NotFound));
     assert_eq!(remove(&core, "run", true, now).ok(), Some(ControlResponse::JobRemoved { job }));
     assert!(!core.state().jobs.contains_key(&job));
-    let open = ControlRequest::OpenEpoch {
-        job,
-        rank: Rank(0),
-        epoch: Epoch(0),
-        start: Position(0),
-        session,
-        pass: Pass(1),
-        consumed: 0,
-        holding: Vec::new(),
-    };
+    let open = first_open(job, Rank(0), session);
     assert!(core.handle(open, now).is_err_and(|error| error.code == ErrorCode::NotFound), "the removed job's trainer fails");
     let (again, _) = attach(&core, "run", 0, now);
     assert_ne!(again, job, "attaching by the name makes a new job");
@@ -163,16 +159,7 @@ fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
         for rank in 0..2 {
             let attach = ControlRequest::Attach { spec: spec(&format!("job-{job_index}")), rank: Rank(rank), client: u64::from(rank) + 1 };
             let Ok(ControlResponse::Attached { job, session, .. }) = drive(&core, attach, start, &mut commits) else { panic!("attach") };
-            let open = ControlRequest::OpenEpoch {
-                job,
-                rank: Rank(rank),
-                epoch: Epoch(0),
-                start: Position(0),
-                session,
-                pass: Pass(1),
-                consumed: 0,
-                holding: Vec::new(),
-            };
+            let open = first_open(job, Rank(rank), session);
             drive(&core, open, start, &mut commits).unwrap_or_else(|error| panic!("{error}"));
             sessions.push((job, Rank(rank), session));
         }
