@@ -115,7 +115,7 @@ impl Driver {
             }
             ControlRequest::Status => {
                 self.ensure_leader().await?;
-                let mut answer = self.core.handle_status(Instant::now());
+                let mut answer = self.core.status(Instant::now());
                 answer.coordinators = self.coordinators().await;
                 Ok(ControlResponse::Status { status: answer })
             }

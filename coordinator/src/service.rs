@@ -500,11 +500,7 @@ impl Coordinator {
 
     /// What `stoker status` shows of this coordinator's state (the driver adds every
     /// coordinator's Raft view).
-    pub fn handle_status(&self, now: Instant) -> ClusterStatus {
-        self.status(now)
-    }
-
-    fn status(&self, now: Instant) -> ClusterStatus {
+    pub fn status(&self, now: Instant) -> ClusterStatus {
         let inner = self.lock();
         let jobs = inner
             .state

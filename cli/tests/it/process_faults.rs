@@ -2,14 +2,13 @@
 //! `stoker` processes, two `stoker consume` trainer processes; one worker is `kill -9`ed by
 //! PID while it holds a lease, and every sample still arrives exactly once per epoch.
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use stoker_common::api::CoordinatorApi;
 use stoker_common::net::{QuicCoordinator, TlsConfigs};
 use stoker_common::proto::{ControlRequest, ControlResponse};
 
-use crate::support::{Node, assert_two_ranks_saw_every_key_once, start_node, stoker_command as stoker, wait_for_consumers};
+use crate::support::{assert_two_ranks_saw_every_key_once, spawn_two_consumers, start_node, stoker_command as stoker, wait_for_consumers};
 
 /// Chunks `worker_addr` holds, asked of the coordinator over one connection kept open: a
 /// chunk of this small dataset is held for milliseconds, so polling must be fast.
@@ -50,20 +49,7 @@ fn a_worker_process_killed_with_sigkill_loses_no_sample() {
     assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stderr));
     let (mut victim, victim_addr) = start_node(&["worker", "--coordinator", &coordinator, "--listen", "127.0.0.2:0", "--threads", "1"]);
     let (_survivor, _) = start_node(&["worker", "--coordinator", &coordinator, "--listen", "127.0.0.3:0", "--threads", "1"]);
-    let consumers: Vec<(Node, std::path::PathBuf)> = (0..2)
-        .map(|rank| {
-            let keys = dir.join(format!("keys-{rank}.txt"));
-            let child = stoker()
-                .args(["consume", "--coordinator", &coordinator, "--dataset", "train", "--world-size", "2", "--batch-size", "4"])
-                .args(["--rank", &rank.to_string(), "--epochs", "2", "--size", "32", "--tail", "partial", "--shuffle", "full"])
-                .args(["--prefetch", "4", "--rate", "20", "--keys-out", keys.to_str().expect("utf-8")])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("consume");
-            (Node(child), keys)
-        })
-        .collect();
+    let consumers = spawn_two_consumers(&coordinator, &dir, "20");
     let probe = LeaseProbe::new(&coordinator);
     let deadline = Instant::now() + Duration::from_secs(30);
     while probe.chunks_held(&victim_addr) == 0 {

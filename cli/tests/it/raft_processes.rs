@@ -14,7 +14,8 @@ use stoker_common::net::{QuicCoordinator, TlsConfigs};
 use stoker_common::proto::{ControlRequest, ControlResponse, CoordinatorStatus};
 
 use crate::support::{
-    Node, assert_two_ranks_saw_every_key_once, path_str, read_keys, start_node, stoker_command as stoker, wait_for_consumers,
+    Node, assert_two_ranks_saw_every_key_once, path_str, read_keys, spawn_two_consumers, start_node, stoker_command as stoker,
+    wait_for_consumers,
 };
 
 /// Asks single coordinators for their own Raft view (`NodeStatus`, answered by any node).
@@ -116,20 +117,7 @@ fn a_leader_process_killed_with_sigkill_is_replaced_and_rejoins_as_a_follower() 
         .iter()
         .map(|listen| start_node(&["worker", "--coordinator", &list, "--listen", listen, "--threads", "1"]).0)
         .collect();
-    let consumers: Vec<(Node, std::path::PathBuf)> = (0..2)
-        .map(|rank| {
-            let keys = dir.join(format!("keys-{rank}.txt"));
-            let child = stoker()
-                .args(["consume", "--coordinator", &list, "--dataset", "train", "--world-size", "2", "--batch-size", "4"])
-                .args(["--rank", &rank.to_string(), "--epochs", "2", "--size", "32", "--tail", "partial", "--shuffle", "full"])
-                .args(["--prefetch", "4", "--rate", "5", "--keys-out", path_str(&keys)])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("consume");
-            (Node(child), keys)
-        })
-        .collect();
+    let consumers = spawn_two_consumers(&list, &dir, "5");
     let leader = {
         wait_for(Duration::from_secs(60), "both ranks a few steps in", || {
             (0..2).all(|rank| read_keys(&dir.join(format!("keys-{rank}.txt"))).len() >= 3 * 4)

@@ -106,3 +106,23 @@ pub(crate) fn assert_two_ranks_saw_every_key_once(dir: &Path) {
         assert_eq!((total, keys.len()), (120, 120), "epoch {epoch}: every key exactly once");
     }
 }
+
+/// Two `stoker consume` ranks of a 2-rank job over "train" (batch 4, 2 epochs) at `rate`
+/// batches a second, each writing its keys to `dir/keys-RANK.txt` for
+/// [`assert_two_ranks_saw_every_key_once`].
+pub(crate) fn spawn_two_consumers(coordinator: &str, dir: &Path, rate: &str) -> Vec<(Node, std::path::PathBuf)> {
+    (0..2)
+        .map(|rank| {
+            let keys = dir.join(format!("keys-{rank}.txt"));
+            let child = stoker_command()
+                .args(["consume", "--coordinator", coordinator, "--dataset", "train", "--world-size", "2", "--batch-size", "4"])
+                .args(["--rank", &rank.to_string(), "--epochs", "2", "--size", "32", "--tail", "partial", "--shuffle", "full"])
+                .args(["--prefetch", "4", "--rate", rate, "--keys-out", path_str(&keys)])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("consume");
+            (Node(child), keys)
+        })
+        .collect()
+}
