@@ -4,6 +4,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use stoker_common::obs::MetricsListen;
 use stoker_common::plan::Shuffle;
 
 /// Stoker: a distributed data loader for deep-learning training.
@@ -11,7 +12,8 @@ use stoker_common::plan::Shuffle;
 /// Pack images into shards (`pack`, `index`, `inspect`), run a cluster (`coordinator`,
 /// `worker`, `dataset add`), watch it (`status`), check it from a trainer node (`consume`),
 /// measure it (`bench`), or try everything on one machine (`demo`). Coordinators replicate
-/// with Raft (`coordinator --peers`, `cluster add-node`). Not built yet: metrics endpoints,
+/// with Raft (`coordinator --peers`, `cluster add-node`); coordinators and workers serve
+/// Prometheus metrics (`--metrics-listen`; deploy/ has dashboards and alerts). Not built yet:
 /// mutual TLS and object stores.
 #[derive(Debug, Parser)]
 #[command(name = "stoker", version, propagate_version = true)]
@@ -127,6 +129,10 @@ pub(crate) struct CoordinatorArgs {
     /// else --listen].
     #[arg(long)]
     pub(crate) advertise: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (alive) and /readyz
+    /// (a Raft leader is known), on this TCP address; `off` serves nothing.
+    #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7401", value_name = "ADDR|off")]
+    pub(crate) metrics_listen: MetricsListen,
 }
 
 #[derive(Debug, Args)]
@@ -162,6 +168,10 @@ pub(crate) struct WorkerArgs {
     /// MTU: 8952). Trainers on this host always get 65527 (loopback).
     #[arg(long, default_value_t = stoker_common::net::ETHERNET_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
     pub(crate) max_udp_payload: u16,
+    /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (alive) and /readyz
+    /// (registered with the coordinator), on this TCP address; `off` serves nothing.
+    #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7501", value_name = "ADDR|off")]
+    pub(crate) metrics_listen: MetricsListen,
 }
 
 #[derive(Debug, Subcommand)]
@@ -293,6 +303,11 @@ pub(crate) struct ConsumeArgs {
     /// Print one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Serve this rank's own metrics (bytes received, first-batch latency, buffered batches)
+    /// at http://ADDR/metrics while it runs; the coordinator exports its steps, batches and
+    /// wait without this.
+    #[arg(long, default_value = "off", value_name = "ADDR|off")]
+    pub(crate) metrics_listen: MetricsListen,
 }
 
 #[derive(Debug, Args)]
@@ -325,6 +340,10 @@ pub(crate) struct BenchClusterArgs {
     /// and report the cluster's rate against workers x that rate.
     #[arg(long)]
     pub(crate) pipeline_seconds: Option<f64>,
+    /// `off`: workers do not time each sample and batch into their metrics (as a worker
+    /// always does); only to measure what metrics cost, against a run with `on`.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub(crate) metrics: String,
     /// Print one JSON object.
     #[arg(long)]
     pub(crate) json: bool,
@@ -399,6 +418,10 @@ pub(crate) struct BenchPipelineArgs {
     /// in turns keeps the drift of a shared machine out of the scaling figure.
     #[arg(long, value_name = "N")]
     pub(crate) baseline_threads: Option<usize>,
+    /// Also run the pipeline without timing samples into metrics (a worker always times
+    /// them), in the same turns, and report what metrics cost.
+    #[arg(long)]
+    pub(crate) metrics_cost: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     pub(crate) json: bool,

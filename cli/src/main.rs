@@ -42,6 +42,5 @@ fn main() -> std::process::ExitCode {
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
 fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    stoker_common::obs::init_tracing(std::env::var("RUST_LOG").ok().as_deref(), "warn", false);
 }

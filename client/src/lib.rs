@@ -8,6 +8,8 @@ pub mod config;
 pub mod error;
 /// The loader: attach, epochs, iteration, checkpoints.
 pub mod loader;
+/// A trainer's own metrics endpoint.
+mod metrics;
 /// The trainer's side of the delivery protocol, pure: passes, held batches, missing steps.
 pub mod protocol;
 /// Receiving batches from workers.

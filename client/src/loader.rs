@@ -9,9 +9,11 @@ use std::time::{Duration, Instant};
 
 use quinn::{Connection, Endpoint};
 use stoker_common::api::CoordinatorApi;
+use stoker_common::error::ObsError;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, JobId, Rank, Step, WorkerId};
 use stoker_common::net::{PayloadPool, QuicCoordinator, TlsConfigs, Tuning, client_endpoint};
+use stoker_common::obs::{Metrics, MetricsServer};
 use stoker_common::plan::{Checkpoint, EpochPlan, Layout, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use stoker_common::transform::Recipe;
@@ -22,6 +24,7 @@ use tracing::{debug, info};
 use crate::batch::ReceivedBatch;
 use crate::config::LoaderConfig;
 use crate::error::ClientError;
+use crate::metrics::LoaderCounters;
 use crate::protocol::{Offered, Open, TrainerProtocol};
 use crate::receive::{Expect, PlanBook, ReceiveStats, connect_worker, receive_loop};
 use crate::session::{Progress, Session, report_progress};
@@ -37,6 +40,9 @@ pub struct LoaderState {
 
 /// How long a dropped loader waits for the coordinator to acknowledge its detach.
 const DETACH_TIMEOUT: Duration = Duration::from_millis(500);
+/// While a rank waits without moving, its progress goes to the reporter again each time its
+/// wait grew by this much (the coordinator exports the wait: the data stall).
+const WAIT_REPORT_STEP: Duration = Duration::from_millis(500);
 
 /// Dials workers as they appear.
 struct Connector {
@@ -119,6 +125,10 @@ where
     batch_timeout: Duration,
     /// When waiting for the next step gives up; set by the first wait for it.
     deadline_opt: Option<Instant>,
+    /// Totals for the progress reports and this rank's metrics.
+    counters: Arc<LoaderCounters>,
+    /// This rank's metrics endpoint, once [`Self::serve_metrics`] started it.
+    metrics_server_opt: Option<MetricsServer>,
 }
 
 /// What [`Loader::next_within`] found.
@@ -265,6 +275,8 @@ where
             epoch_waited: Duration::ZERO,
             batch_timeout: config.batch_timeout,
             deadline_opt: None,
+            counters: Arc::new(LoaderCounters::new()),
+            metrics_server_opt: None,
         })
     }
 
@@ -483,12 +495,48 @@ where
         self.protocol.close();
     }
 
+    fn count_buffered(&self) {
+        self.counters.buffered.store(self.buffered_batches() as u64, Ordering::Release);
+        self.counters.early.store(self.protocol.early() as u64, Ordering::Release);
+    }
+
+    /// Serve this rank's metrics (`/metrics`, `/healthz`, `/readyz`: ready while attached) on
+    /// `listen` over HTTP, for as long as the loader lives; returns the address (with the port
+    /// the system chose for port 0). The coordinator exports the rank's steps, batches and
+    /// wait already; this adds bytes, first-batch latency and buffer depths.
+    pub fn serve_metrics(&mut self, listen: std::net::SocketAddr) -> Result<std::net::SocketAddr, ClientError> {
+        if let Some(server) = &self.metrics_server_opt {
+            return Ok(server.local_addr());
+        }
+        let failed = |error: ObsError| ClientError::Config { message: format!("cannot serve metrics on {listen}: {error}") };
+        let metrics = Metrics::for_role("trainer").map_err(failed)?;
+        crate::metrics::register(&metrics, Arc::clone(&self.counters), &self.spec.name, self.rank.0).map_err(failed)?;
+        let superseded = Arc::clone(&self.session.superseded);
+        metrics.set_readiness(move || {
+            if superseded.load(Ordering::Acquire) { Err("a newer trainer of this rank took over".to_owned()) } else { Ok(()) }
+        });
+        let server = self.runtime.block_on(stoker_common::obs::serve(listen, metrics)).map_err(failed)?;
+        let addr = server.local_addr();
+        info!(%addr, rank = %self.rank, "trainer metrics on http://{addr}/metrics");
+        self.metrics_server_opt = Some(server);
+        Ok(addr)
+    }
+
     /// Hand the reporter the rank's standing, if it changed.
     fn report(&self) {
         let Some(report) = self.protocol.report(Instant::now()) else { return };
-        let progress = Progress { report, wait_seconds: self.waited.as_secs_f64() };
+        let progress = Progress {
+            report,
+            wait_seconds: self.waited.as_secs_f64(),
+            batches: self.counters.batches.load(Ordering::Acquire),
+            samples: self.counters.samples.load(Ordering::Acquire),
+        };
         self.progress_tx.send_if_modified(|latest| {
-            let changed = latest.as_ref().is_none_or(|latest| latest.report != progress.report);
+            // A rank that waits without moving (every worker gone) must still report its
+            // growing wait: that is the stall the coordinator exports.
+            let changed = latest.as_ref().is_none_or(|latest| {
+                latest.report != progress.report || progress.wait_seconds - latest.wait_seconds >= WAIT_REPORT_STEP.as_secs_f64()
+            });
             if changed {
                 *latest = Some(progress);
             }
@@ -535,6 +583,8 @@ where
             if let Some((_, mut batch)) = self.protocol.pop() {
                 batch.step_offset = self.step_offset;
                 self.deadline_opt = None;
+                self.counters.yielded(batch.len(), batch.images().len());
+                self.count_buffered();
                 self.report();
                 self.finished = self.protocol.is_done();
                 return Ok(Next::Batch(batch));
@@ -565,6 +615,8 @@ where
             let waited = waiting_since.elapsed();
             self.waited += waited;
             self.epoch_waited += waited;
+            self.counters.wait_nanos.fetch_add(u64::try_from(waited.as_nanos()).unwrap_or(u64::MAX), Ordering::AcqRel);
+            self.count_buffered();
             match received {
                 Ok(Some(batch)) => {
                     match self.protocol.offer(batch) {
@@ -613,17 +665,37 @@ where
             rank: self.rank,
             session: self.session.session,
         });
+        let last_report = self.progress_tx.borrow().as_ref().map(|progress| ControlRequest::ReportProgress {
+            job: self.job,
+            rank: self.rank,
+            epoch: progress.report.run.0,
+            start: progress.report.run.1,
+            consumed: progress.report.consumed,
+            wait_seconds: self.waited.as_secs_f64(),
+            batches: self.counters.batches.load(Ordering::Acquire),
+            samples: self.counters.samples.load(Ordering::Acquire),
+            session: self.session.session,
+            pass: progress.report.pass,
+            missing: Vec::new(),
+        });
         let coordinator = Arc::clone(&self.coordinator);
         let endpoint = self.connector.endpoint.clone();
         let session = self.session.clone();
         let goodbye = self.runtime.spawn(async move {
             // After any report in flight; none goes out after it (the coordinator would take the
             // trainer for alive again).
-            let detached = tokio::time::timeout(DETACH_TIMEOUT, async {
+            // The wait for the turn, the last report and the detach: each at most DETACH_TIMEOUT.
+            let detached = tokio::time::timeout(3 * DETACH_TIMEOUT, async {
                 let mut turn = session.turn().await;
                 *turn = true;
                 if let Some(request) = detach {
-                    let _ = coordinator.call(request).await;
+                    // The rank's final totals first, within a time of their own so that the
+                    // detach always goes out: the coordinator's figures of this rank (its
+                    // metrics) then end where the trainer ended.
+                    if let Some(last) = last_report {
+                        let _ = tokio::time::timeout(DETACH_TIMEOUT, coordinator.call(last)).await;
+                    }
+                    let _ = tokio::time::timeout(DETACH_TIMEOUT, coordinator.call(request)).await;
                 }
             });
             let _ = detached.await;

@@ -222,6 +222,11 @@ where
         self.current_opt.as_ref().map_or(0, |current| current.reorder.waiting()) + self.early.len()
     }
 
+    /// Of [`Self::buffered`], the batches of later runs (made early).
+    pub fn early(&self) -> usize {
+        self.early.len()
+    }
+
     /// Copies dropped in the current pass.
     pub fn duplicates(&self) -> u64 {
         self.current_opt.as_ref().map_or(0, |current| current.reorder.duplicates())

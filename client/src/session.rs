@@ -34,6 +34,9 @@ use crate::protocol::{MissingDamper, Report};
 pub(crate) struct Progress {
     pub(crate) report: Report,
     pub(crate) wait_seconds: f64,
+    /// Batches and samples yielded by this loader in total.
+    pub(crate) batches: u64,
+    pub(crate) samples: u64,
 }
 
 /// Held while a call that moves the rank is under way. Set it to `true` (detached) and no
@@ -142,6 +145,8 @@ pub(crate) async fn report_progress<A>(
             start,
             consumed,
             wait_seconds: progress.wait_seconds,
+            batches: progress.batches,
+            samples: progress.samples,
             pass,
             missing,
         };
@@ -242,7 +247,7 @@ mod tests {
 
     fn progress(consumed: u64) -> Option<Progress> {
         let report = Report { run: (Epoch(0), Position(0)), pass: Pass(1), steps: 12, consumed, missing: Vec::new() };
-        Some(Progress { report, wait_seconds: 0.0 })
+        Some(Progress { report, wait_seconds: 0.0, batches: 0, samples: 0 })
     }
 
     type Reporting = (Arc<SlowCoordinator>, Session, watch::Sender<Option<Progress>>, tokio::task::JoinHandle<()>);

@@ -9,6 +9,9 @@ pub mod ids;
 /// QUIC endpoints and request/response calls (quinn + rustls; feature `net`).
 #[cfg(feature = "net")]
 pub mod net;
+/// Metrics, their HTTP endpoint, process metrics and the tracing set-up (feature `obs`).
+#[cfg(feature = "obs")]
+pub mod obs;
 /// The epoch planner: pure, deterministic, golden-tested.
 pub mod plan;
 /// Wire types: control requests and responses, batch headers, error codes.

@@ -232,6 +232,19 @@ impl Driver {
         }
     }
 
+    /// Whether this node leads now with a majority's confirmation within the lease (the timer
+    /// confirms again every tick): what metrics and readiness report. A leader cut off from the
+    /// other coordinators keeps openraft's `Leader` state but not this.
+    pub(crate) fn leads_confirmed(&self) -> bool {
+        let (state, term) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            (metrics.state, metrics.current_term)
+        };
+        let confirmed = self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        state == ServerState::Leader && confirmed.is_some_and(|(at_term, at)| at_term == term && at.elapsed() < LEADERSHIP_LEASE)
+    }
+
     /// Wait until this node leads (a cluster of one after a restart: one election timeout).
     pub(crate) async fn wait_to_lead(&self, within: Duration) -> Result<(), CoordinatorError> {
         let id = self.id;

@@ -8,6 +8,8 @@ mod driver;
 pub mod error;
 /// The single-node store of earlier versions, imported once into the Raft store.
 pub mod legacy;
+/// Metrics read from the state at scrape time.
+mod metrics;
 /// The composition root: `start` → `CoordinatorHandle`.
 pub mod node;
 /// Replication of the durable state: openraft's store, state machine and transport.

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 
 use openraft::BasicNode;
 use stoker_common::net::{TlsConfigs, Tuning, serve_calls, server_endpoint};
+use stoker_common::obs::Metrics;
+use stoker_common::obs::prometheus::IntCounter;
 use stoker_common::proto::ControlRequest;
 use stoker_common::wire::CONTROL_FRAME_LIMIT;
 use tokio::task::JoinHandle;
@@ -42,8 +44,14 @@ pub struct CoordinatorHandle {
     stopping: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
-/// Start a coordinator serving on `socket` (already bound).
-pub async fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfigs) -> Result<CoordinatorHandle, CoordinatorError> {
+/// Start a coordinator serving on `socket` (already bound), with its figures in `metrics`
+/// (and its readiness: a Raft leader known).
+pub async fn start(
+    config: CoordinatorConfig,
+    socket: UdpSocket,
+    tls: &TlsConfigs,
+    metrics: &Metrics,
+) -> Result<CoordinatorHandle, CoordinatorError> {
     let config = config.validate()?;
     let addr = socket.local_addr().map_err(|error| CoordinatorError::Internal { message: format!("socket has no address: {error}") })?;
     let advertised = config.advertise.clone().or_else(|| config.peers.get(&config.node_id).cloned()).unwrap_or_else(|| addr.to_string());
@@ -117,7 +125,11 @@ pub async fn start(config: CoordinatorConfig, socket: UdpSocket, tls: &TlsConfig
         return stopped(&raft, error).await;
     }
 
-    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver)));
+    let handshakes = match crate::metrics::observe(metrics, &driver) {
+        Ok(handshakes) => handshakes,
+        Err(error) => return stopped(&raft, CoordinatorError::Config { message: error.to_string() }).await,
+    };
+    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), handshakes));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
     info!(%addr, node = config.node_id, "coordinator listening");
     Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: std::sync::Mutex::new(None) })
@@ -202,14 +214,16 @@ fn shut_down(raft: &Raft) -> JoinHandle<()> {
     })
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>) {
+async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>, handshakes_refused: IntCounter) {
     while let Some(incoming) = endpoint.accept().await {
         let driver = Arc::clone(&driver);
+        let handshakes_refused = handshakes_refused.clone();
         tokio::spawn(async move {
             let connection = match incoming.await {
                 Ok(connection) => connection,
                 Err(error) => {
                     debug!(%error, "handshake failed");
+                    handshakes_refused.inc();
                     return;
                 }
             };

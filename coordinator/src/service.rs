@@ -11,6 +11,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use stoker_common::api::CoordinatorApi;
 use stoker_common::ids::{JobId, Rank, SessionId, Step, WorkerId};
+use stoker_common::obs::prometheus::Histogram;
 use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
 use stoker_common::proto::{
     ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, ErrorCode, JobSpec, JobStatus, RankStatus, RemoteError,
@@ -21,6 +22,7 @@ use stoker_common::transform::{Recipe, TransformSpec};
 use crate::config::CoordinatorConfig;
 use crate::error::CoordinatorError;
 use crate::raft::Replica;
+use crate::scheduler::Done;
 use crate::scheduler::{Opening, Refusal, Reporting, RunKey, RunShape, Scheduler, SeatRefusal};
 use crate::state::{Applied, ClusterState, Command};
 
@@ -29,6 +31,8 @@ struct Inner {
     scheduler: Scheduler,
     plans: BTreeMap<RunKey, Arc<EpochPlan>>,
     ranks: BTreeMap<(JobId, Rank), RankStatus>,
+    /// What each rank's trainer reported it consumed in total (for metrics).
+    totals: BTreeMap<(JobId, Rank), RankTotals>,
     next_session: u64,
     /// Checkpoints not yet committed (replicated mode): one `RecordCheckpoints` entry carries
     /// all of them at the next flush.
@@ -78,6 +82,59 @@ pub struct Coordinator {
     config: CoordinatorConfig,
     advertised: String,
     durability: Durability,
+    /// How long leases are held until done, once metrics are on.
+    lease_seconds: std::sync::OnceLock<Histogram>,
+}
+
+/// A trainer's running totals, as its progress reports give them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RankTotals {
+    /// The trainer's session: its totals start at 0.
+    pub session: SessionId,
+    /// Batches yielded.
+    pub batches: u64,
+    /// Samples in them.
+    pub samples: u64,
+    /// Seconds waited for data.
+    pub wait_seconds: f64,
+}
+
+/// What the metrics show of the leader's soft state, read under one lock.
+#[derive(Clone, Debug, Default)]
+pub struct Figures {
+    /// Workers whose heartbeats arrive.
+    pub workers_alive: usize,
+    /// Leases expired, chunks failed and trainer sessions superseded so far (this term).
+    pub leases_expired: u64,
+    /// See `leases_expired`.
+    pub chunks_failed: u64,
+    /// See `leases_expired`.
+    pub sessions_superseded: u64,
+    /// Every job.
+    pub jobs: Vec<JobFigures>,
+}
+
+/// One job in [`Figures`].
+#[derive(Clone, Debug)]
+pub struct JobFigures {
+    /// Its name.
+    pub name: String,
+    /// Ranks, and samples per batch.
+    pub world_size: u32,
+    /// See `world_size`.
+    pub batch_size: u32,
+    /// Steps queued for a worker and chunks leased.
+    pub steps_queued: u32,
+    /// See `steps_queued`.
+    pub chunks_leased: u32,
+    /// Delivered so far.
+    pub done: Done,
+    /// Steps in its flow windows and what they hold.
+    pub window: (u64, u64),
+    /// Ranks whose trainer is live.
+    pub live_ranks: usize,
+    /// Each rank: where it stands, and its trainer's totals.
+    pub ranks: Vec<(RankStatus, Option<RankTotals>)>,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -138,12 +195,13 @@ impl Coordinator {
             scheduler,
             plans: BTreeMap::new(),
             ranks: BTreeMap::new(),
+            totals: BTreeMap::new(),
             next_session: id_base,
             pending: BTreeMap::new(),
             led_term: None,
             started: Instant::now(),
         };
-        Self { inner: Mutex::new(inner), config, advertised, durability }
+        Self { inner: Mutex::new(inner), config, advertised, durability, lease_seconds: std::sync::OnceLock::new() }
     }
 
     /// This node leads in `term`: if it did not lead in that term until now, its soft state
@@ -158,6 +216,7 @@ impl Coordinator {
         inner.scheduler = Scheduler::new(self.config.scheduler(), id_base);
         inner.plans.clear();
         inner.ranks.clear();
+        inner.totals.clear();
         inner.pending.clear();
         inner.next_session = id_base;
         inner.started = now;
@@ -173,6 +232,7 @@ impl Coordinator {
             inner.scheduler = Scheduler::new(self.config.scheduler(), clock_id_base());
             inner.plans.clear();
             inner.ranks.clear();
+            inner.totals.clear();
             inner.pending.clear();
             tracing::info!("no longer leading: soft state dropped");
         }
@@ -312,7 +372,19 @@ impl Coordinator {
                 inner.forget_plans_of_finished_runs();
                 Ok(ControlResponse::EpochOpened { steps: steps? })
             }
-            ControlRequest::ReportProgress { job, rank, epoch, start, consumed, wait_seconds, session, pass, missing } => {
+            ControlRequest::ReportProgress {
+                job,
+                rank,
+                epoch,
+                start,
+                consumed,
+                wait_seconds,
+                batches,
+                samples,
+                session,
+                pass,
+                missing,
+            } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
                 inner.scheduler.check_session(job, rank, session).map_err(refused)?;
@@ -320,6 +392,7 @@ impl Coordinator {
                 check_list_len("missing", missing.len())?;
                 let reporting = Reporting { session, pass, consumed, missing };
                 let run_known = inner.record_progress(RunKey { job, epoch, start }, rank, &reporting, wait_seconds, now)?;
+                inner.record_totals(job, rank, RankTotals { session, batches, samples, wait_seconds });
                 Ok(ControlResponse::ProgressRecorded { workers: inner.scheduler.alive_workers(now), run_known })
             }
             ControlRequest::RegisterWorker { addr, threads, instance, attempt } => {
@@ -341,7 +414,10 @@ impl Coordinator {
             }
             ControlRequest::PullChunks { worker, max } => self.pull(worker, max, now),
             ControlRequest::ChunkDone { worker, lease } => {
-                self.lock().scheduler.chunk_done(worker, lease, now);
+                let held_opt = self.lock().scheduler.chunk_done(worker, lease, now);
+                if let (Some(held), Some(histogram)) = (held_opt, self.lease_seconds.get()) {
+                    histogram.observe(held.as_secs_f64());
+                }
                 Ok(ControlResponse::Ack)
             }
             ControlRequest::ChunkFailed { worker, lease, reason } => {
@@ -530,6 +606,44 @@ impl Coordinator {
         }
     }
 
+    /// Time every lease held until done into `histogram` from now on.
+    pub fn observe_leases(&self, histogram: Histogram) {
+        let _ = self.lease_seconds.set(histogram);
+    }
+
+    /// What the metrics show: the leader's soft state (empty on a follower).
+    pub fn figures(&self, now: Instant) -> Figures {
+        let inner = self.lock();
+        let scheduler = &inner.scheduler;
+        let jobs = inner
+            .state
+            .jobs
+            .iter()
+            .map(|(id, spec)| {
+                let counts = scheduler.job_counts(*id);
+                let ranks = inner.ranks.range((*id, Rank(0))..=(*id, Rank(u32::MAX)));
+                JobFigures {
+                    name: spec.name.clone(),
+                    world_size: spec.plan.world_size.get(),
+                    batch_size: spec.plan.batch_size.get(),
+                    steps_queued: counts.queued,
+                    chunks_leased: counts.leased,
+                    done: scheduler.done(*id),
+                    window: scheduler.window_fill(*id),
+                    live_ranks: scheduler.live_trainers(*id, spec.plan.world_size.get(), now).len(),
+                    ranks: ranks.map(|(key, status)| (*status, inner.totals.get(key).copied())).collect(),
+                }
+            })
+            .collect();
+        Figures {
+            workers_alive: scheduler.alive_workers(now).len(),
+            leases_expired: scheduler.leases_expired(),
+            chunks_failed: scheduler.chunks_failed(),
+            sessions_superseded: scheduler.sessions_superseded(),
+            jobs,
+        }
+    }
+
     /// Leases expired so far (for metrics and tests).
     pub fn leases_expired(&self) -> u64 {
         self.lock().scheduler.leases_expired()
@@ -596,6 +710,7 @@ impl Inner {
         if let Some(job) = removed {
             self.scheduler.forget_job(job);
             self.ranks.retain(|(ranked_job, _), _| *ranked_job != job);
+            self.totals.retain(|(ranked_job, _), _| *ranked_job != job);
             self.pending.remove(&job);
         }
         if removed.is_some() || failed {
@@ -622,6 +737,20 @@ impl Inner {
     }
 
     /// Refuse the requests of a failed job's trainers, with the reason it failed.
+    /// Keep a trainer's totals: a newer session's replace an older one's (a new trainer counts
+    /// from 0), and within a session they only grow (a report that arrives late, after a newer
+    /// one, changes nothing).
+    fn record_totals(&mut self, job: JobId, rank: Rank, reported: RankTotals) {
+        let totals = self.totals.entry((job, rank)).or_insert(reported);
+        if reported.session > totals.session {
+            *totals = reported;
+        } else if reported.session == totals.session {
+            totals.batches = totals.batches.max(reported.batches);
+            totals.samples = totals.samples.max(reported.samples);
+            totals.wait_seconds = totals.wait_seconds.max(reported.wait_seconds);
+        }
+    }
+
     fn check_not_failed(&self, job: JobId) -> Result<(), RemoteError> {
         match self.state.failed.get(&job) {
             Some(reason) => Err(RemoteError::new(ErrorCode::JobFailed, format!("{job} failed: {reason}"))),

@@ -103,6 +103,8 @@ fn a_job_no_trainer_was_heard_from_for_the_ttl_is_removed() {
             start: Position(0),
             consumed: 0,
             wait_seconds: 0.0,
+            batches: 0,
+            samples: 0,
             session: busy_session,
             pass: Pass(1),
             missing: Vec::new(),
@@ -176,6 +178,8 @@ fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
                 start: Position(0),
                 consumed: second.min(4),
                 wait_seconds: 0.0,
+                batches: second.min(4),
+                samples: 8 * second.min(4),
                 session: *session,
                 pass: Pass(1),
                 missing: Vec::new(),
@@ -199,4 +203,59 @@ fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
     let positions: Vec<(Epoch, Position)> =
         core.state().checkpoints.values().map(|checkpoint| (checkpoint.epoch, checkpoint.position)).collect();
     assert!(positions.len() == 500 && positions.iter().all(|at| *at == (Epoch(1), Position(0))), "{:?}", &positions[..3]);
+}
+
+/// A progress report of rank 0 of `job` carrying the trainer's totals.
+fn totals_report(job: JobId, session: SessionId, batches: u64, wait_seconds: f64) -> ControlRequest {
+    ControlRequest::ReportProgress {
+        job,
+        rank: Rank(0),
+        epoch: Epoch(0),
+        start: Position(0),
+        consumed: 0,
+        wait_seconds,
+        batches,
+        samples: 2 * batches,
+        session,
+        pass: Pass(1),
+        missing: Vec::new(),
+    }
+}
+
+fn rank0_totals(core: &Coordinator, now: Instant) -> Option<RankTotals> {
+    core.figures(now)
+        .jobs
+        .iter()
+        .flat_map(|job| job.ranks.iter())
+        .find(|(status, _)| status.rank == Rank(0))
+        .and_then(|(_, totals)| *totals)
+}
+
+#[test]
+fn a_trainers_totals_grow_within_its_session_and_restart_with_a_new_one() {
+    let Fixture { core, _dir } = fixture(None);
+    let now = Instant::now();
+    let (job, first) = attach(&core, "metrics", 0, now);
+    assert!(core.handle(first_open(job, Rank(0), first), now).is_ok());
+    assert!(core.handle(totals_report(job, first, 10, 1.5), now).is_ok());
+    // A report that arrives late, after a newer one, changes nothing.
+    assert!(core.handle(totals_report(job, first, 4, 0.5), now).is_ok());
+    let totals = rank0_totals(&core, now).expect("totals");
+    assert_eq!((totals.batches, totals.samples, totals.wait_seconds), (10, 20, 1.5));
+    // A new trainer of the rank counts from 0 (to Prometheus: a counter reset).
+    let (_, second) = match core.handle(ControlRequest::Attach { spec: spec("metrics"), rank: Rank(0), client: 99 }, now) {
+        Ok(ControlResponse::Attached { job, session, .. }) => (job, session),
+        other => panic!("attach: {other:?}"),
+    };
+    assert!(second > first);
+    assert!(core.handle(first_open(job, Rank(0), second), now).is_ok());
+    assert!(core.handle(totals_report(job, second, 3, 0.25), now).is_ok());
+    let totals = rank0_totals(&core, now).expect("totals");
+    assert_eq!((totals.session, totals.batches, totals.wait_seconds), (second, 3, 0.25));
+    // The superseded trainer's reports are refused and change nothing.
+    assert!(core.handle(totals_report(job, first, 50, 9.0), now).is_err());
+    assert_eq!(rank0_totals(&core, now).map(|totals| totals.batches), Some(3));
+    // A removed job's figures go with it.
+    assert!(remove(&core, "metrics", true, now).is_ok());
+    assert!(core.figures(now).jobs.is_empty());
 }

@@ -35,7 +35,9 @@ fn the_log_stays_bounded_across_100_000_checkpoints() {
     let started = Instant::now();
     let last = runtime.block_on(async {
         let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
-        let handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls).await.expect("coordinator");
+        let handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_common::obs::Metrics::new())
+            .await
+            .expect("coordinator");
         let dataset = DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![10], version: 1 };
         handle.commit(Command::AddDataset { dataset }).await.expect("dataset");
         handle.commit(Command::CreateJob { spec: spec() }).await.expect("job");
@@ -70,7 +72,9 @@ fn the_log_stays_bounded_across_100_000_checkpoints() {
     let reopened = runtime.block_on(async {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
-        let handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls).await.expect("reopens");
+        let handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_common::obs::Metrics::new())
+            .await
+            .expect("reopens");
         handle.core().state()
     });
     assert_eq!(reopened, last, "snapshot plus the rest of the log give the same state");

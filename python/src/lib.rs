@@ -23,6 +23,5 @@ fn _stoker(module: &Bound<'_, PyModule>) -> PyResult<()> {
 /// `stoker_client=debug`, ...); silent otherwise, as a library inside a trainer should be.
 fn init_logging() {
     let Ok(filter) = std::env::var("STOKER_LOG") else { return };
-    let filter = tracing_subscriber::EnvFilter::try_new(&filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    stoker_common::obs::init_tracing(Some(&filter), "info", false);
 }

@@ -37,12 +37,14 @@ pub(crate) struct NativeLoader {
     world_size: u32,
     /// `close` was called: the loader is gone and stays gone.
     closed: bool,
+    /// Where this rank's metrics are served (`metrics_port=`), in the process that built it.
+    metrics_addr: Option<String>,
 }
 
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0))]
+    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0, metrics_port=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -59,6 +61,7 @@ impl NativeLoader {
         job_name: Option<String>,
         run_id: Option<String>,
         timeout: Option<f64>,
+        metrics_port: Option<u16>,
     ) -> PyResult<Self> {
         let mut config = LoaderConfig::new(resolve(coordinator)?, dataset, batch_size);
         config.transforms = serde_json::from_str::<TransformSpec>(transforms_json).map_err(errors::config)?;
@@ -79,8 +82,26 @@ impl NativeLoader {
             }
         };
         let (_, world_size) = config.rank_and_world_size().map_err(errors::to_py)?;
-        let loader = py.detach(|| Loader::attach(&config)).map_err(errors::to_py)?;
-        Ok(Self { config, inner: Some(loader), pid: std::process::id(), world_size: world_size.get(), closed: false })
+        let mut loader = py.detach(|| Loader::attach(&config)).map_err(errors::to_py)?;
+        let metrics_addr = match metrics_port {
+            Some(port) => {
+                let listen = std::net::SocketAddr::from(([0, 0, 0, 0], port));
+                let served = py.detach(|| loader.serve_metrics(listen)).map_err(|error| {
+                    ConfigError::new_err(format!(
+                        "{error}: pass another metrics_port (one per process: e.g. 9102 + LOCAL_RANK under torchrun), or 0 for any free port"
+                    ))
+                })?;
+                Some(served.to_string())
+            }
+            None => None,
+        };
+        Ok(Self { config, inner: Some(loader), pid: std::process::id(), world_size: world_size.get(), closed: false, metrics_addr })
+    }
+
+    /// `HOST:PORT` this rank's metrics are served on, if `metrics_port` was given.
+    #[getter]
+    fn metrics_address(&self) -> Option<String> {
+        if self.closed { None } else { self.metrics_addr.clone() }
     }
 
     /// Iterate `epoch` next.

@@ -44,6 +44,10 @@ class Loader:
     (``None``: wait forever).
     ``missing_label``: the label of a sample without one (no ``.cls`` member); ``-1`` by
     default, ``-100`` is what ``torch.nn.CrossEntropyLoss`` ignores.
+    ``metrics_port``: serve this rank's own Prometheus metrics (bytes received, first-batch
+    latency, buffered batches; ``/metrics``, ``/healthz``, ``/readyz``) on this TCP port of
+    every interface (``0``: a free port, see :attr:`metrics_address`). Not needed for the
+    stall and throughput figures: the coordinator exports those for every rank.
 
     ``close()`` (or ``with stoker.Loader(...) as loader:``) detaches and frees the receive
     buffers at once instead of when the object is collected.
@@ -74,6 +78,7 @@ class Loader:
         run_id: Optional[str] = None,
         timeout: Optional[float] = 300.0,
         missing_label: int = -1,
+        metrics_port: Optional[int] = None,
     ) -> None:
         if coordinator is None:
             coordinator = os.environ.get("STOKER_COORDINATOR")
@@ -96,6 +101,8 @@ class Loader:
             raise ConfigError(f"missing_label must be an int (-100 is what CrossEntropyLoss ignores), got {missing_label!r}")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0):
             raise ConfigError(f"timeout must be a positive number of seconds or None (wait forever), got {timeout!r}")
+        if metrics_port is not None and (isinstance(metrics_port, bool) or not isinstance(metrics_port, int) or not 0 <= metrics_port < 65536):
+            raise ConfigError(f"metrics_port must be a TCP port (0: any free one) or None, got {metrics_port!r}")
         if output not in OUTPUTS:
             raise ConfigError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         if layout not in LAYOUTS:
@@ -144,6 +151,7 @@ class Loader:
             job_name=job_name,
             run_id=run_id,
             timeout=None if timeout is None else float(timeout),
+            metrics_port=metrics_port,
         )
         self.batch_size = batch_size
 
@@ -263,6 +271,11 @@ class Loader:
     def job_name(self) -> str:
         """The job's name on the coordinator (``stoker status`` shows it)."""
         return self._native.job_name
+
+    @property
+    def metrics_address(self) -> Optional[str]:
+        """``HOST:PORT`` of this rank's metrics endpoint (``metrics_port=``), else ``None``."""
+        return self._native.metrics_address
 
     @property
     def wait_seconds(self) -> float:

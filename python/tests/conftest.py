@@ -24,6 +24,24 @@ PER_CLASS = 24
 SAMPLES = CLASSES * PER_CLASS
 
 
+def need_tool(tool: str, why: str) -> str:
+    """The path of `tool`; skips the test where it is missing, and fails it under CI (where
+    `make test` must have installed it)."""
+    path = shutil.which(tool)
+    if path is None:
+        message = f"`{tool}` is not installed: {why}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def stoker_env() -> dict:
+    """The environment of every `stoker` process a test starts: many run on this one host, so
+    each serves its metrics on a port of its own."""
+    return {**os.environ, "STOKER_METRICS_LISTEN": "127.0.0.1:0"}
+
+
 def stoker_bin() -> str:
     candidates = [os.environ.get("STOKER_BIN"), REPO / "target/debug/stoker", REPO / "target/release/stoker", shutil.which("stoker")]
     for candidate in candidates:
@@ -33,13 +51,15 @@ def stoker_bin() -> str:
 
 
 class Node:
-    """A `stoker` process; its "listening on ADDR" line gives its address."""
+    """A `stoker` process; its "listening on ADDR" line gives its address, and its "metrics on
+    http://ADDR/metrics" line (printed before) where its metrics are."""
 
     def __init__(self, args: List[str], log: Path) -> None:
         self.log = log
-        self.process = subprocess.Popen([stoker_bin(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen([stoker_bin(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=stoker_env())
         found = threading.Event()
         self.addr: Optional[str] = None
+        self.metrics: Optional[str] = None
 
         def pump() -> None:
             assert self.process.stderr is not None
@@ -47,6 +67,9 @@ class Node:
                 for line in self.process.stderr:
                     out.write(line)
                     out.flush()
+                    metrics = re.search(r"metrics on http://(\S+)/metrics", line)
+                    if metrics and self.metrics is None:
+                        self.metrics = metrics.group(1)
                     match = re.search(r"listening on (\S+)", line)
                     if match and not found.is_set():
                         self.addr = match.group(1)
@@ -92,7 +115,7 @@ def write_image_folder(root: Path) -> None:
 
 
 def run_stoker(*args: str) -> subprocess.CompletedProcess:
-    done = subprocess.run([stoker_bin(), *args], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([stoker_bin(), *args], capture_output=True, text=True, timeout=120, env=stoker_env())
     if done.returncode != 0:
         raise RuntimeError(f"stoker {' '.join(args)} failed: {done.stderr}")
     return done

@@ -53,6 +53,8 @@ def test_bad_transform_arguments_are_config_errors(make, message: str) -> None:
         (dict(rank=2, world_size=2), "outside world size"),
         (dict(shuffle="sometimes"), "window:K"),
         (dict(tail="wrap"), "partial"),
+        (dict(metrics_port=-1), "metrics_port"),
+        (dict(metrics_port="9102"), "metrics_port"),
         (dict(batch_size=0), "batch_size"),
         (dict(layout="HWC"), "NCHW"),
         (dict(transforms=[stoker.RandomHorizontalFlip(), stoker.RandomHorizontalFlip()]), "once"),

@@ -15,6 +15,7 @@ use stoker_client::LoaderConfig;
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
 use stoker_common::net::{CoordinatorAddrs, QuicCoordinator, TlsConfigs};
+use stoker_common::obs::Metrics;
 use stoker_common::proto::{ControlRequest, DatasetInfo};
 use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
 use stoker_common::shard::pack::{PackOptions, pack};
@@ -45,6 +46,8 @@ pub struct ClusterConfig {
     /// Coordinators: 1 is a cluster of one (the embedded default); 3 form a Raft cluster on
     /// 127.0.0.1, each with its own data directory (`node-N` inside the cluster's).
     pub coordinators: usize,
+    /// Workers time every sample and batch into their metrics (off only to measure the cost).
+    pub time_samples: bool,
 }
 
 impl Default for ClusterConfig {
@@ -60,6 +63,7 @@ impl Default for ClusterConfig {
             delivery_timeout: WorkerConfig::new(1).delivery_timeout,
             job_idle: WorkerConfig::new(1).job_idle,
             coordinators: 1,
+            time_samples: true,
         }
     }
 }
@@ -78,6 +82,9 @@ pub struct TestCluster {
     coordinators: Vec<Option<CoordinatorHandle>>,
     coordinator_addrs: Vec<SocketAddr>,
     workers: Vec<Option<WorkerHandle<QuicCoordinator>>>,
+    /// The metrics of coordinator `i` (its latest start) and of worker `i`.
+    coordinator_metrics: Vec<Metrics>,
+    worker_metrics: Vec<Metrics>,
     next_worker_ip: u8,
 }
 
@@ -125,10 +132,16 @@ fn bind(ip: Ipv4Addr, port: u16) -> Result<UdpSocket, TestkitError> {
 /// Log to stderr once per process, filtered by `RUST_LOG` (default: warnings).
 pub fn init_tracing() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_test_writer().try_init();
-    });
+    ONCE.call_once(|| stoker_common::obs::init_tracing(std::env::var("RUST_LOG").ok().as_deref(), "warn", true));
+}
+
+fn metrics_text(metrics: &Metrics) -> Result<String, TestkitError> {
+    let text = metrics.render().map_err(|error| error.to_string())?;
+    String::from_utf8(text).map_err(|error| error.to_string())
+}
+
+fn role_metrics(role: &str) -> Result<Metrics, TestkitError> {
+    Metrics::for_role(role).map_err(|error| error.to_string())
 }
 
 impl TestCluster {
@@ -158,6 +171,8 @@ impl TestCluster {
             coordinators: Vec::new(),
             coordinator_addrs: Vec::new(),
             workers: Vec::new(),
+            coordinator_metrics: Vec::new(),
+            worker_metrics: Vec::new(),
             next_worker_ip: 2,
         };
         let count = cluster.config.coordinators.max(1);
@@ -166,6 +181,7 @@ impl TestCluster {
             let socket = bind(Ipv4Addr::LOCALHOST, 0)?;
             cluster.coordinator_addrs.push(socket.local_addr().map_err(|error| error.to_string())?);
             cluster.coordinators.push(None);
+            cluster.coordinator_metrics.push(Metrics::new());
         }
         for index in 0..count {
             cluster.start_coordinator_node(index)?;
@@ -205,7 +221,10 @@ impl TestCluster {
         })?;
         let socket = socket_opt.ok_or("no socket")?;
         let _guard = self.runtime.enter();
-        let handle = self.runtime.block_on(stoker_coordinator::start(config, socket, &self.tls)).map_err(|error| error.to_string())?;
+        let metrics = role_metrics("coordinator")?;
+        let handle =
+            self.runtime.block_on(stoker_coordinator::start(config, socket, &self.tls, &metrics)).map_err(|error| error.to_string())?;
+        self.coordinator_metrics[index] = metrics;
         self.coordinator_addrs[index] = handle.local_addr();
         self.coordinators[index] = Some(handle);
         Ok(())
@@ -218,11 +237,15 @@ impl TestCluster {
         let index = self.coordinator_addrs.len();
         self.coordinator_addrs.push(socket.local_addr().map_err(|error| error.to_string())?);
         self.coordinators.push(None);
+        self.coordinator_metrics.push(Metrics::new());
         let mut config = CoordinatorConfig::new(self.coordinator_data_dir(index));
         config.node_id = index as u64 + 1;
         config.join = true;
         let _guard = self.runtime.enter();
-        let handle = self.runtime.block_on(stoker_coordinator::start(config, socket, &self.tls)).map_err(|error| error.to_string())?;
+        let metrics = role_metrics("coordinator")?;
+        let handle =
+            self.runtime.block_on(stoker_coordinator::start(config, socket, &self.tls, &metrics)).map_err(|error| error.to_string())?;
+        self.coordinator_metrics[index] = metrics;
         self.coordinators[index] = Some(handle);
         Ok(index)
     }
@@ -301,8 +324,11 @@ impl TestCluster {
         let mut config = WorkerConfig::new(self.config.threads_per_worker);
         config.delivery_timeout = self.config.delivery_timeout;
         config.job_idle = self.config.job_idle;
-        let handle = stoker_worker::start(config, socket, &self.tls, api).map_err(|error| error.to_string())?;
+        config.time_samples = self.config.time_samples;
+        let metrics = role_metrics("worker")?;
+        let handle = stoker_worker::start(config, socket, &self.tls, api, &metrics).map_err(|error| error.to_string())?;
         self.workers.push(Some(handle));
+        self.worker_metrics.push(metrics);
         Ok(self.workers.len() - 1)
     }
 
@@ -319,6 +345,21 @@ impl TestCluster {
         if let Some(handle) = self.workers.get_mut(index).and_then(Option::take) {
             self.runtime.block_on(handle.shutdown());
         }
+    }
+
+    /// Coordinator `index`'s metrics in Prometheus' text format (of its latest start).
+    pub fn coordinator_metrics_text(&self, index: usize) -> Result<String, TestkitError> {
+        metrics_text(self.coordinator_metrics.get(index).ok_or("no such coordinator")?)
+    }
+
+    /// What coordinator `index`'s `/readyz` answers: `Err(reason)` for a 503.
+    pub fn coordinator_ready(&self, index: usize) -> Result<(), String> {
+        self.coordinator_metrics.get(index).ok_or("no such coordinator")?.ready()
+    }
+
+    /// Worker `index`'s metrics in Prometheus' text format.
+    pub fn worker_metrics_text(&self, index: usize) -> Result<String, TestkitError> {
+        metrics_text(self.worker_metrics.get(index).ok_or("no such worker")?)
     }
 
     /// Worker `index`, if running.

@@ -5,6 +5,7 @@ pub mod dataset;
 mod decode;
 pub mod error;
 pub mod floor;
+pub mod metrics;
 /// The worker service: coordinator link, job pipelines, batch delivery to trainers.
 pub mod node;
 pub mod pipeline;

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, bounded, select};
 use stoker_common::ids::{Rank, Step};
@@ -29,6 +30,7 @@ use stoker_common::transform::{OnError, Recipe, TransformSpec};
 use crate::batch::{Batch, BatchStorage, SLOT_CORRUPT, SLOT_REPLACED};
 use crate::dataset::{Dataset, IMAGE_EXTENSIONS_TEXT, image_member, label};
 use crate::error::{DecodeError, PipelineError};
+use crate::metrics::PipelineMetrics;
 use crate::sample::SampleMaker;
 
 /// One batch to make: rank `rank`'s step `step` of `plan`'s epoch.
@@ -84,6 +86,8 @@ struct Job {
     storage: UnsafeCell<Option<BatchStorage>>,
     flags: *const AtomicU8,
     remaining: AtomicUsize,
+    /// When the feeder handed it to the decode threads (for `batch_make_seconds`).
+    handed_at: Instant,
 }
 
 // SAFETY: `images` and `flags` point into `storage`'s buffers, which lives as long as the job; distinct
@@ -129,6 +133,8 @@ struct Shared {
     dataset: Arc<Dataset>,
     recipe: Recipe,
     stats: Arc<PipelineStats>,
+    /// The worker's metrics, when it has any.
+    metrics: Option<PipelineMetrics>,
     stop: AtomicBool,
     panicked: AtomicBool,
     pool: Sender<BatchStorage>,
@@ -166,6 +172,21 @@ impl Pipeline {
         I: IntoIterator<Item = BatchRequest>,
         I::IntoIter: Send + 'static,
     {
+        Self::start_observed(dataset, spec, config, requests, None)
+    }
+
+    /// As [`Self::start`], timing every sample and batch into `metrics`.
+    pub fn start_observed<I>(
+        dataset: Arc<Dataset>,
+        spec: &TransformSpec,
+        config: PipelineConfig,
+        requests: I,
+        metrics: Option<PipelineMetrics>,
+    ) -> Result<Self, PipelineError>
+    where
+        I: IntoIterator<Item = BatchRequest>,
+        I::IntoIter: Send + 'static,
+    {
         let recipe = Recipe::new(spec)?;
         let threads = config.threads.max(1);
         let in_flight = config.in_flight.max(1);
@@ -185,6 +206,7 @@ impl Pipeline {
             dataset,
             recipe,
             stats: Arc::default(),
+            metrics,
             stop: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             pool: pool_tx,
@@ -326,6 +348,7 @@ fn feed(
             storage: UnsafeCell::new(Some(storage)),
             flags,
             remaining: AtomicUsize::new(len),
+            handed_at: Instant::now(),
         });
         if len == 0 {
             finish(shared, &job, done);
@@ -355,7 +378,12 @@ fn decode_loop(shared: &Shared, mut maker: SampleMaker, tasks: &Receiver<Task>, 
         }
         // SAFETY: the feeder queues each slot of a job exactly once.
         let out = unsafe { job.slot(slot) };
+        let timed = shared.metrics.as_ref().filter(|metrics| metrics.timed);
+        let started = timed.map(|_| Instant::now());
         make_one(shared, &mut maker, &job, slot, out, done);
+        if let (Some(metrics), Some(started)) = (timed, started) {
+            metrics.decode_seconds.observe(started.elapsed().as_secs_f64());
+        }
         if job.remaining.fetch_sub(1, Ordering::AcqRel) == 1 {
             finish(shared, &job, done);
         }
@@ -384,6 +412,10 @@ fn make_one(shared: &Shared, maker: &mut SampleMaker, job: &Job, slot: usize, ou
             let warning = maker.last_warning().to_owned();
             match shared.recipe.on_error {
                 OnError::Replace => {
+                    // Kept as decoded; under `on_error=fail` it is replaced (and counted so) below.
+                    if let Some(metrics) = &shared.metrics {
+                        metrics.corrupt.inc();
+                    }
                     tracing::warn!(shard = %shard().display(), key = key(), %warning, "corrupt JPEG data: sample kept as decoded and flagged");
                     return;
                 }
@@ -400,6 +432,9 @@ fn make_one(shared: &Shared, maker: &mut SampleMaker, job: &Job, slot: usize, ou
     maker.black(out);
     job.flag(slot).fetch_or(SLOT_REPLACED, Ordering::Relaxed);
     stats.replaced.fetch_add(1, Ordering::Relaxed);
+    if let Some(metrics) = &shared.metrics {
+        metrics.replaced.inc();
+    }
     let (shard, key) = (shard(), key());
     match shared.recipe.on_error {
         OnError::Replace => {
@@ -422,6 +457,9 @@ fn finish(shared: &Shared, job: &Job, done: &Done) {
     // SAFETY: called once per job, by the feeder for an empty batch or by the thread whose
     // countdown reached zero.
     let Some(mut storage) = (unsafe { job.take_storage() }) else { return };
+    if let Some(metrics) = shared.metrics.as_ref().filter(|metrics| metrics.timed) {
+        metrics.batch_make_seconds.observe(job.handed_at.elapsed().as_secs_f64());
+    }
     let image_bytes = job.len * job.slot_bytes;
     for slot in 0..job.len {
         let flags = *storage.slot_flags[slot].get_mut();

@@ -26,8 +26,13 @@ pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
     if !args.json {
         eprintln!("cluster: {} worker(s) x {} thread(s), {} rank(s), {} epoch(s) ...", args.workers, args.threads, args.ranks, args.epochs);
     }
-    let cluster = TestCluster::start(ClusterConfig { workers: args.workers, threads_per_worker: args.threads, ..ClusterConfig::default() })
-        .map_err(anyhow::Error::msg)?;
+    let cluster = TestCluster::start(ClusterConfig {
+        workers: args.workers,
+        threads_per_worker: args.threads,
+        time_samples: args.metrics == "on",
+        ..ClusterConfig::default()
+    })
+    .map_err(anyhow::Error::msg)?;
     cluster.add_dataset("bench", &manifest).map_err(anyhow::Error::msg)?;
     cluster.wait_for_workers().map_err(anyhow::Error::msg)?;
     let mut base = cluster.loader_config("bench", args.batch_size);
@@ -59,6 +64,7 @@ pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
             "pipeline_images_per_sec": pipeline_rate,
             "ratio_to_pipeline_sum": ratio,
             "peak_rss_mib": peak,
+            "metrics": args.metrics,
         });
         println!("{value}");
     } else {

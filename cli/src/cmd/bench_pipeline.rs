@@ -11,6 +11,7 @@ use stoker_common::ids::{Epoch, Rank, Step};
 use stoker_common::plan::{EpochPlan, PlanSpec, SampleRef, Shuffle, Tail};
 use stoker_common::shard::MANIFEST_FILE;
 use stoker_common::transform::{Recipe, TransformSpec};
+use stoker_worker::metrics::PipelineMetrics;
 use stoker_worker::{BatchRequest, Dataset, Pipeline, PipelineConfig, floor};
 
 use crate::args::BenchPipelineArgs;
@@ -68,14 +69,30 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
     }
     // Pipeline and floor (and the baseline thread count's) take turns, so that a slow spell of
     // a shared machine falls on all of them.
-    let turns = Turns { dataset: &dataset, spec: &spec, plan_spec, slice, floor_source: floor_source.as_ref(), no_floor: args.no_floor };
-    let (mut main, mut baseline) = (Measured::default(), Measured::default());
+    // The pipeline times every sample and batch into metrics, as a worker's does.
+    let metrics = PipelineMetrics::register(&stoker_common::obs::Metrics::new())?;
+    let turns = Turns {
+        dataset: &dataset,
+        spec: &spec,
+        plan_spec,
+        slice,
+        floor_source: floor_source.as_ref(),
+        no_floor: args.no_floor,
+        metrics: Some(metrics),
+    };
+    let (mut main, mut baseline, mut unobserved) = (Measured::default(), Measured::default(), Measured::default());
+    let unobserved_turns = Turns { no_floor: true, metrics: None, ..turns.clone() };
     for _ in 0..rounds {
         turns.take(config, &mut main)?;
         if let Some(base_config) = baseline_opt {
             turns.take(base_config, &mut baseline)?;
         }
+        if args.metrics_cost {
+            unobserved_turns.take(config, &mut unobserved)?;
+        }
     }
+    let unobserved_rate =
+        args.metrics_cost.then(|| unobserved.pipeline.images as f64 / unobserved.pipeline.elapsed.as_secs_f64().max(f64::MIN_POSITIVE));
     let Measured { pipeline: measured, floor: floor_total } = main;
     let Slice { images, elapsed, decoded, source, replaced, .. } = measured;
     if images == 0 {
@@ -103,6 +120,8 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
             "images_per_sec": rate,
             "floor_images_per_sec": floor_rate,
             "ratio_to_floor": ratio,
+            "unobserved_images_per_sec": unobserved_rate,
+            "metrics_cost": unobserved_rate.map(|unobserved| 1.0 - rate / unobserved),
             "threads": threads,
             "images": images,
             "replaced_samples": replaced,
@@ -140,6 +159,12 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
             );
             println!("ratio      {ratio:>9.2}x the full-decode floor");
         }
+        if let Some(unobserved) = unobserved_rate {
+            println!(
+                "untimed    {unobserved:>9.1} images/s without metrics timing; metrics cost {:+.2}%",
+                100.0 * (1.0 - rate / unobserved)
+            );
+        }
         if let Some(Scaling { threads: base, rate: base_rate, scaling, floor_scaling }) = scaling_opt {
             let floor = floor_scaling.map_or(String::new(), |f| format!(" (the floor: {f:.2}x)"));
             println!("scaling    {scaling:>9.2}x {base} thread(s), which made {base_rate:.1} images/s{floor}");
@@ -167,6 +192,7 @@ struct Measured {
 }
 
 /// What every turn shares.
+#[derive(Clone)]
 struct Turns<'a> {
     dataset: &'a Arc<Dataset>,
     spec: &'a TransformSpec,
@@ -175,13 +201,16 @@ struct Turns<'a> {
     /// `--floor-data`: another dataset and all its samples.
     floor_source: Option<&'a (Arc<Dataset>, Arc<Vec<SampleRef>>)>,
     no_floor: bool,
+    /// Where the pipeline times its samples and batches (`None`: untimed).
+    metrics: Option<PipelineMetrics>,
 }
 
 impl Turns<'_> {
     /// One turn of the pipeline with `config`, continuing where `into`'s last stopped, then as
     /// long of the floor (over the images that turn saw, or all of `--floor-data`'s).
     fn take(&self, config: PipelineConfig, into: &mut Measured) -> anyhow::Result<()> {
-        let round = pipeline_slice(self.dataset, self.spec, config, self.plan_spec, into.pipeline.batches, self.slice)?;
+        let round =
+            pipeline_slice(self.dataset, self.spec, config, self.plan_spec, into.pipeline.batches, self.slice, self.metrics.clone())?;
         if !self.no_floor {
             let result = match self.floor_source {
                 Some((other, samples)) => floor::full_decode(other, samples, config.threads, self.slice)?,
@@ -248,6 +277,7 @@ fn pipeline_slice(
     plan_spec: PlanSpec,
     first_batch: u64,
     duration: Duration,
+    metrics: Option<PipelineMetrics>,
 ) -> anyhow::Result<Slice> {
     let table = dataset.table();
     let requests = (0u64..)
@@ -256,7 +286,7 @@ fn pipeline_slice(
             (0..plan.steps()).map(move |step| BatchRequest { plan: Arc::clone(&plan), rank: Rank(0), step: Step(step) })
         })
         .skip(first_batch as usize);
-    let mut pipeline = Pipeline::start(Arc::clone(dataset), spec, config, requests)?;
+    let mut pipeline = Pipeline::start_observed(Arc::clone(dataset), spec, config, requests, metrics)?;
     let stats = pipeline.stats();
     let mut slice = Slice::default();
     let (mut started, mut counted_from) = (None::<Instant>, (0u64, 0u64));

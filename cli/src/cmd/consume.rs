@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use stoker_client::LoaderConfig;
+use stoker_common::obs::MetricsListen;
 use stoker_common::transform::TransformSpec;
 
 use super::ranks::consume;
@@ -28,7 +29,11 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     if !args.json {
         eprintln!("rank {} of {world_size}: consuming {} epoch(s) of {:?} ...", rank.0, args.epochs, args.dataset);
     }
-    let report = consume(&config, args.first_epoch, args.epochs, args.rate, args.keys_out.is_some())?;
+    let metrics_listen = match args.metrics_listen {
+        MetricsListen::On(addr) => Some(addr),
+        MetricsListen::Off => None,
+    };
+    let report = consume(&config, args.first_epoch, args.epochs, args.rate, args.keys_out.is_some(), metrics_listen)?;
     if let Some(path) = &args.keys_out {
         let mut out = std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?);
         for (epoch, step, keys) in &report.keys {

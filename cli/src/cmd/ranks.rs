@@ -32,16 +32,22 @@ impl RankReport {
     }
 }
 
-/// Consume `epochs` epochs from `first_epoch`, at most `rate` batches/s.
+/// Consume `epochs` epochs from `first_epoch`, at most `rate` batches/s, serving the rank's
+/// metrics on `metrics_listen` if given.
 pub(crate) fn consume(
     config: &LoaderConfig,
     first_epoch: u64,
     epochs: u64,
     rate: Option<f64>,
     keep_keys: bool,
+    metrics_listen: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<RankReport> {
     let attached_at = Instant::now();
     let mut loader = Loader::attach(config)?;
+    if let Some(listen) = metrics_listen {
+        let addr = loader.serve_metrics(listen)?;
+        eprintln!("rank {}: metrics on http://{addr}/metrics", loader.rank().0);
+    }
     let mut report = RankReport { rank: loader.rank().0, ..RankReport::default() };
     let pace = rate.filter(|rate| *rate > 0.0).map(|rate| Duration::from_secs_f64(1.0 / rate));
     let mut started_opt: Option<Instant> = None;
@@ -80,7 +86,7 @@ pub(crate) fn consume_ranks(base: &LoaderConfig, world_size: u32, epochs: u64, k
             let mut config = base.clone();
             config.rank = Some(rank);
             config.world_size = Some(world_size);
-            std::thread::spawn(move || consume(&config, 0, epochs, None, keep_keys))
+            std::thread::spawn(move || consume(&config, 0, epochs, None, keep_keys, None))
         })
         .collect();
     let mut reports = Vec::new();

@@ -1,5 +1,5 @@
-//! `stoker coordinator` and `stoker worker`: long-running nodes, stopped by Ctrl-C (a worker
-//! then hands its leases back).
+//! `stoker coordinator` and `stoker worker`: long-running nodes, stopped by Ctrl-C or SIGTERM
+//! (a worker then hands its leases back).
 
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::obs::{Metrics, MetricsListen, MetricsServer};
 use stoker_coordinator::CoordinatorConfig;
 use stoker_worker::WorkerConfig;
 use tracing::warn;
@@ -47,12 +48,35 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let runtime = runtime()?;
     let _guard = runtime.enter();
     warn!("{INSECURE}");
-    let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &TlsConfigs::insecure()?))?;
+    let metrics = Metrics::for_role("coordinator")?;
+    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
+    let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &TlsConfigs::insecure()?, &metrics))?;
     eprintln!("coordinator {} listening on {} (data in {}); Ctrl-C stops it", args.node_id, handle.local_addr(), args.data_dir.display());
-    runtime.block_on(tokio::signal::ctrl_c()).context("cannot wait for Ctrl-C")?;
+    runtime.block_on(stop_signal())?;
     handle.shutdown();
     runtime.shutdown_timeout(SHUTDOWN_GRACE);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Wait for Ctrl-C (SIGINT) or SIGTERM (what `docker stop` and Kubernetes send).
+async fn stop_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).context("cannot wait for SIGTERM")?;
+    tokio::select! {
+        interrupted = tokio::signal::ctrl_c() => interrupted.context("cannot wait for Ctrl-C"),
+        _ = terminate.recv() => Ok(()),
+    }
+}
+
+/// Serve `metrics` on `listen` (unless `off`), and say where. Bound before the node starts, so
+/// that a taken port stops it before it joins the cluster; the node's metrics and readiness
+/// are registered into the same `metrics` as it starts.
+fn serve_metrics(runtime: &tokio::runtime::Runtime, listen: MetricsListen, metrics: &Metrics) -> anyhow::Result<Option<MetricsServer>> {
+    let MetricsListen::On(addr) = listen else { return Ok(None) };
+    let server = runtime
+        .block_on(stoker_common::obs::serve(addr, metrics.clone()))
+        .context("pass --metrics-listen with a free HOST:PORT (or STOKER_METRICS_LISTEN), or `off`")?;
+    eprintln!("metrics on http://{}/metrics (and /healthz, /readyz)", server.local_addr());
+    Ok(Some(server))
 }
 
 /// `--peers 1=h:7400,2=h:7400`: node id → address, each id once.
@@ -99,9 +123,11 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     warn!("{INSECURE}");
     let tls = TlsConfigs::insecure()?;
     let api = QuicCoordinator::with_addrs(coordinator.clone(), &tls)?;
-    let handle = stoker_worker::start(config, socket, &tls, api)?;
+    let metrics = Metrics::for_role("worker")?;
+    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
+    let handle = stoker_worker::start(config, socket, &tls, api, &metrics)?;
     eprintln!("worker listening on {} with {threads} decode threads, coordinator {coordinator}; Ctrl-C stops it", handle.local_addr());
-    runtime.block_on(tokio::signal::ctrl_c()).context("cannot wait for Ctrl-C")?;
+    runtime.block_on(stop_signal())?;
     runtime.block_on(handle.shutdown());
     runtime.shutdown_timeout(SHUTDOWN_GRACE);
     Ok(ExitCode::SUCCESS)

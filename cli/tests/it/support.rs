@@ -32,7 +32,10 @@ impl Drop for Node {
 
 /// The `stoker` binary, to spawn.
 pub(crate) fn stoker_command() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_stoker"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_stoker"));
+    // Many nodes run on this one host: each serves its metrics on a port of its own.
+    command.env("STOKER_METRICS_LISTEN", "127.0.0.1:0");
+    command
 }
 
 /// Start a node and read its "listening on ADDR" line from stderr.

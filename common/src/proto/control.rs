@@ -161,6 +161,10 @@ pub enum ControlRequest {
         consumed: u64,
         /// Total seconds this rank has waited for data (the data stall).
         wait_seconds: f64,
+        /// Batches this trainer process has yielded in total (every epoch; for metrics).
+        batches: u64,
+        /// Samples in them.
+        samples: u64,
         /// The session `Attached` gave this trainer.
         session: SessionId,
         /// The opening this report belongs to; reports of an older pass are ignored.

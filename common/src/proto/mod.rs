@@ -34,10 +34,12 @@ pub use self::error_code::{ErrorCode, RemoteError};
 ///   checkpoint in `JobStatus`.
 /// * 4: Raft between coordinators (`Raft`, `NodeStatus`, `AddNode`, `RemoveNode`), every
 ///   coordinator in `ClusterStatus`.
-pub const PROTOCOL_VERSION: u32 = 4;
+/// * 5: a trainer's total batches and samples in `ReportProgress` (the coordinator exports
+///   them as metrics).
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/4";
+pub const ALPN_TEXT: &str = "stoker/5";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

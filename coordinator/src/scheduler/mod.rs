@@ -52,6 +52,8 @@ struct Lease {
     finished: u32,
     /// When `finished` last grew (or the lease was granted).
     progressed: Instant,
+    /// When it was granted.
+    granted: Instant,
 }
 
 #[derive(Debug)]
@@ -92,6 +94,15 @@ pub struct JobCounts {
     pub leased: u32,
 }
 
+/// Chunks and steps of a job delivered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Done {
+    /// Chunks.
+    pub chunks: u64,
+    /// Steps (batches).
+    pub steps: u64,
+}
+
 /// What an accepted progress report changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Recorded {
@@ -120,6 +131,9 @@ pub struct Scheduler {
     next_worker: u64,
     leases_expired: u64,
     chunks_failed: u64,
+    sessions_superseded: u64,
+    /// Chunks and steps delivered, by job (for metrics; forgotten with the job).
+    done: BTreeMap<JobId, Done>,
     /// Runs made early (cross-epoch prefetch) that no rank has opened yet.
     early: BTreeSet<RunKey>,
     /// Jobs a rank of which iterated an epoch again or went back (an evaluation loader
@@ -143,6 +157,8 @@ impl Scheduler {
             next_worker: id_base,
             leases_expired: 0,
             chunks_failed: 0,
+            sessions_superseded: 0,
+            done: BTreeMap::new(),
             early: BTreeSet::new(),
             not_early: BTreeSet::new(),
         }
@@ -161,7 +177,29 @@ impl Scheduler {
     /// A trainer (loader `client`) attached as `rank` of `job` with the new `session`: from now
     /// on only it is served for that rank. Returns whether it replaced an earlier one.
     pub fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, client: u64, now: Instant) -> bool {
-        self.seats.attach(job, rank, session, client, now)
+        let replaced = self.seats.attach(job, rank, session, client, now);
+        self.sessions_superseded += u64::from(replaced);
+        replaced
+    }
+
+    /// Trainer sessions replaced by a newer one of the same rank so far.
+    pub fn sessions_superseded(&self) -> u64 {
+        self.sessions_superseded
+    }
+
+    /// Chunks and steps of `job` delivered so far.
+    pub fn done(&self, job: JobId) -> Done {
+        self.done.get(&job).copied().unwrap_or_default()
+    }
+
+    /// Steps of `job` in flow windows and not yet consumed, and how many the windows of its
+    /// ranks still consuming could hold: how full its flow window is.
+    pub fn window_fill(&self, job: JobId) -> (u64, u64) {
+        self.runs
+            .iter()
+            .filter(|(key, _)| key.job == job)
+            .map(|(_, run)| run.window_fill())
+            .fold((0, 0), |sum, fill| (sum.0 + fill.0, sum.1 + fill.1))
     }
 
     /// The session loader `client` already holds `rank` with (its attach was repeated).
@@ -414,21 +452,25 @@ impl Scheduler {
         }
         let expires = now + self.config.lease_ttl;
         for (lease, chunk) in &granted {
-            self.leases.insert(*lease, Lease { chunk: *chunk, worker, expires, finished: 0, progressed: now });
+            self.leases.insert(*lease, Lease { chunk: *chunk, worker, expires, finished: 0, progressed: now, granted: now });
         }
         Ok(granted)
     }
 
-    /// A lease's chunk was delivered.
-    pub fn chunk_done(&mut self, worker: WorkerId, lease: LeaseId, now: Instant) {
+    /// A lease's chunk was delivered. Returns how long the lease was held, if it was
+    /// `worker`'s.
+    pub fn chunk_done(&mut self, worker: WorkerId, lease: LeaseId, now: Instant) -> Option<Duration> {
         if self.leases.get(&lease).is_none_or(|held| held.worker != worker) {
-            return;
+            return None;
         }
-        if let Some(held) = self.leases.remove(&lease)
-            && let Some(run) = self.runs.get_mut(&RunKey::of(&held.chunk))
-        {
+        let held = self.leases.remove(&lease)?;
+        let done = self.done.entry(held.chunk.job).or_default();
+        done.chunks += 1;
+        done.steps += u64::from(held.chunk.steps);
+        if let Some(run) = self.runs.get_mut(&RunKey::of(&held.chunk)) {
             run.delivered(&held.chunk, lease, now);
         }
+        Some(now.saturating_duration_since(held.granted))
     }
 
     /// A lease's chunk could not be delivered: grant it again after the retry delay.
@@ -472,6 +514,7 @@ impl Scheduler {
         self.leases.retain(|_, held| held.chunk.job != job);
         self.stalled.retain(|(_, stalled_job), _| *stalled_job != job);
         self.seats.forget_job(job);
+        self.done.remove(&job);
     }
 
     /// A worker leaves: its chunks are granted again at once.

@@ -97,6 +97,16 @@ impl Run {
         Self { key, steps, prefetch: u64::from(prefetch.max(1)), chunk_steps: chunk_steps.max(1), ranks, queued: BTreeSet::new() }
     }
 
+    /// Steps delivered ahead of what the ranks still consuming have consumed (batches waiting
+    /// at their trainers), and what the flow windows of those ranks hold.
+    pub fn window_fill(&self) -> (u64, u64) {
+        let consuming = self.ranks.iter().filter(|rank| rank.consumed < self.steps);
+        consuming.fold((0, 0), |(delivered, capacity), rank| {
+            let ahead = rank.pending.values().filter(|state| matches!(state, StepState::Delivered { .. })).count() as u64;
+            (delivered + ahead, capacity + self.prefetch)
+        })
+    }
+
     /// Steps in the run.
     pub fn steps(&self) -> u64 {
         self.steps

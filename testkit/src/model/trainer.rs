@@ -388,6 +388,8 @@ impl SimTrainer {
             start,
             consumed,
             wait_seconds: 0.0,
+            batches: 0,
+            samples: 0,
             session,
             pass,
             missing,

@@ -9,6 +9,7 @@ mod faults;
 mod job_removal;
 mod label_mixing;
 mod loss_paths;
+mod metrics;
 mod next_epoch;
 mod protocol_model;
 mod raft;

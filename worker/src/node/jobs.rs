@@ -27,6 +27,7 @@ use super::link::ledger;
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::PipelineError;
+use crate::metrics::PipelineMetrics;
 use crate::pipeline::{BatchRequest, Pipeline, PipelineConfig};
 
 /// Which lease a requested batch belongs to, and what its header must say.
@@ -86,11 +87,13 @@ where
         .get_or_try_init(|| async {
             let dataset = dataset(shared, grant).await?;
             let (grant, config, made_tx) = (grant.clone(), shared.config.clone(), shared.made_tx.clone());
-            let started =
-                tokio::task::spawn_blocking(move || JobPipeline::start(dataset, &grant, config.threads, config.in_flight, made_tx))
-                    .await
-                    .map_err(|error| error.to_string())?
-                    .map_err(|error| error.to_string())?;
+            let metrics = Some(PipelineMetrics { timed: shared.config.time_samples, ..shared.metrics.pipeline.clone() });
+            let started = tokio::task::spawn_blocking(move || {
+                JobPipeline::start(dataset, &grant, config.threads, config.in_flight, made_tx, metrics)
+            })
+            .await
+            .map_err(|error| error.to_string())?
+            .map_err(|error| error.to_string())?;
             info!(job = %key.0, "job pipeline started");
             Ok::<_, String>(Arc::new(started))
         })
@@ -177,13 +180,14 @@ impl JobPipeline {
         threads: usize,
         in_flight: usize,
         out: mpsc::Sender<Made>,
+        metrics: Option<PipelineMetrics>,
     ) -> Result<Self, PipelineError> {
         let transforms: TransformSpec = serde_json::from_str(&grant.spec.transforms)
             .map_err(|error| PipelineError::Start(format!("the job's transform spec is not valid: {error}")))?;
         let (request_tx, request_rx) = unbounded::<BatchRequest>();
         let (meta_tx, meta_rx) = unbounded::<Meta>();
         let config = PipelineConfig { threads, in_flight, batch_size: grant.spec.plan.batch_size.get() as usize };
-        let pipeline = Pipeline::start(Arc::clone(&dataset), &transforms, config, request_rx)?;
+        let pipeline = Pipeline::start_observed(Arc::clone(&dataset), &transforms, config, request_rx, metrics)?;
         let dead = Arc::new(AtomicBool::new(false));
         let thread_dead = Arc::clone(&dead);
         std::thread::Builder::new()
@@ -350,7 +354,7 @@ mod tests {
         let grant = ChunkGrant { lease: LeaseId(7), chunk, spec, manifest: String::new(), dataset_version: 0, session: SessionId(1) };
         let (out, mut made) = mpsc::channel(16);
         // Buffers for every step: the feeder takes all four requests and waits for a fifth.
-        let pipeline = JobPipeline::start(dataset, &grant, 1, 8, out).expect("start");
+        let pipeline = JobPipeline::start(dataset, &grant, 1, 8, out, None).expect("start");
         let meta =
             Meta { lease: grant.lease, job: chunk.job, start: Position(0), session: grant.session, dataset_version: 0, plan_digest: 0 };
         assert_eq!(pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta), 4);

@@ -141,6 +141,16 @@ impl LeaseLedger {
             .collect()
     }
 
+    /// Leases held and not revoked.
+    pub fn leases(&self) -> usize {
+        self.leases.values().filter(|entry| !entry.revoked).count()
+    }
+
+    /// Batches of leases not revoked that have not left their pipeline yet (being made).
+    pub fn in_pipelines(&self) -> usize {
+        self.leases.values().filter(|entry| !entry.revoked).map(|entry| entry.steps.saturating_sub(entry.made) as usize).sum()
+    }
+
     /// Batches being made or delivered for leases not revoked.
     pub fn outstanding(&self) -> usize {
         self.outstanding

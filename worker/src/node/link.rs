@@ -20,6 +20,7 @@ use super::Shared;
 use super::jobs::{Made, Meta, job_pipeline, release_idle};
 use super::ledger::{Ending, Failure, LeaseLedger};
 use crate::PipelineError;
+use crate::metrics::Occupied;
 
 fn current_worker<A>(shared: &Shared<A>) -> Option<WorkerId> {
     let id = shared.worker.load(Ordering::Acquire);
@@ -228,6 +229,7 @@ where
             }
         };
         shared.images.fetch_add(batch.len() as u64, Ordering::AcqRel);
+        shared.metrics.samples.inc_by(batch.len() as u64);
         if revoked {
             // Its steps are being made elsewhere: do not push a copy.
             batch_finished(&shared, meta.lease, Ok(()));
@@ -255,7 +257,10 @@ async fn deliver<A>(shared: &Shared<A>, meta: Meta, batch: crate::Batch) -> Resu
 where
     A: CoordinatorApi,
 {
-    let Some(connection) = shared.trainers.wait_for(meta.job, batch.rank, meta.session, shared.config.trainer_patience).await else {
+    let awaiting = Occupied::new(&shared.metrics.awaiting_trainer);
+    let connection = shared.trainers.wait_for(meta.job, batch.rank, meta.session, shared.config.trainer_patience).await;
+    drop(awaiting);
+    let Some(connection) = connection else {
         return Err(format!(
             "no trainer of {} {} ({} or newer) connected within {:?}",
             meta.job, batch.rank, meta.session, shared.config.trainer_patience
@@ -279,9 +284,16 @@ where
         payload_len: batch.images().len() as u64,
         checksum: batch.checksum,
     };
+    let bytes = batch.images().len() as u64;
+    let delivering = Occupied::new(&shared.metrics.delivering);
+    let started = Instant::now();
     send_batch(&connection, &header, Bytes::from_owner(Images(batch)), shared.config.delivery_timeout)
         .await
         .map_err(|error| error.to_string())?;
+    drop(delivering);
+    shared.metrics.delivery_seconds.observe(started.elapsed().as_secs_f64());
+    shared.metrics.batches.inc();
+    shared.metrics.bytes_sent.inc_by(bytes);
     shared.batches_pushed.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
@@ -315,6 +327,10 @@ where
     let (Some(ending), Some(worker)) = (ending_opt, current_worker(shared)) else { return };
     if shared.stopping.load(Ordering::Acquire) {
         return;
+    }
+    match &ending {
+        Ending::Done => shared.metrics.chunks_done.inc(),
+        Ending::Failed(_) => shared.metrics.chunks_failed.inc(),
     }
     let shared = Arc::clone(shared);
     tokio::spawn(async move {

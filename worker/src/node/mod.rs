@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use stoker_common::api::CoordinatorApi;
 use stoker_common::net::{TlsConfigs, Tuning, accept_with_tuning, server_endpoint};
+use stoker_common::obs::Metrics;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
@@ -29,6 +30,7 @@ use self::jobs::{DatasetSlot, JobKey, JobSlot, Made};
 use self::ledger::LeaseLedger;
 use self::trainers::Trainers;
 use crate::error::PipelineError;
+use crate::metrics::WorkerMetrics;
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -50,6 +52,9 @@ pub struct WorkerConfig {
     pub job_idle: Duration,
     /// QUIC transport settings (the largest UDP payload).
     pub tuning: Tuning,
+    /// Time every sample and batch into the metrics (`stoker_worker_decode_seconds`,
+    /// `stoker_worker_batch_make_seconds`); off only to measure what that costs.
+    pub time_samples: bool,
 }
 
 impl WorkerConfig {
@@ -65,6 +70,7 @@ impl WorkerConfig {
             delivery_timeout: Duration::from_secs(30),
             job_idle: Duration::from_secs(60),
             tuning: Tuning::default(),
+            time_samples: true,
         }
     }
 }
@@ -93,6 +99,7 @@ pub(crate) struct Shared<A> {
     made_tx: mpsc::Sender<Made>,
     images: AtomicU64,
     batches_pushed: AtomicU64,
+    metrics: WorkerMetrics,
     stopping: AtomicBool,
 }
 
@@ -116,12 +123,21 @@ where
     }
 }
 
-/// Start a worker that serves trainers on `socket` and takes work from `api`. Must run inside
+/// Start a worker that serves trainers on `socket` and takes work from `api`, counting into
+/// `metrics` (and answering its readiness: registered with the coordinator). Must run inside
 /// a tokio runtime.
-pub fn start<A>(config: WorkerConfig, socket: UdpSocket, tls: &TlsConfigs, api: A) -> Result<WorkerHandle<A>, PipelineError>
+pub fn start<A>(
+    config: WorkerConfig,
+    socket: UdpSocket,
+    tls: &TlsConfigs,
+    api: A,
+    metrics: &Metrics,
+) -> Result<WorkerHandle<A>, PipelineError>
 where
     A: CoordinatorApi,
 {
+    let worker_metrics = WorkerMetrics::register(metrics).map_err(|error| PipelineError::Start(error.to_string()))?;
+    worker_metrics.threads.set(config.threads as i64);
     let addr = socket.local_addr().map_err(|error| PipelineError::Start(format!("socket has no address: {error}")))?;
     let endpoint = server_endpoint(socket, tls, config.tuning).map_err(|error| PipelineError::Start(error.to_string()))?;
     let (made_tx, made_rx) = mpsc::channel(config.in_flight.max(1));
@@ -145,8 +161,10 @@ where
         made_tx,
         images: AtomicU64::new(0),
         batches_pushed: AtomicU64::new(0),
+        metrics: worker_metrics,
         stopping: AtomicBool::new(false),
     });
+    observe(&shared, metrics);
     let tasks = vec![
         tokio::spawn(accept_trainers(endpoint.clone(), tls.clone(), Arc::clone(&shared))),
         tokio::spawn(link::pull_loop(Arc::clone(&shared))),
@@ -155,6 +173,39 @@ where
     ];
     info!(%addr, advertised = %shared.advertised, threads = shared.config.threads, "worker listening");
     Ok(WorkerHandle { addr, endpoint, shared, tasks })
+}
+
+/// Read the stage depths at each scrape, and answer readiness: registered.
+fn observe<A>(shared: &Arc<Shared<A>>, metrics: &Metrics)
+where
+    A: CoordinatorApi,
+{
+    let weak = Arc::downgrade(shared);
+    metrics.on_scrape(move || {
+        let Some(shared) = weak.upgrade() else { return };
+        let observed = &shared.metrics;
+        let (leases, making, outstanding) = {
+            let ledger = link::ledger(&shared);
+            (ledger.leases(), ledger.in_pipelines(), ledger.outstanding())
+        };
+        // Deliveries in progress, also of leases revoked meanwhile (their batches still travel).
+        let awaiting = observed.awaiting_trainer.get().max(0);
+        let delivering = observed.delivering.get().max(0);
+        let depth = |stage: &str, value: i64| observed.queue_depth.with_label_values(&[stage]).set(value);
+        depth("chunks", leases as i64);
+        depth("making", making as i64);
+        depth("awaiting_trainer", awaiting);
+        depth("delivering", delivering);
+        depth("free_slots", shared.config.in_flight.saturating_sub(outstanding) as i64);
+        observed.trainer_connections.set(shared.trainers.open() as i64);
+        observed.registered.set(i64::from(shared.worker.load(Ordering::Acquire) != 0));
+    });
+    let weak = Arc::downgrade(shared);
+    metrics.set_readiness(move || match weak.upgrade() {
+        Some(shared) if shared.worker.load(Ordering::Acquire) != 0 => Ok(()),
+        Some(_) => Err("not registered with the coordinator yet".to_owned()),
+        None => Err("stopped".to_owned()),
+    });
 }
 
 /// Accept trainer connections, each with the transport its path allows: batches to a trainer
@@ -168,6 +219,7 @@ where
             Ok(connecting) => connecting,
             Err(error) => {
                 debug!(%error, "cannot accept a connection");
+                shared.metrics.handshakes_refused.inc();
                 continue;
             }
         };
@@ -175,7 +227,10 @@ where
         tokio::spawn(async move {
             match connecting.await {
                 Ok(connection) => shared.trainers.accept(connection).await,
-                Err(error) => debug!(%error, "trainer handshake failed"),
+                Err(error) => {
+                    debug!(%error, "trainer handshake failed");
+                    shared.metrics.handshakes_refused.inc();
+                }
             }
         });
     }

@@ -50,6 +50,13 @@ impl Trainers {
         }
     }
 
+    /// Trainer connections still open (closed ones stay listed until a newer trainer of the
+    /// rank connects).
+    pub(crate) fn open(&self) -> usize {
+        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        connections.values().filter(|(_, connection)| connection.close_reason().is_none()).count()
+    }
+
     /// Trainers connected now.
     pub(crate) fn count(&self) -> usize {
         self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()

@@ -1,0 +1,125 @@
+//! The worker's metrics (DESIGN §9): what it made and sent, how long decoding, batches and
+//! deliveries take, and how full each stage is. Counters live in the registry the caller
+//! passes to [`crate::start`]; stage depths are read from the worker's state at scrape time.
+
+use stoker_common::error::ObsError;
+use stoker_common::obs::prometheus::{Histogram, IntCounter, IntGauge, IntGaugeVec};
+use stoker_common::obs::{Metrics, latency_buckets};
+
+/// Figures the pipeline itself updates (shared by every job's pipeline on the worker).
+#[derive(Clone, Debug)]
+pub struct PipelineMetrics {
+    /// Whether samples and batches are timed (`decode_seconds`, `batch_make_seconds`); the
+    /// bad-sample counters count either way.
+    pub timed: bool,
+    /// Decode and augment time of one sample.
+    pub decode_seconds: Histogram,
+    /// One batch: from its buffer handed to the decode threads to its last sample done.
+    pub batch_make_seconds: Histogram,
+    /// Samples sent as a black image (undecodable).
+    pub replaced: IntCounter,
+    /// Samples decoded with warnings (corrupt data), kept as decoded.
+    pub corrupt: IntCounter,
+}
+
+impl PipelineMetrics {
+    /// Register the pipeline's metrics in `metrics`.
+    pub fn register(metrics: &Metrics) -> Result<Self, ObsError> {
+        let bad = metrics.counter_vec(
+            "stoker_worker_bad_samples_total",
+            "Samples that did not decode cleanly, by reason: replaced (undecodable, sent as a black image and flagged) or \
+             corrupt (decoded with warnings, kept and flagged).",
+            &["reason"],
+        )?;
+        Ok(Self {
+            timed: true,
+            decode_seconds: metrics.histogram(
+                "stoker_worker_decode_seconds",
+                "Decode and augment time of one sample.",
+                latency_buckets(),
+            )?,
+            batch_make_seconds: metrics.histogram(
+                "stoker_worker_batch_make_seconds",
+                "Time to make one batch, from its buffer handed to the decode threads to its last sample done.",
+                latency_buckets(),
+            )?,
+            replaced: bad.with_label_values(&["replaced"]),
+            corrupt: bad.with_label_values(&["corrupt"]),
+        })
+    }
+}
+
+/// Everything a worker counts.
+#[derive(Clone, Debug)]
+pub struct WorkerMetrics {
+    pub(crate) pipeline: PipelineMetrics,
+    pub(crate) samples: IntCounter,
+    pub(crate) batches: IntCounter,
+    pub(crate) bytes_sent: IntCounter,
+    pub(crate) delivery_seconds: Histogram,
+    pub(crate) chunks_done: IntCounter,
+    pub(crate) chunks_failed: IntCounter,
+    pub(crate) handshakes_refused: IntCounter,
+    pub(crate) queue_depth: IntGaugeVec,
+    pub(crate) awaiting_trainer: IntGauge,
+    pub(crate) delivering: IntGauge,
+    pub(crate) threads: IntGauge,
+    pub(crate) trainer_connections: IntGauge,
+    pub(crate) registered: IntGauge,
+}
+
+impl WorkerMetrics {
+    /// Register the worker's metrics in `metrics`.
+    pub fn register(metrics: &Metrics) -> Result<Self, ObsError> {
+        Ok(Self {
+            pipeline: PipelineMetrics::register(metrics)?,
+            samples: metrics.counter("stoker_worker_samples_total", "Samples made (replaced ones included).")?,
+            batches: metrics.counter("stoker_worker_batches_total", "Batches delivered: sent and acknowledged by their trainer.")?,
+            bytes_sent: metrics.counter("stoker_worker_bytes_sent_total", "Image bytes of the batches delivered.")?,
+            delivery_seconds: metrics.histogram(
+                "stoker_worker_delivery_seconds",
+                "Time to deliver one batch, from its first byte sent to the trainer's acknowledgement.",
+                latency_buckets(),
+            )?,
+            chunks_done: metrics.counter("stoker_worker_chunks_done_total", "Chunks whose every batch was delivered.")?,
+            chunks_failed: metrics
+                .counter("stoker_worker_chunks_failed_total", "Chunks reported failed (the coordinator grants them again).")?,
+            handshakes_refused: metrics.counter(
+                "stoker_handshakes_refused_total",
+                "Connections refused or failed at the QUIC handshake (wrong protocol version, bad TLS).",
+            )?,
+            queue_depth: metrics.gauge_vec(
+                "stoker_worker_queue_depth",
+                "How full each stage is: chunks (leases held), making (batches being made), awaiting_trainer (made, their \
+                 trainer not connected yet), delivering (being sent), free_slots (room for more batches).",
+                &["stage"],
+            )?,
+            awaiting_trainer: IntGauge::new("stoker_worker_awaiting_trainer", "unregistered")?,
+            delivering: IntGauge::new("stoker_worker_delivering", "unregistered")?,
+            threads: metrics.gauge("stoker_worker_threads", "Decode threads per job pipeline.")?,
+            trainer_connections: metrics.gauge("stoker_worker_trainer_connections", "Trainer connections open.")?,
+            registered: metrics.gauge("stoker_worker_registered", "1 while the worker is registered with the coordinator.")?,
+        })
+    }
+
+    /// Metrics in a registry of their own, which nobody reads (tests, tools).
+    pub fn unobserved() -> Self {
+        Self::register(&Metrics::new()).expect("a fresh registry takes every metric once")
+    }
+}
+
+/// Adds one to a gauge for as long as it lives.
+pub(crate) struct Occupied(IntGauge);
+
+impl Occupied {
+    pub(crate) fn new(gauge: &IntGauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Occupied {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
