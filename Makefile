@@ -10,10 +10,14 @@ JOBS ?= 2
 VENV := .venv
 PYTHON := $(abspath $(VENV))/bin/python
 
-.PHONY: demo test bench lint deps venv wheel
+.PHONY: demo test bench lint deps test-deps venv wheel
 
 deps:
 	@scripts/ensure-deps.sh
+
+# The tests also run a real Prometheus server and promtool (Debian's prometheus package).
+test-deps:
+	@scripts/ensure-deps.sh --test
 
 # The venv is rebuilt when the requirements change.
 $(VENV)/.installed: tests/compat/requirements.txt python/requirements-dev.txt | deps
@@ -31,7 +35,7 @@ demo: deps
 # Python package is built into the venv (maturin) and its pytest suite runs against real
 # `stoker` processes (the debug binary the cargo tests built); the wheel is built too, and a
 # test installs it into a fresh venv.
-test: deps venv
+test: deps test-deps venv
 	mkdir -p target; set -o pipefail; STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored 2>&1 | tee target/test.log
 	cd python && VIRTUAL_ENV=$(abspath $(VENV)) CARGO_BUILD_JOBS=$(JOBS) $(abspath $(VENV))/bin/maturin develop --quiet
 	$(MAKE) --no-print-directory wheel

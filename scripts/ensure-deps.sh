@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what building and testing Stoker needs on a Debian machine, only what is missing.
-# Called by `make demo` and `make test`; safe to run again.
+# Called by `make demo` and `make test` (with --test: what only the tests need); safe to run
+# again.
 set -euo pipefail
 
 need=()
@@ -13,6 +14,16 @@ tar --version 2>/dev/null | grep -q "GNU tar" || need+=(tar)
 command -v python3 >/dev/null 2>&1 || need+=(python3)
 if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
   need+=(python3-venv)
+fi
+
+if [ "${1:-}" = "--test" ]; then
+  need=()
+  # The observability tests scrape a real cluster with a real Prometheus and lint with promtool.
+  command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+  command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  if ! command -v kubectl >/dev/null 2>&1; then
+    echo "note: kubectl is not installed; the tests that render deploy/k8s with kustomize will skip (fail under CI)" >&2
+  fi
 fi
 
 if ((${#need[@]})); then
