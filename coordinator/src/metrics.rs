@@ -90,11 +90,23 @@ impl Families {
         })
     }
 
-    fn update(&self, figures: &Figures) {
+    /// Export `figures` (`None`: this node does not lead, and exports none of them: a series
+    /// that goes away is stale to Prometheus, where one set to 0 would read as a counter reset
+    /// and its next value as an increase).
+    fn update(&self, figures_opt: Option<&Figures>) {
+        let empty = Figures::default();
+        let figures = figures_opt.unwrap_or(&empty);
         self.workers.set(figures.workers_alive as i64);
-        mirror_counter(&self.leases_expired.with_label_values(&[] as &[&str]), figures.leases_expired as f64);
-        mirror_counter(&self.chunks_failed.with_label_values(&[] as &[&str]), figures.chunks_failed as f64);
-        mirror_counter(&self.sessions_superseded.with_label_values(&[] as &[&str]), figures.sessions_superseded as f64);
+        for (counter, total) in [
+            (&self.leases_expired, figures.leases_expired),
+            (&self.chunks_failed, figures.chunks_failed),
+            (&self.sessions_superseded, figures.sessions_superseded),
+        ] {
+            match figures_opt {
+                Some(_) => mirror_counter(&counter.with_label_values(&[] as &[&str]), total as f64),
+                None => counter.reset(),
+            }
+        }
         // Label sets of removed jobs go; the others are set again below.
         for gauge in [&self.chunks, &self.steps_queued, &self.step, &self.epoch, &self.steps_per_epoch, &self.world_size, &self.live_ranks]
         {
@@ -178,8 +190,8 @@ pub(crate) fn observe(metrics: &Metrics, driver: &Arc<Driver>) -> Result<IntCoun
         // Only a leader a majority confirmed exports the scheduling figures: a follower, or a
         // leader cut off from the others (which schedules nothing), exports none of them.
         let leads = driver.leads_confirmed();
-        let figures = if leads { driver.core().figures(Instant::now()) } else { Figures::default() };
-        families.update(&figures);
+        let figures_opt = leads.then(|| driver.core().figures(Instant::now()));
+        families.update(figures_opt.as_ref());
         let raft = driver.raft();
         let raft_metrics = raft.metrics().borrow().clone();
         let r = &families.raft;

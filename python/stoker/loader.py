@@ -46,8 +46,9 @@ class Loader:
     default, ``-100`` is what ``torch.nn.CrossEntropyLoss`` ignores.
     ``metrics_port``: serve this rank's own Prometheus metrics (bytes received, first-batch
     latency, buffered batches; ``/metrics``, ``/healthz``, ``/readyz``) on this TCP port of
-    every interface (``0``: a free port, see :attr:`metrics_address`). Not needed for the
-    stall and throughput figures: the coordinator exports those for every rank.
+    every interface (``0``: a free port, see :attr:`metrics_address`); one port per process, e.g.
+    ``9102 + LOCAL_RANK`` under torchrun. Not needed for the stall and throughput figures: the
+    coordinator exports those for every rank.
 
     ``close()`` (or ``with stoker.Loader(...) as loader:``) detaches and frees the receive
     buffers at once instead of when the object is collected.

@@ -24,6 +24,8 @@ DEPLOY = REPO / "deploy"
 # schema validator has no schema for: they are rendered and checked for their kind only.
 VALIDATED = [DEPLOY / "k8s", DEPLOY, DEPLOY / "k8s" / "node-sysctls"]
 OPERATOR = DEPLOY / "k8s" / "prometheus-operator"
+# The containers of deploy/k8s that run `stoker`.
+STOKER_CONTAINERS = {"coordinator", "worker"}
 
 
 def need(tool: str) -> str:
@@ -69,9 +71,10 @@ def test_the_validator_refuses_a_made_up_field(tmp_path: Path) -> None:
 
 
 def help_flags(subcommand: Tuple[str, ...]) -> Set[str]:
+    """The options `--help` lists (its option column, not flags named in the prose)."""
     shown = subprocess.run([stoker_bin(), *subcommand, "--help"], capture_output=True, text=True, timeout=60)
     assert shown.returncode == 0, f"stoker {' '.join(subcommand)} --help: {shown.stderr}"
-    return set(re.findall(r"--[a-z][a-z0-9-]*", shown.stdout))
+    return set(re.findall(r"^\s+(?:-[a-zA-Z], )?(--[a-z][a-z0-9-]*)", shown.stdout, re.MULTILINE))
 
 
 def split_invocation(words: List[str]) -> Tuple[Tuple[str, ...], List[str]]:
@@ -110,7 +113,8 @@ def k8s_invocations() -> Iterator[Tuple[str, List[str]]]:
         for document in yaml.safe_load_all(kustomize(kubectl, folder)):
             spec = (document or {}).get("spec", {}).get("template", {}).get("spec", {})
             for container in spec.get("containers", []) + spec.get("initContainers", []):
-                if not str(container.get("image", "")).startswith("stoker"):
+                # By name: the image is renamed when it is pushed to a registry.
+                if container.get("name") not in STOKER_CONTAINERS:
                     continue
                 command, args = container.get("command", []), [str(arg) for arg in container.get("args", [])]
                 where = f"{folder.relative_to(REPO)} {document['kind']}/{document['metadata']['name']}"
@@ -156,4 +160,6 @@ def test_a_made_up_flag_is_caught() -> None:
     subcommand, flags = split_invocation(["worker", "--coordinator=a:1", "--no-such-flag", "x"])
     assert subcommand == ("worker",)
     assert "--no-such-flag" in flags and "--no-such-flag" not in help_flags(subcommand)
+    # A flag the help text only mentions in prose is not an option of that subcommand.
+    assert "--advertise" in help_flags(("worker",)) and "--peers" not in help_flags(("worker",))
     assert split_invocation(["dataset", "add", "train", "/x"])[0] == ("dataset", "add")

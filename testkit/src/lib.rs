@@ -357,6 +357,11 @@ impl TestCluster {
         self.coordinator_metrics.get(index).ok_or("no such coordinator")?.ready()
     }
 
+    /// What worker `index`'s `/readyz` answers: `Err(reason)` for a 503.
+    pub fn worker_ready(&self, index: usize) -> Result<(), String> {
+        self.worker_metrics.get(index).ok_or("no such worker")?.ready()
+    }
+
     /// Worker `index`'s metrics in Prometheus' text format.
     pub fn worker_metrics_text(&self, index: usize) -> Result<String, TestkitError> {
         metrics_text(self.worker_metrics.get(index).ok_or("no such worker")?)

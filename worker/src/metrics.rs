@@ -98,7 +98,10 @@ impl WorkerMetrics {
             delivering: IntGauge::new("stoker_worker_delivering", "unregistered")?,
             threads: metrics.gauge("stoker_worker_threads", "Decode threads per job pipeline.")?,
             trainer_connections: metrics.gauge("stoker_worker_trainer_connections", "Trainer connections open.")?,
-            registered: metrics.gauge("stoker_worker_registered", "1 while the worker is registered with the coordinator.")?,
+            registered: metrics.gauge(
+                "stoker_worker_registered",
+                "1 while the worker is registered with the coordinator and the coordinator answered it within three heartbeats.",
+            )?,
         })
     }
 

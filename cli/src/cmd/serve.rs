@@ -72,6 +72,8 @@ async fn stop_signal() -> anyhow::Result<()> {
 /// are registered into the same `metrics` as it starts.
 fn serve_metrics(runtime: &tokio::runtime::Runtime, listen: MetricsListen, metrics: &Metrics) -> anyhow::Result<Option<MetricsServer>> {
     let MetricsListen::On(addr) = listen else { return Ok(None) };
+    // Not ready until the node has started (its start sets the real check).
+    metrics.set_readiness(|| Err("starting".to_owned()));
     let server = runtime
         .block_on(stoker_common::obs::serve(addr, metrics.clone()))
         .context("pass --metrics-listen with a free HOST:PORT (or STOKER_METRICS_LISTEN), or `off`")?;

@@ -160,3 +160,17 @@ fn only_a_confirmed_leader_reports_itself_leader_and_ready() {
     let reason = cluster.coordinator_ready(leader).expect_err("not ready");
     assert!(reason.contains("majority"), "{reason}");
 }
+
+#[test]
+fn a_worker_is_ready_while_the_coordinator_answers_it() {
+    let mut cluster = cluster_with(1);
+    stoker_testkit::wait_until(Duration::from_secs(10), "the worker ready", || cluster.worker_ready(0).is_ok()).expect("ready");
+    cluster.stop_coordinator();
+    stoker_testkit::wait_until(Duration::from_secs(15), "the worker not ready without a coordinator", || cluster.worker_ready(0).is_err())
+        .expect("not ready");
+    let reason = cluster.worker_ready(0).expect_err("not ready");
+    assert!(reason.contains("not answered"), "{reason}");
+    assert!(cluster.worker_metrics_text(0).expect("metrics").contains("stoker_worker_registered 0"));
+    cluster.start_coordinator_again().expect("coordinator back");
+    stoker_testkit::wait_until(Duration::from_secs(15), "the worker ready again", || cluster.worker_ready(0).is_ok()).expect("ready again");
+}

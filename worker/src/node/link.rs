@@ -55,6 +55,7 @@ where
             shared.heartbeat_millis.store(heartbeat_millis.max(10), Ordering::Release);
             shared.stuck_after_millis.store((lease_stall_millis / 2).max(10), Ordering::Release);
             shared.worker.store(worker.0, Ordering::Release);
+            heard(shared);
             info!(%worker, heartbeat_millis, lease_ttl_millis, "registered with the coordinator");
             Some(worker)
         }
@@ -118,6 +119,11 @@ where
 
 /// Renew leases with their progress; drop those the coordinator took back; release the
 /// pipelines of jobs that ended or have been idle.
+/// The coordinator answered this worker now.
+fn heard<A>(shared: &Shared<A>) {
+    *shared.heard_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+}
+
 pub(crate) async fn heartbeat_loop<A>(shared: Arc<Shared<A>>)
 where
     A: CoordinatorApi,
@@ -130,10 +136,11 @@ where
             let ledger = ledger(&shared);
             (ledger.progress(), ledger.stuck_jobs(Instant::now(), stuck_after(&shared)))
         };
-        let images = shared.images.load(Ordering::Acquire);
+        let images = shared.metrics.samples.get();
         let answer = shared.api.call(ControlRequest::Heartbeat { worker, leases, images, stuck_jobs }).await;
         match answer.and_then(|response| expect_response!(response, HeartbeatAck { revoked, live_jobs })) {
             Ok((revoked, live_jobs)) => {
+                heard(&shared);
                 {
                     let mut ledger = ledger(&shared);
                     for lease in revoked {
@@ -228,7 +235,6 @@ where
                 continue;
             }
         };
-        shared.images.fetch_add(batch.len() as u64, Ordering::AcqRel);
         shared.metrics.samples.inc_by(batch.len() as u64);
         if revoked {
             // Its steps are being made elsewhere: do not push a copy.
@@ -294,7 +300,6 @@ where
     shared.metrics.delivery_seconds.observe(started.elapsed().as_secs_f64());
     shared.metrics.batches.inc();
     shared.metrics.bytes_sent.inc_by(bytes);
-    shared.batches_pushed.fetch_add(1, Ordering::AcqRel);
     Ok(())
 }
 

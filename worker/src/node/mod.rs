@@ -97,9 +97,9 @@ pub(crate) struct Shared<A> {
     /// Datasets by (manifest path, version).
     datasets: std::sync::Mutex<HashMap<(String, u64), DatasetSlot>>,
     made_tx: mpsc::Sender<Made>,
-    images: AtomicU64,
-    batches_pushed: AtomicU64,
     metrics: WorkerMetrics,
+    /// When the coordinator last answered a registration or heartbeat (for readiness).
+    heard_at: std::sync::Mutex<Option<std::time::Instant>>,
     stopping: AtomicBool,
 }
 
@@ -159,9 +159,8 @@ where
         jobs: std::sync::Mutex::new(HashMap::new()),
         datasets: std::sync::Mutex::new(HashMap::new()),
         made_tx,
-        images: AtomicU64::new(0),
-        batches_pushed: AtomicU64::new(0),
         metrics: worker_metrics,
+        heard_at: std::sync::Mutex::new(None),
         stopping: AtomicBool::new(false),
     });
     observe(&shared, metrics);
@@ -198,14 +197,26 @@ where
         depth("delivering", delivering);
         depth("free_slots", shared.config.in_flight.saturating_sub(outstanding) as i64);
         observed.trainer_connections.set(shared.trainers.open() as i64);
-        observed.registered.set(i64::from(shared.worker.load(Ordering::Acquire) != 0));
+        observed.registered.set(i64::from(linked(&shared).is_ok()));
     });
     let weak = Arc::downgrade(shared);
-    metrics.set_readiness(move || match weak.upgrade() {
-        Some(shared) if shared.worker.load(Ordering::Acquire) != 0 => Ok(()),
-        Some(_) => Err("not registered with the coordinator yet".to_owned()),
-        None => Err("stopped".to_owned()),
-    });
+    metrics.set_readiness(move || weak.upgrade().map_or_else(|| Err("stopped".to_owned()), |shared| linked(&shared)));
+}
+
+/// Whether the worker is registered and the coordinator answered it lately (within three
+/// heartbeats, at least 3 s): what readiness and `stoker_worker_registered` say.
+fn linked<A>(shared: &Shared<A>) -> Result<(), String>
+where
+    A: CoordinatorApi,
+{
+    if shared.worker.load(Ordering::Acquire) == 0 {
+        return Err("not registered with the coordinator yet".to_owned());
+    }
+    let within = Duration::from_millis(3 * shared.heartbeat_millis.load(Ordering::Acquire)).max(Duration::from_secs(3));
+    match *shared.heard_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) {
+        Some(at) if at.elapsed() <= within => Ok(()),
+        _ => Err(format!("the coordinator has not answered for over {within:?}")),
+    }
 }
 
 /// Accept trainer connections, each with the transport its path allows: batches to a trainer
@@ -257,7 +268,7 @@ where
 
     /// Batches pushed and acknowledged so far.
     pub fn batches_pushed(&self) -> u64 {
-        self.shared.batches_pushed.load(Ordering::Acquire)
+        self.shared.metrics.batches.get()
     }
 
     /// Trainer connections open now.
