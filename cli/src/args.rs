@@ -133,6 +133,10 @@ pub(crate) struct CoordinatorArgs {
     /// (a Raft leader is known), on this TCP address; `off` serves nothing.
     #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7401", value_name = "ADDR|off")]
     pub(crate) metrics_listen: MetricsListen,
+    /// The largest batch a job may have, in bytes (batch size x one output sample's bytes): a
+    /// trainer attaching a job over it is refused, before any worker allocates for it.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES, value_name = "BYTES")]
+    pub(crate) max_batch_bytes: u64,
 }
 
 #[derive(Debug, Args)]
@@ -172,6 +176,11 @@ pub(crate) struct WorkerArgs {
     /// (registered with the coordinator), on this TCP address; `off` serves nothing.
     #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7501", value_name = "ADDR|off")]
     pub(crate) metrics_listen: MetricsListen,
+    /// Bytes of batch buffers one job may hold here (its batches in flight x one batch's
+    /// bytes): a job with large batches gets fewer buffers, and a job one batch of which is
+    /// over it fails with this named [default: half the machine's memory].
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) max_batch_memory: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]

@@ -42,7 +42,16 @@ pub struct CoordinatorConfig {
     /// The address other coordinators and clients reach this one at; `None`: the address it
     /// listens on (or its entry in `peers`).
     pub advertise: Option<String>,
+    /// The largest batch a job may have, in bytes (batch size × the bytes of one output
+    /// sample): a job over it is refused when a trainer attaches, before any worker allocates
+    /// its buffers (a batch size typed with a digit too many would have every worker that
+    /// pulls the job allocate tens of GB).
+    pub max_batch_bytes: u64,
 }
+
+/// [`CoordinatorConfig::max_batch_bytes`] by default: 1 GiB (a batch of 256 ImageNet crops as
+/// u8 is 38.5 MB; as f32, 154 MB).
+pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
 
 impl CoordinatorConfig {
     /// Defaults for `data_dir`: 3 s leases that stall after 60 s without progress, 500 ms
@@ -63,6 +72,7 @@ impl CoordinatorConfig {
             peers: BTreeMap::new(),
             join: false,
             advertise: None,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
         }
     }
 

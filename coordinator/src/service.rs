@@ -492,7 +492,7 @@ impl Coordinator {
     }
 
     fn attach(&self, spec: JobSpec, rank: Rank, client: u64, now: Instant) -> Outcome {
-        if let Err(error) = validate_spec(&spec, rank) {
+        if let Err(error) = validate_spec(&spec, rank, self.config.max_batch_bytes) {
             return Outcome::Reply(Err(error));
         }
         match self.attach_existing(&spec, rank, client, now) {
@@ -825,7 +825,7 @@ impl Inner {
     }
 }
 
-fn validate_spec(spec: &JobSpec, rank: Rank) -> Result<(), RemoteError> {
+fn validate_spec(spec: &JobSpec, rank: Rank, max_batch_bytes: u64) -> Result<(), RemoteError> {
     if spec.name.is_empty() || spec.name.len() > 256 {
         return Err(invalid("a job name must have 1 to 256 characters"));
     }
@@ -837,7 +837,19 @@ fn validate_spec(spec: &JobSpec, rank: Rank) -> Result<(), RemoteError> {
     }
     let transforms: TransformSpec =
         serde_json::from_str(&spec.transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
-    Recipe::new(&transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
+    let recipe = Recipe::new(&transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
+    let batch_size = u64::from(spec.plan.batch_size.get());
+    let batch_bytes = batch_size.saturating_mul(recipe.sample_bytes() as u64);
+    if batch_bytes > max_batch_bytes {
+        return Err(invalid(format!(
+            "a batch of this job is {} MiB ({batch_size} samples of {} bytes: {:?}), over the coordinator's limit of {} MiB: \
+             lower the batch size or the output size, or raise the limit (stoker coordinator --max-batch-bytes)",
+            batch_bytes >> 20,
+            recipe.sample_bytes(),
+            recipe.batch_shape(1),
+            max_batch_bytes >> 20
+        )));
+    }
     Ok(())
 }
 

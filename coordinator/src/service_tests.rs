@@ -259,3 +259,24 @@ fn a_trainers_totals_grow_within_its_session_and_restart_with_a_new_one() {
     assert!(remove(&core, "metrics", true, now).is_ok());
     assert!(core.figures(now).jobs.is_empty());
 }
+
+#[test]
+fn a_job_whose_batch_is_over_the_limit_is_refused_at_attach_with_the_flag_named() {
+    let Fixture { core, _dir } = fixture(None);
+    let mut huge = spec("typo");
+    // 65,536 crops of 32 x 32 x 3 bytes: 192 MiB, over a limit of 64 MiB.
+    huge.plan.batch_size = NonZeroU32::new(65_536).unwrap_or(NonZeroU32::MIN);
+    let limited = Coordinator::in_memory(
+        CoordinatorConfig { max_batch_bytes: 64 << 20, ..CoordinatorConfig::new(_dir.path().join("limited")) },
+        core.state(),
+        2,
+    )
+    .unwrap_or_else(|error| panic!("{error}"));
+    let refused = limited.handle(ControlRequest::Attach { spec: huge.clone(), rank: Rank(0), client: 1 }, Instant::now());
+    let error = refused.expect_err("over the limit");
+    assert_eq!(error.code, ErrorCode::InvalidArgument);
+    assert!(error.message.contains("192 MiB") && error.message.contains("--max-batch-bytes"), "{}", error.message);
+    assert!(limited.state().jobs.is_empty(), "nothing was created");
+    // The default limit (1 GiB) takes it.
+    assert!(core.handle(ControlRequest::Attach { spec: huge, rank: Rank(0), client: 1 }, Instant::now()).is_ok());
+}

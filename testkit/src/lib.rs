@@ -48,6 +48,10 @@ pub struct ClusterConfig {
     pub coordinators: usize,
     /// Workers time every sample and batch into their metrics (off only to measure the cost).
     pub time_samples: bool,
+    /// The coordinators' largest batch, in bytes.
+    pub max_batch_bytes: u64,
+    /// Each worker's batch memory per job [default: the worker's].
+    pub max_batch_memory: Option<u64>,
 }
 
 impl Default for ClusterConfig {
@@ -64,6 +68,8 @@ impl Default for ClusterConfig {
             job_idle: WorkerConfig::new(1).job_idle,
             coordinators: 1,
             time_samples: true,
+            max_batch_bytes: stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES,
+            max_batch_memory: None,
         }
     }
 }
@@ -213,6 +219,7 @@ impl TestCluster {
         config.heartbeat = self.config.heartbeat;
         config.chunk_steps = self.config.chunk_steps;
         config.lease_stall = self.config.lease_stall;
+        config.max_batch_bytes = self.config.max_batch_bytes;
         // After a restart the old endpoint's driver may hold the port for a moment.
         let mut socket_opt = None;
         wait_until(Duration::from_secs(10), "the coordinator's port is free", || {
@@ -240,6 +247,7 @@ impl TestCluster {
         self.coordinator_metrics.push(Metrics::new());
         let mut config = CoordinatorConfig::new(self.coordinator_data_dir(index));
         config.node_id = index as u64 + 1;
+        config.max_batch_bytes = self.config.max_batch_bytes;
         config.join = true;
         let _guard = self.runtime.enter();
         let metrics = role_metrics("coordinator")?;
@@ -325,6 +333,9 @@ impl TestCluster {
         config.delivery_timeout = self.config.delivery_timeout;
         config.job_idle = self.config.job_idle;
         config.time_samples = self.config.time_samples;
+        if let Some(bytes) = self.config.max_batch_memory {
+            config.max_batch_memory = bytes;
+        }
         let metrics = role_metrics("worker")?;
         let handle = stoker_worker::start(config, socket, &self.tls, api, &metrics).map_err(|error| error.to_string())?;
         self.workers.push(Some(handle));

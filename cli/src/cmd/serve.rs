@@ -45,6 +45,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     config.peers = parse_peers(&args.peers)?;
     config.join = args.join;
     config.advertise = args.advertise.clone();
+    config.max_batch_bytes = args.max_batch_bytes;
     let runtime = runtime()?;
     let _guard = runtime.enter();
     warn!("{INSECURE}");
@@ -120,6 +121,9 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     config.delivery_timeout = Duration::from_millis(args.delivery_timeout_ms.max(1));
     config.job_idle = Duration::from_millis(args.job_idle_ms);
+    if let Some(bytes) = args.max_batch_memory {
+        config.max_batch_memory = bytes;
+    }
     let runtime = runtime()?;
     let _guard = runtime.enter();
     warn!("{INSECURE}");

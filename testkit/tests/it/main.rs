@@ -8,6 +8,7 @@ mod exactly_once;
 mod faults;
 mod job_removal;
 mod label_mixing;
+mod limits;
 mod loss_paths;
 mod metrics;
 mod next_epoch;

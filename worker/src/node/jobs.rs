@@ -89,7 +89,9 @@ where
             let (grant, config, made_tx) = (grant.clone(), shared.config.clone(), shared.made_tx.clone());
             let metrics = Some(PipelineMetrics { timed: shared.config.time_samples, ..shared.metrics.pipeline.clone() });
             let started = tokio::task::spawn_blocking(move || {
-                JobPipeline::start(dataset, &grant, config.threads, config.in_flight, made_tx, metrics)
+                // Fewer buffers for large batches, so that the job's stay within the budget.
+                let buffers = super::buffers_within(config.max_batch_memory, batch_bytes(&grant)?, config.in_flight);
+                JobPipeline::start(dataset, &grant, config.threads, buffers.max(1), made_tx, metrics)
             })
             .await
             .map_err(|error| error.to_string())?
@@ -99,6 +101,14 @@ where
         })
         .await?;
     Ok(Arc::clone(pipeline))
+}
+
+/// The bytes of one batch of `grant`'s job (batch size × the bytes of one output sample).
+pub(crate) fn batch_bytes(grant: &ChunkGrant) -> Result<u64, PipelineError> {
+    let transforms: TransformSpec = serde_json::from_str(&grant.spec.transforms)
+        .map_err(|error| PipelineError::Start(format!("the job's transform spec is not valid: {error}")))?;
+    let recipe = stoker_common::transform::Recipe::new(&transforms).map_err(|error| PipelineError::Start(error.to_string()))?;
+    Ok(u64::from(grant.spec.plan.batch_size.get()).saturating_mul(recipe.sample_bytes() as u64))
 }
 
 /// The dataset of `grant`, opened on a blocking thread if this worker has not opened it, and

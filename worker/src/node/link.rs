@@ -178,6 +178,24 @@ where
         }
         stuck
     };
+    let too_large = match super::jobs::batch_bytes(&grant) {
+        Ok(bytes) if super::buffers_within(shared.config.max_batch_memory, bytes, 1) == 0 => Some(format!(
+            "a batch of {} is {} MiB, over this worker's batch memory of {} MiB: lower the job's batch size or output size, \
+             or raise it (stoker worker --max-batch-memory)",
+            chunk.job,
+            bytes >> 20,
+            shared.config.max_batch_memory >> 20
+        )),
+        _ => None,
+    };
+    if let Some(reason) = too_large {
+        // Nothing is allocated: the job cannot be made here, and the coordinator fails it with
+        // this reason (its trainers see it).
+        for _ in 0..chunk.steps {
+            batch_unmade(shared, grant.lease, Failure { reason: reason.clone(), fatal: true });
+        }
+        return;
+    }
     if stuck {
         // Refused at once, so another worker makes it (the coordinator retries it after its
         // retry delay) instead of it waiting behind the stuck batches here. (The coordinator

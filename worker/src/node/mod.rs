@@ -52,6 +52,10 @@ pub struct WorkerConfig {
     pub job_idle: Duration,
     /// QUIC transport settings (the largest UDP payload).
     pub tuning: Tuning,
+    /// Bytes of batch buffers one job's pipeline may hold (its batches in flight × one
+    /// batch's bytes). A job whose batches are large gets fewer buffers; a job whose single
+    /// batch is over it fails, with this named.
+    pub max_batch_memory: u64,
     /// Time every sample and batch into the metrics (`stoker_worker_decode_seconds`,
     /// `stoker_worker_batch_make_seconds`); off only to measure what that costs.
     pub time_samples: bool,
@@ -70,9 +74,25 @@ impl WorkerConfig {
             delivery_timeout: Duration::from_secs(30),
             job_idle: Duration::from_secs(60),
             tuning: Tuning::default(),
+            max_batch_memory: default_batch_memory(),
             time_samples: true,
         }
     }
+}
+
+/// Half the machine's memory (from `/proc/meminfo`; 8 GiB where it cannot be read): what a
+/// job's batch buffers may take by default.
+pub fn default_batch_memory() -> u64 {
+    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+        text.lines().find_map(|line| line.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
+    });
+    total_kib.map_or(8 << 30, |kib| kib.saturating_mul(1024) / 2)
+}
+
+/// How many batch buffers of `batch_bytes` a job's pipeline gets: `in_flight`, fewer if they
+/// would not fit in `budget`, none if a single batch does not.
+pub(crate) fn buffers_within(budget: u64, batch_bytes: u64, in_flight: usize) -> usize {
+    usize::try_from(budget / batch_bytes.max(1)).unwrap_or(usize::MAX).min(in_flight)
 }
 
 /// State shared by the worker's tasks.
@@ -310,5 +330,19 @@ where
 {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::buffers_within;
+
+    #[test]
+    fn large_batches_get_fewer_buffers_and_one_over_the_budget_none() {
+        assert_eq!(buffers_within(1000, 100, 4), 4, "room for 10: in-flight's 4");
+        assert_eq!(buffers_within(250, 100, 4), 2);
+        assert_eq!(buffers_within(150, 100, 4), 1);
+        assert_eq!(buffers_within(99, 100, 4), 0, "one batch does not fit");
+        assert_eq!(buffers_within(u64::MAX, 0, 4), 4);
     }
 }
