@@ -177,8 +177,9 @@ pub(crate) struct WorkerArgs {
     #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7501", value_name = "ADDR|off")]
     pub(crate) metrics_listen: MetricsListen,
     /// Bytes of batch buffers one job may hold here (its batches in flight x one batch's
-    /// bytes): a job with large batches gets fewer buffers, and a job one batch of which is
-    /// over it fails with this named [default: half the machine's memory].
+    /// bytes; each job its own): a job with large batches gets fewer buffers, and a job two
+    /// batches of which do not fit is left to other workers [default: half the memory of the
+    /// machine or of the container's limit, whichever is less].
     #[arg(long, value_name = "BYTES")]
     pub(crate) max_batch_memory: Option<u64>,
 }

@@ -78,6 +78,15 @@ impl CoordinatorConfig {
 
     /// Check the values fit together.
     pub fn validate(self) -> Result<Self, CoordinatorError> {
+        if self.max_batch_bytes == 0 || self.max_batch_bytes > stoker_common::wire::BATCH_PAYLOAD_LIMIT {
+            return Err(CoordinatorError::Config {
+                message: format!(
+                    "the largest batch ({} bytes) must be above 0 and at most the {} bytes a trainer takes",
+                    self.max_batch_bytes,
+                    stoker_common::wire::BATCH_PAYLOAD_LIMIT
+                ),
+            });
+        }
         if self.heartbeat.is_zero() || self.heartbeat >= self.lease_ttl {
             return Err(CoordinatorError::Config {
                 message: format!("the heartbeat ({:?}) must be shorter than the lease TTL ({:?})", self.heartbeat, self.lease_ttl),

@@ -492,7 +492,7 @@ impl Coordinator {
     }
 
     fn attach(&self, spec: JobSpec, rank: Rank, client: u64, now: Instant) -> Outcome {
-        if let Err(error) = validate_spec(&spec, rank, self.config.max_batch_bytes) {
+        if let Err(error) = validate_spec(&spec, rank) {
             return Outcome::Reply(Err(error));
         }
         match self.attach_existing(&spec, rank, client, now) {
@@ -535,6 +535,9 @@ impl Coordinator {
                 ))));
             }
             None => {
+                // Limits apply to new jobs only: a job that exists keeps being served to the
+                // ranks that come back (its spec cannot change), whatever the limit says now.
+                check_batch_size(spec, self.config.max_batch_bytes).map_err(AttachNeeds::Refusal)?;
                 tracing::info!(name = %spec.name, dataset = %spec.dataset, "creating job");
                 return Err(AttachNeeds::Commit(Command::CreateJob { spec: spec.clone() }));
             }
@@ -825,7 +828,7 @@ impl Inner {
     }
 }
 
-fn validate_spec(spec: &JobSpec, rank: Rank, max_batch_bytes: u64) -> Result<(), RemoteError> {
+fn validate_spec(spec: &JobSpec, rank: Rank) -> Result<(), RemoteError> {
     if spec.name.is_empty() || spec.name.len() > 256 {
         return Err(invalid("a job name must have 1 to 256 characters"));
     }
@@ -837,17 +840,33 @@ fn validate_spec(spec: &JobSpec, rank: Rank, max_batch_bytes: u64) -> Result<(),
     }
     let transforms: TransformSpec =
         serde_json::from_str(&spec.transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
+    Recipe::new(&transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
+    Ok(())
+}
+
+/// Most samples a batch may have: its header (a label and a key per sample) must fit a frame.
+pub const MAX_BATCH_SIZE: u32 = 16_384;
+
+/// Refuse a new job whose batches are larger than `max_batch_bytes` (batch size × one output
+/// sample's bytes) or hold more than [`MAX_BATCH_SIZE`] samples, before any worker allocates.
+fn check_batch_size(spec: &JobSpec, max_batch_bytes: u64) -> Result<(), RemoteError> {
+    let batch_size = spec.plan.batch_size.get();
+    if batch_size > MAX_BATCH_SIZE {
+        return Err(invalid(format!("batch size {batch_size} is over the most a batch may hold ({MAX_BATCH_SIZE} samples)")));
+    }
+    let transforms: TransformSpec =
+        serde_json::from_str(&spec.transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
     let recipe = Recipe::new(&transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
-    let batch_size = u64::from(spec.plan.batch_size.get());
-    let batch_bytes = batch_size.saturating_mul(recipe.sample_bytes() as u64);
+    let batch_bytes = u64::from(batch_size).saturating_mul(recipe.sample_bytes() as u64);
     if batch_bytes > max_batch_bytes {
         return Err(invalid(format!(
-            "a batch of this job is {} MiB ({batch_size} samples of {} bytes: {:?}), over the coordinator's limit of {} MiB: \
-             lower the batch size or the output size, or raise the limit (stoker coordinator --max-batch-bytes)",
-            batch_bytes >> 20,
+            "a batch of this job is {batch_bytes} bytes ({:.1} MiB: {batch_size} samples of {} bytes, {:?}), over the \
+             coordinator's limit of {max_batch_bytes} bytes ({:.1} MiB): lower the batch size or the output size, or raise \
+             the limit (stoker coordinator --max-batch-bytes)",
+            batch_bytes as f64 / f64::from(1 << 20),
             recipe.sample_bytes(),
             recipe.batch_shape(1),
-            max_batch_bytes >> 20
+            max_batch_bytes as f64 / f64::from(1 << 20)
         )));
     }
     Ok(())

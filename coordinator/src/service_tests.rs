@@ -264,10 +264,10 @@ fn a_trainers_totals_grow_within_its_session_and_restart_with_a_new_one() {
 fn a_job_whose_batch_is_over_the_limit_is_refused_at_attach_with_the_flag_named() {
     let Fixture { core, _dir } = fixture(None);
     let mut huge = spec("typo");
-    // 65,536 crops of 32 x 32 x 3 bytes: 192 MiB, over a limit of 64 MiB.
-    huge.plan.batch_size = NonZeroU32::new(65_536).unwrap_or(NonZeroU32::MIN);
+    // 16,384 crops of 32 x 32 x 3 bytes: 48 MiB, over a limit of 16 MiB.
+    huge.plan.batch_size = NonZeroU32::new(16_384).unwrap_or(NonZeroU32::MIN);
     let limited = Coordinator::in_memory(
-        CoordinatorConfig { max_batch_bytes: 64 << 20, ..CoordinatorConfig::new(_dir.path().join("limited")) },
+        CoordinatorConfig { max_batch_bytes: 16 << 20, ..CoordinatorConfig::new(_dir.path().join("limited")) },
         core.state(),
         2,
     )
@@ -275,8 +275,23 @@ fn a_job_whose_batch_is_over_the_limit_is_refused_at_attach_with_the_flag_named(
     let refused = limited.handle(ControlRequest::Attach { spec: huge.clone(), rank: Rank(0), client: 1 }, Instant::now());
     let error = refused.expect_err("over the limit");
     assert_eq!(error.code, ErrorCode::InvalidArgument);
-    assert!(error.message.contains("192 MiB") && error.message.contains("--max-batch-bytes"), "{}", error.message);
+    assert!(error.message.contains("48.0 MiB") && error.message.contains("--max-batch-bytes"), "{}", error.message);
     assert!(limited.state().jobs.is_empty(), "nothing was created");
-    // The default limit (1 GiB) takes it.
-    assert!(core.handle(ControlRequest::Attach { spec: huge, rank: Rank(0), client: 1 }, Instant::now()).is_ok());
+    // The default limit (1 GiB) takes it; a coordinator with the lower limit (after a restart
+    // with it, or a failover) still serves the job that exists.
+    assert!(core.handle(ControlRequest::Attach { spec: huge.clone(), rank: Rank(0), client: 1 }, Instant::now()).is_ok());
+    let limited = Coordinator::in_memory(
+        CoordinatorConfig { max_batch_bytes: 16 << 20, ..CoordinatorConfig::new(_dir.path().join("limited")) },
+        core.state(),
+        3,
+    )
+    .unwrap_or_else(|error| panic!("{error}"));
+    assert!(limited.handle(ControlRequest::Attach { spec: huge.clone(), rank: Rank(1), client: 2 }, Instant::now()).is_ok());
+    // More samples than a batch header can name are refused whatever their bytes.
+    huge.name = "too-many".into();
+    huge.plan.batch_size = NonZeroU32::new(MAX_BATCH_SIZE + 1).unwrap_or(NonZeroU32::MIN);
+    let error = core.handle(ControlRequest::Attach { spec: huge, rank: Rank(0), client: 3 }, Instant::now()).expect_err("too many");
+    assert!(error.message.contains("16384"), "{}", error.message);
+    let zero = CoordinatorConfig { max_batch_bytes: 0, ..CoordinatorConfig::new(_dir.path().join("zero")) };
+    assert!(zero.validate().is_err());
 }

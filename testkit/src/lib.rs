@@ -343,6 +343,11 @@ impl TestCluster {
         Ok(self.workers.len() - 1)
     }
 
+    /// The batch memory of workers added from now on (`None`: the worker's default).
+    pub fn set_worker_batch_memory(&mut self, bytes: Option<u64>) {
+        self.config.max_batch_memory = bytes;
+    }
+
     /// Kill worker `index` as a crash would: no goodbye, leases left to expire.
     pub fn kill_worker(&mut self, index: usize) {
         if let Some(handle) = self.workers.get_mut(index).and_then(Option::take) {

@@ -132,10 +132,13 @@ where
         let period = Duration::from_millis(shared.heartbeat_millis.load(Ordering::Acquire));
         tokio::time::sleep(period).await;
         let Some(worker) = current_worker(&shared) else { continue };
-        let (leases, stuck_jobs) = {
+        let (leases, mut stuck_jobs) = {
             let ledger = ledger(&shared);
             (ledger.progress(), ledger.stuck_jobs(Instant::now(), stuck_after(&shared)))
         };
+        stuck_jobs.extend(shared.unmakeable.lock().unwrap_or_else(std::sync::PoisonError::into_inner).iter().copied());
+        stuck_jobs.sort_unstable();
+        stuck_jobs.dedup();
         let images = shared.metrics.samples.get();
         let answer = shared.api.call(ControlRequest::Heartbeat { worker, leases, images, stuck_jobs }).await;
         match answer.and_then(|response| expect_response!(response, HeartbeatAck { revoked, live_jobs })) {
@@ -149,6 +152,7 @@ where
                     }
                 }
                 shared.room.notify_one();
+                shared.unmakeable.lock().unwrap_or_else(std::sync::PoisonError::into_inner).retain(|job| live_jobs.contains(job));
                 release_idle(&shared, Some(&live_jobs));
             }
             Err(error) if error.code == ErrorCode::NotFound => forgotten(&shared, worker, &error),
@@ -178,21 +182,26 @@ where
         }
         stuck
     };
+    let budget = shared.config.max_batch_memory;
     let too_large = match super::jobs::batch_bytes(&grant) {
-        Ok(bytes) if super::buffers_within(shared.config.max_batch_memory, bytes, 1) == 0 => Some(format!(
-            "a batch of {} is {} MiB, over this worker's batch memory of {} MiB: lower the job's batch size or output size, \
-             or raise it (stoker worker --max-batch-memory)",
+        // Two buffers at least: one being made while the other is delivered.
+        Ok(bytes) if super::buffers_within(budget, bytes, 2) < 2 => Some(format!(
+            "two batches of {} ({bytes} bytes each, {:.1} MiB) do not fit this worker's batch memory of {budget} bytes \
+             ({:.1} MiB): other workers make it; raise it (stoker worker --max-batch-memory) or lower the job's batch size",
             chunk.job,
-            bytes >> 20,
-            shared.config.max_batch_memory >> 20
+            bytes as f64 / f64::from(1 << 20),
+            budget as f64 / f64::from(1 << 20)
         )),
         _ => None,
     };
     if let Some(reason) = too_large {
-        // Nothing is allocated: the job cannot be made here, and the coordinator fails it with
-        // this reason (its trainers see it).
+        // Nothing is allocated. The chunk goes back, and the job is reported stuck here with
+        // every heartbeat, so that the coordinator grants it to workers with room for it.
+        if shared.unmakeable.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(chunk.job) {
+            warn!(job = %chunk.job, %reason, "job refused");
+        }
         for _ in 0..chunk.steps {
-            batch_unmade(shared, grant.lease, Failure { reason: reason.clone(), fatal: true });
+            batch_unmade(shared, grant.lease, Failure::retry(reason.clone()));
         }
         return;
     }

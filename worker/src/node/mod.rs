@@ -53,8 +53,9 @@ pub struct WorkerConfig {
     /// QUIC transport settings (the largest UDP payload).
     pub tuning: Tuning,
     /// Bytes of batch buffers one job's pipeline may hold (its batches in flight × one
-    /// batch's bytes). A job whose batches are large gets fewer buffers; a job whose single
-    /// batch is over it fails, with this named.
+    /// batch's bytes). A job whose batches are large gets fewer buffers; a job two batches of
+    /// which do not fit is refused here (reported stuck, so other workers make it), with this
+    /// named in the log.
     pub max_batch_memory: u64,
     /// Time every sample and batch into the metrics (`stoker_worker_decode_seconds`,
     /// `stoker_worker_batch_make_seconds`); off only to measure what that costs.
@@ -80,13 +81,22 @@ impl WorkerConfig {
     }
 }
 
-/// Half the machine's memory (from `/proc/meminfo`; 8 GiB where it cannot be read): what a
-/// job's batch buffers may take by default.
+/// Half the memory this process may use: the machine's (`/proc/meminfo`) or its container's
+/// limit (cgroup v2 `memory.max`, v1 `memory.limit_in_bytes`), whichever is less; 8 GiB where
+/// neither can be read. What a job's batch buffers may take by default.
 pub fn default_batch_memory() -> u64 {
-    let total_kib = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
+    let machine = std::fs::read_to_string("/proc/meminfo").ok().and_then(|text| {
         text.lines().find_map(|line| line.strip_prefix("MemTotal:")?.trim().strip_suffix("kB")?.trim().parse::<u64>().ok())
     });
-    total_kib.map_or(8 << 30, |kib| kib.saturating_mul(1024) / 2)
+    let container = ["/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]
+        .iter()
+        .find_map(|path| std::fs::read_to_string(path).ok()?.trim().parse::<u64>().ok());
+    let limit = match (machine.map(|kib| kib.saturating_mul(1024)), container) {
+        (Some(machine), Some(container)) => machine.min(container),
+        (Some(bytes), None) | (None, Some(bytes)) => bytes,
+        (None, None) => 16 << 30,
+    };
+    limit / 2
 }
 
 /// How many batch buffers of `batch_bytes` a job's pipeline gets: `in_flight`, fewer if they
@@ -118,6 +128,9 @@ pub(crate) struct Shared<A> {
     datasets: std::sync::Mutex<HashMap<(String, u64), DatasetSlot>>,
     made_tx: mpsc::Sender<Made>,
     metrics: WorkerMetrics,
+    /// Jobs whose batches do not fit this worker's batch memory: reported stuck with every
+    /// heartbeat, so that the coordinator grants them to other workers.
+    unmakeable: std::sync::Mutex<std::collections::BTreeSet<stoker_common::ids::JobId>>,
     /// When the coordinator last answered a registration or heartbeat (for readiness).
     heard_at: std::sync::Mutex<Option<std::time::Instant>>,
     stopping: AtomicBool,
@@ -181,6 +194,7 @@ where
         made_tx,
         metrics: worker_metrics,
         heard_at: std::sync::Mutex::new(None),
+        unmakeable: std::sync::Mutex::default(),
         stopping: AtomicBool::new(false),
     });
     observe(&shared, metrics);
