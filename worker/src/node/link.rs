@@ -117,13 +117,13 @@ where
     }
 }
 
-/// Renew leases with their progress; drop those the coordinator took back; release the
-/// pipelines of jobs that ended or have been idle.
 /// The coordinator answered this worker now.
 fn heard<A>(shared: &Shared<A>) {
     *shared.heard_at.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
 }
 
+/// Renew leases with their progress (and report the jobs stuck here); drop those the
+/// coordinator took back; release the pipelines of jobs that ended or have been idle.
 pub(crate) async fn heartbeat_loop<A>(shared: Arc<Shared<A>>)
 where
     A: CoordinatorApi,
