@@ -54,9 +54,87 @@ pub(crate) enum Command {
     /// Generate a sample dataset and run a coordinator, 2 workers and 2 trainer ranks on
     /// loopback for 2 epochs; verify every sample arrives exactly once per epoch.
     Demo(DemoArgs),
+    /// Make the cluster CA and the certificates of nodes and clients (mutual TLS), revoke
+    /// them, and show what a certificate is.
+    #[command(subcommand)]
+    Certs(CertsCommand),
     /// Measure throughput on real data.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum CertsCommand {
+    /// Make a cluster CA in --dir (ca.pem, and ca.key readable by its owner only). Keep ca.key
+    /// off the nodes: it signs certificates.
+    Init(CertsInitArgs),
+    /// Issue a certificate for a node or client, signed by the CA in --dir, into --out: the
+    /// TLS directory (ca.pem, node.pem, node.key) that --tls-dir takes.
+    Issue(CertsIssueArgs),
+    /// Deny a certificate: append its SHA-256 to a deny list. Copy the list to every node's
+    /// TLS directory as `revoked`; nodes read it again when it changes and refuse the
+    /// certificate at its next handshake.
+    Revoke(CertsRevokeArgs),
+    /// Show a certificate (a PEM file or a TLS directory): role, name, SHA-256, validity.
+    Show(CertsShowArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CertsInitArgs {
+    /// Where the CA goes (created; refused if a CA is there already).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dir: PathBuf,
+    /// The CA's name (its common name).
+    #[arg(long, default_value = "Stoker cluster CA")]
+    pub(crate) name: String,
+    /// Days the CA is valid.
+    #[arg(long, default_value_t = 3650, value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    pub(crate) days: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CertsIssueArgs {
+    /// The CA directory (`stoker certs init --dir`).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dir: PathBuf,
+    /// What the holder may do: coordinator (serve, Raft), worker (pull chunks, push batches),
+    /// trainer (attach, open epochs, take batches), admin (add and remove datasets, jobs and
+    /// coordinators).
+    #[arg(long, value_parser = ["coordinator", "worker", "trainer", "admin"])]
+    pub(crate) role: String,
+    /// The holder's name (shown in logs and by `certs show`), e.g. the host name.
+    #[arg(long)]
+    pub(crate) name: String,
+    /// The TLS directory to write (ca.pem, node.pem, node.key; existing ones are replaced).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: PathBuf,
+    /// DNS names or IP addresses of the holder, added to the certificate (informational:
+    /// peers check the CA, the role, and for workers the exact certificate, not names).
+    #[arg(long = "host", value_name = "NAME")]
+    pub(crate) hosts: Vec<String>,
+    /// Days the certificate is valid.
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u64).range(1..=3650))]
+    pub(crate) days: u64,
+    /// The CAs the holder trusts, written as its ca.pem [default: the CA of --dir]. During a
+    /// CA rotation give a file with both CAs (`cat old/ca.pem new/ca.pem`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trust: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CertsRevokeArgs {
+    /// The certificate to deny (a PEM file, or a TLS directory's node.pem).
+    pub(crate) cert: PathBuf,
+    /// The deny list to append to (created if missing); nodes read it as `revoked` in their
+    /// TLS directory.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) deny_list: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CertsShowArgs {
+    /// A PEM certificate file, or a TLS directory (its node.pem and ca.pem are shown).
+    pub(crate) path: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -75,13 +153,38 @@ pub(crate) enum BenchCommand {
     Delivery(BenchDeliveryArgs),
 }
 
-/// Where the coordinator is, for the commands that call it.
+/// Where the coordinator is, for the commands that call it, and this client's certificate.
 #[derive(Debug, Args)]
 pub(crate) struct CoordinatorAddr {
     /// The coordinator's address HOST:PORT, or the addresses of a replicated coordinator's nodes
     /// as HOST:PORT,HOST:PORT,... (calls follow the leader among them).
     #[arg(long, env = "STOKER_COORDINATOR", default_value = "127.0.0.1:7400")]
     pub(crate) coordinator: String,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
+}
+
+/// Where this node's certificate comes from (mutual TLS, DESIGN §10).
+#[derive(Debug, Args)]
+pub(crate) struct TlsArgs {
+    /// This node's TLS directory: ca.pem (the cluster CA, or two during a rotation), node.pem
+    /// and node.key (its certificate, whose role must fit the command), and optionally
+    /// `revoked` (SHA-256 fingerprints refused). `stoker certs issue` writes one. [default:
+    /// the local CA in ~/.local/share/stoker/local-ca, made on first use: one machine only]
+    #[arg(long, env = "STOKER_TLS_DIR", value_name = "DIR")]
+    pub(crate) tls_dir: Option<PathBuf>,
+    /// Check no certificates: traffic is encrypted, but anyone who reaches a Stoker port may
+    /// do anything (take batches, fail jobs). For demos on a trusted network; every node says
+    /// so in its log. Nodes with --insecure and nodes with certificates cannot talk.
+    #[arg(long)]
+    pub(crate) insecure: bool,
+}
+
+impl TlsArgs {
+    /// Where TLS comes from, as the flags say.
+    pub(crate) fn source(&self) -> Result<stoker_common::net::TlsSource, stoker_common::net::TlsError> {
+        stoker_common::net::TlsSource::from_flags(self.tls_dir.clone(), self.insecure)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -137,6 +240,8 @@ pub(crate) struct CoordinatorArgs {
     /// trainer attaching a job over it is refused, before any worker allocates for it.
     #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES, value_name = "BYTES")]
     pub(crate) max_batch_bytes: u64,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
 }
 
 #[derive(Debug, Args)]
@@ -182,6 +287,8 @@ pub(crate) struct WorkerArgs {
     /// machine or of the container's limit, whichever is less].
     #[arg(long, value_name = "BYTES")]
     pub(crate) max_batch_memory: Option<u64>,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
 }
 
 #[derive(Debug, Subcommand)]

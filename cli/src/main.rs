@@ -7,7 +7,7 @@ mod progress;
 
 use clap::Parser;
 
-use crate::args::{BenchCommand, Cli, ClusterCommand, Command, DatasetCommand, JobCommand};
+use crate::args::{BenchCommand, CertsCommand, Cli, ClusterCommand, Command, DatasetCommand, JobCommand};
 
 fn main() -> std::process::ExitCode {
     init_tracing();
@@ -27,6 +27,10 @@ fn main() -> std::process::ExitCode {
         Command::Status(args) => cmd::status::run(args),
         Command::Consume(args) => cmd::consume::run(args),
         Command::Demo(args) => cmd::demo::run(args),
+        Command::Certs(CertsCommand::Init(args)) => cmd::certs::init(args),
+        Command::Certs(CertsCommand::Issue(args)) => cmd::certs::issue(args),
+        Command::Certs(CertsCommand::Revoke(args)) => cmd::certs::revoke(args),
+        Command::Certs(CertsCommand::Show(args)) => cmd::certs::show(args),
         Command::Bench(BenchCommand::Pipeline(args)) => cmd::bench_pipeline::run(args),
         Command::Bench(BenchCommand::Cluster(args)) => cmd::bench_cluster::run(args),
         Command::Bench(BenchCommand::Delivery(args)) => cmd::bench_delivery::run(args),

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use stoker_common::ids::Rank;
 use stoker_common::net::CoordinatorAddrs;
+use stoker_common::net::TlsSource;
 use stoker_common::plan::{PlanSpec, Shuffle, Tail};
 use stoker_common::proto::JobSpec;
 use stoker_common::transform::{Recipe, TransformSpec};
@@ -50,6 +51,9 @@ pub struct LoaderConfig {
     /// How long to wait for a step before telling the coordinator it is missing (so that a
     /// batch lost after delivery is made again instead of waited for until the timeout).
     pub nack_after: Duration,
+    /// Where the trainer's certificate comes from [default: the local CA, which works on one
+    /// machine; give a trainer certificate's directory for a cluster].
+    pub tls: TlsSource,
 }
 
 impl LoaderConfig {
@@ -72,6 +76,7 @@ impl LoaderConfig {
             prefetch: 8,
             batch_timeout: Duration::from_secs(300),
             nack_after: Duration::from_secs(1),
+            tls: TlsSource::Local,
         }
     }
 

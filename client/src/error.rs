@@ -58,7 +58,14 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Coordinator { source } => source.is_retryable(),
-            Self::Timeout { .. } | Self::Net(_) => true,
+            Self::Timeout { .. } => true,
+            // A refused or wrong certificate stays refused; the network itself may come back.
+            Self::Net(error) => !matches!(
+                error,
+                stoker_common::net::NetError::Refused { .. }
+                    | stoker_common::net::NetError::WrongPeer { .. }
+                    | stoker_common::net::NetError::Tls(_)
+            ),
             Self::Config { .. } | Self::Resume { .. } | Self::Runtime { .. } | Self::Superseded { .. } => false,
         }
     }

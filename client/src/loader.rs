@@ -11,8 +11,8 @@ use quinn::{Connection, Endpoint};
 use stoker_common::api::CoordinatorApi;
 use stoker_common::error::ObsError;
 use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, JobId, Rank, Step, WorkerId};
-use stoker_common::net::{PayloadPool, QuicCoordinator, TlsConfigs, Tuning, client_endpoint};
+use stoker_common::ids::{Epoch, JobId, Rank, SessionId, Step, WorkerId};
+use stoker_common::net::{PayloadPool, QuicCoordinator, Role, TlsConfigs, Tuning, client_endpoint};
 use stoker_common::obs::{Metrics, MetricsServer};
 use stoker_common::plan::{Checkpoint, EpochPlan, Layout, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
@@ -184,7 +184,7 @@ impl Loader<QuicCoordinator> {
     /// connect to the workers.
     pub fn attach(config: &LoaderConfig) -> Result<Self, ClientError> {
         let runtime = new_runtime()?;
-        let tls = TlsConfigs::insecure()?;
+        let tls = config.tls.load(Role::Trainer)?;
         let coordinator = {
             let _guard = runtime.enter();
             QuicCoordinator::with_addrs(config.coordinator.clone(), &tls)?
@@ -201,7 +201,7 @@ where
     /// over QUIC).
     pub fn attach_with(config: &LoaderConfig, coordinator: A) -> Result<Self, ClientError> {
         let runtime = new_runtime()?;
-        let tls = TlsConfigs::insecure()?;
+        let tls = config.tls.load(Role::Trainer)?;
         Self::attach_on(config, runtime, Arc::new(coordinator), &tls)
     }
 
@@ -293,6 +293,12 @@ where
     /// This trainer's rank.
     pub fn rank(&self) -> Rank {
         self.rank
+    }
+
+    /// The session the coordinator gave this trainer (for logs: a worker serves the rank's
+    /// batches to the newest session).
+    pub fn session(&self) -> SessionId {
+        self.session.session
     }
 
     /// Iterate `epoch` next (from its start, or from the resumed position if `resume` named it).

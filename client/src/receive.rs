@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
 use stoker_common::ids::{Epoch, JobId, Position, Rank, SessionId};
-use stoker_common::net::{NetError, PayloadPool, call, connect, receive_batch};
+use stoker_common::net::{NetError, PayloadPool, Role, call, check_peer, connect, receive_batch};
 use stoker_common::plan::{EpochPlan, PlanSpec, ShardTable};
 use stoker_common::proto::{BatchHeader, TrainerHello, WorkerInfo};
 use stoker_common::wire::{BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
@@ -90,6 +90,8 @@ pub(crate) struct ReceiveStats {
 /// Dial `worker` and introduce ourselves.
 pub(crate) async fn connect_worker(endpoint: &Endpoint, worker: WorkerInfo, expect: &Expect) -> Result<Connection, NetError> {
     let connection = connect(endpoint, worker.addr, Duration::from_secs(5)).await?;
+    // Batches only from the worker the coordinator named: its role and its very certificate.
+    check_peer(&connection, Role::Worker, worker.key)?;
     let hello = TrainerHello { job: expect.job, rank: expect.rank, session: expect.session };
     call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await?;
     Ok(connection)

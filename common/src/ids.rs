@@ -81,6 +81,57 @@ id_newtype!(
     Pass(u64), "pass-"
 );
 
+/// The SHA-256 of a peer's TLS certificate: who a worker or a trainer is, as its certificate
+/// proves it. The coordinator records it when a worker registers and when a trainer attaches,
+/// and hands it on, so a trainer only takes batches from the worker it was told of and a
+/// worker only serves a rank's batches to the trainer that owns the rank's session.
+/// [`CertKey::UNCHECKED`] where nothing is proven (`--insecure`).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+pub struct CertKey(pub [u8; 32]);
+
+impl CertKey {
+    /// No certificate: the peer runs `--insecure`, and this key matches any.
+    pub const UNCHECKED: Self = Self([0; 32]);
+
+    /// Whether a peer proving `other` is the one this key names (anyone, when either side
+    /// is unchecked).
+    pub fn admits(&self, other: &Self) -> bool {
+        *self == Self::UNCHECKED || *other == Self::UNCHECKED || self == other
+    }
+
+    /// The key as 64 hex digits (as `stoker certs` prints it and the deny list holds it).
+    pub fn hex(&self) -> String {
+        self.0.iter().map(|byte| format!("{byte:02x}")).collect()
+    }
+
+    /// Parse 64 hex digits (colons between bytes allowed).
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let digits: Vec<u8> = text.bytes().filter(|byte| *byte != b':').collect();
+        if digits.len() != 64 {
+            return None;
+        }
+        let mut key = [0u8; 32];
+        for (byte, pair) in key.iter_mut().zip(digits.chunks(2)) {
+            let text = std::str::from_utf8(pair).ok()?;
+            *byte = u8::from_str_radix(text, 16).ok()?;
+        }
+        Some(Self(key))
+    }
+}
+
+impl fmt::Debug for CertKey {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, formatter)
+    }
+}
+
+impl fmt::Display for CertKey {
+    /// The first 8 bytes, enough to tell certificates apart in a log.
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if *self == Self::UNCHECKED { formatter.write_str("unchecked") } else { write!(formatter, "cert-{}", &self.hex()[..16]) }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,6 +147,18 @@ mod tests {
         assert_eq!(LeaseId(4).to_string(), "lease-4");
         assert_eq!(Position(9).to_string(), "position-9");
         assert_eq!(Pass(2).to_string(), "pass-2");
+    }
+
+    #[test]
+    fn cert_keys_read_back_and_unchecked_admits_all() {
+        let key = CertKey([0xab; 32]);
+        assert_eq!(CertKey::from_hex(&key.hex()), Some(key));
+        assert_eq!(CertKey::from_hex("ab:cd"), None);
+        assert_eq!(CertKey::from_hex(&"zz".repeat(32)), None);
+        assert!(key.admits(&key));
+        assert!(!key.admits(&CertKey([1; 32])));
+        assert!(key.admits(&CertKey::UNCHECKED) && CertKey::UNCHECKED.admits(&key));
+        assert_eq!(key.to_string(), "cert-abababababababab");
     }
 
     #[test]

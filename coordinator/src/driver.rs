@@ -12,11 +12,13 @@ use std::time::{Duration, Instant};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use quinn::Endpoint;
-use stoker_common::net::{call, connect};
+use stoker_common::ids::CertKey;
+use stoker_common::net::{PeerIdentity, Role, call, connect_to};
 use stoker_common::proto::{ControlRequest, ControlResponse, CoordinatorStatus, ErrorCode, RemoteError};
 use stoker_common::wire::CONTROL_FRAME_LIMIT;
 use tracing::{info, warn};
 
+use crate::authz::authorize;
 use crate::error::CoordinatorError;
 use crate::raft::{Raft, answer_raft_rpc};
 use crate::service::{Coordinator, Outcome, Then};
@@ -97,7 +99,13 @@ impl Driver {
     }
 
     /// Answer one request.
-    pub(crate) async fn serve(&self, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
+    /// Answer one request of `caller`, if its certificate allows it.
+    pub(crate) async fn serve_as(&self, caller: &PeerIdentity, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
+        authorize(caller, &request)?;
+        self.serve_checked(caller.key(), request).await
+    }
+
+    async fn serve_checked(&self, caller: CertKey, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
         let cut_off = self.isolated.load(Ordering::Relaxed);
         match request {
             ControlRequest::Raft { .. } if cut_off => {
@@ -121,24 +129,24 @@ impl Driver {
             }
             request => {
                 self.ensure_leader().await?;
-                self.step_through(request).await
+                self.step_through(request, caller).await
             }
         }
     }
 
     /// Step the core, committing what it asks, until it answers.
-    async fn step_through(&self, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
+    async fn step_through(&self, request: ControlRequest, caller: CertKey) -> Result<ControlResponse, RemoteError> {
         let mut request = request;
         // A request commits at most twice (create a job, clear its failure), then answers.
         for _ in 0..4 {
             let core = Arc::clone(&self.core);
             let outcome = if matches!(request, ControlRequest::AddDataset { .. }) {
                 // Reads the manifest: off the async threads.
-                tokio::task::spawn_blocking(move || core.step(request, Instant::now()))
+                tokio::task::spawn_blocking(move || core.step_as(request, caller, Instant::now()))
                     .await
                     .map_err(|error| RemoteError::new(ErrorCode::Internal, format!("request task failed: {error}")))?
             } else {
-                core.step(request, Instant::now())
+                core.step_as(request, caller, Instant::now())
             };
             match outcome {
                 Outcome::Reply(answer) => return answer,
@@ -504,7 +512,7 @@ async fn resolve(addr: &str) -> Option<SocketAddr> {
 pub(crate) async fn ask_status(endpoint: &Endpoint, addr: &str) -> Option<CoordinatorStatus> {
     let target = resolve(addr).await?;
     let asked = tokio::time::timeout(PEER_STATUS_TIMEOUT, async {
-        let connection = connect(endpoint, target, PEER_STATUS_TIMEOUT).await.ok()?;
+        let connection = connect_to(endpoint, target, PEER_STATUS_TIMEOUT, Role::Coordinator).await.ok()?;
         let answer = call::<_, ControlResponse>(&connection, &ControlRequest::NodeStatus, CONTROL_FRAME_LIMIT).await.ok();
         connection.close(0u32.into(), b"status");
         match answer? {

@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 /// Configuration and its defaults.
+mod authz;
 pub mod config;
 /// Serving a replicated coordinator: leader checks, commits through Raft, redirects.
 mod driver;

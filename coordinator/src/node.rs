@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use openraft::BasicNode;
-use stoker_common::net::{TlsConfigs, Tuning, serve_calls, server_endpoint};
+use stoker_common::net::{Role, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
 use stoker_common::obs::Metrics;
 use stoker_common::obs::prometheus::IntCounter;
 use stoker_common::proto::ControlRequest;
@@ -53,6 +53,15 @@ pub async fn start(
     metrics: &Metrics,
 ) -> Result<CoordinatorHandle, CoordinatorError> {
     let config = config.validate()?;
+    match tls.own() {
+        Some(own) if own.role != Role::Coordinator => {
+            return Err(CoordinatorError::Config {
+                message: format!("the certificate in --tls-dir is {own}; a coordinator needs the coordinator role"),
+            });
+        }
+        Some(own) => info!(%own, "mutual TLS: peers need a certificate of the cluster CA"),
+        None => warn!("INSECURE: --insecure: any peer that reaches this coordinator may do anything; use it on a trusted network only"),
+    }
     let addr = socket.local_addr().map_err(|error| CoordinatorError::Internal { message: format!("socket has no address: {error}") })?;
     let advertised = config.advertise.clone().or_else(|| config.peers.get(&config.node_id).cloned()).unwrap_or_else(|| addr.to_string());
     let members: BTreeMap<u64, String> =
@@ -129,7 +138,7 @@ pub async fn start(
         Ok(handshakes) => handshakes,
         Err(error) => return stopped(&raft, CoordinatorError::Config { message: error.to_string() }).await,
     };
-    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), handshakes));
+    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.is_checked(), handshakes));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
     info!(%addr, node = config.node_id, "coordinator listening");
     Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: std::sync::Mutex::new(None) })
@@ -214,22 +223,29 @@ fn shut_down(raft: &Raft) -> JoinHandle<()> {
     })
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>, handshakes_refused: IntCounter) {
+async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>, checked: bool, handshakes_refused: IntCounter) {
     while let Some(incoming) = endpoint.accept().await {
         let driver = Arc::clone(&driver);
         let handshakes_refused = handshakes_refused.clone();
         tokio::spawn(async move {
+            let remote = incoming.remote_address();
             let connection = match incoming.await {
                 Ok(connection) => connection,
                 Err(error) => {
-                    debug!(%error, "handshake failed");
+                    debug!(%remote, %error, "handshake failed");
                     handshakes_refused.inc();
                     return;
                 }
             };
+            let Some(caller) = peer_identity(&connection, checked).map(Arc::new) else {
+                warn!(%remote, "a peer passed the handshake without a readable certificate: closing");
+                connection.close(1u32.into(), b"no certificate");
+                return;
+            };
+            debug!(%remote, %caller, "connected");
             serve_calls(connection, CONTROL_FRAME_LIMIT, move |request: ControlRequest| {
-                let driver = Arc::clone(&driver);
-                async move { driver.serve(request).await }
+                let (driver, caller) = (Arc::clone(&driver), Arc::clone(&caller));
+                async move { driver.serve_as(&caller, request).await }
             })
             .await;
         });

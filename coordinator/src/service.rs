@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use stoker_common::api::CoordinatorApi;
-use stoker_common::ids::{JobId, Rank, SessionId, Step, WorkerId};
+use stoker_common::ids::{CertKey, JobId, Rank, SessionId, Step, WorkerId};
+use stoker_common::net::random_u64;
 use stoker_common::obs::prometheus::Histogram;
 use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
 use stoker_common::proto::{
@@ -19,6 +20,7 @@ use stoker_common::proto::{
 use stoker_common::shard::Manifest;
 use stoker_common::transform::{Recipe, TransformSpec};
 
+use crate::authz::Owners;
 use crate::config::CoordinatorConfig;
 use crate::error::CoordinatorError;
 use crate::raft::Replica;
@@ -34,6 +36,8 @@ struct Inner {
     /// What each rank's trainer reported it consumed in total (for metrics).
     totals: BTreeMap<(JobId, Rank), RankTotals>,
     next_session: u64,
+    /// Which certificate owns each rank's newest session.
+    owners: Owners,
     /// Checkpoints not yet committed (replicated mode): one `RecordCheckpoints` entry carries
     /// all of them at the next flush.
     pending: BTreeMap<JobId, Checkpoint>,
@@ -153,6 +157,7 @@ fn not_found(message: impl Into<String>) -> RemoteError {
 
 fn refused(refusal: Refusal) -> RemoteError {
     match refusal {
+        Refusal::NotYours { worker, owner, caller } => crate::authz::not_yours(worker, owner, caller),
         Refusal::UnknownWorker(worker) => {
             not_found(format!("{worker} is not registered (the coordinator restarted or declared it dead): register again"))
         }
@@ -169,15 +174,25 @@ fn refused(refusal: Refusal) -> RemoteError {
 /// Ids of leases and sessions start here: milliseconds since 1970 × 1000, so that a later
 /// leader (or a restarted one) never hands out an id an earlier one gave.
 fn clock_id_base() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |elapsed| elapsed.as_millis() as u64 * 1000)
+    clock_millis() * 1000
 }
+
+fn clock_millis() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |elapsed| elapsed.as_millis() as u64)
+}
+
+/// Random low bits of a replicated coordinator's session ids. The high bits count up from the
+/// clock in milliseconds (41 bits until 2039, 42 after), so sessions still order by age (a
+/// worker serves the newest; a coordinator adopts a newer one after a restart), while a peer
+/// cannot name another trainer's session by counting.
+const SESSION_RANDOM_BITS: u32 = 21;
 
 impl Coordinator {
     /// A coordinator whose state Raft fills in (through [`Replica`]); `advertised` is the
     /// address status reports. It schedules only after [`Coordinator::lead`].
     pub fn replicated(config: CoordinatorConfig, advertised: String) -> Result<Self, CoordinatorError> {
         let config = config.validate()?;
-        Ok(Self::build(config, advertised, ClusterState::new(), clock_id_base(), Durability::Replicated))
+        Ok(Self::build(config, advertised, ClusterState::new(), clock_millis(), Durability::Replicated))
     }
 
     /// A coordinator whose state lives in memory only, starting from `state`, with ids from
@@ -189,7 +204,7 @@ impl Coordinator {
     }
 
     fn build(config: CoordinatorConfig, advertised: String, state: ClusterState, id_base: u64, durability: Durability) -> Self {
-        let scheduler = Scheduler::new(config.scheduler(), id_base);
+        let scheduler = Self::new_scheduler(&config, durability, id_base);
         let inner = Inner {
             state,
             scheduler,
@@ -197,11 +212,29 @@ impl Coordinator {
             ranks: BTreeMap::new(),
             totals: BTreeMap::new(),
             next_session: id_base,
+            owners: Owners::default(),
             pending: BTreeMap::new(),
             led_term: None,
             started: Instant::now(),
         };
         Self { inner: Mutex::new(inner), config, advertised, durability, lease_seconds: std::sync::OnceLock::new() }
+    }
+
+    /// A scheduler with ids from `id_base`; a replicated coordinator's leases are random.
+    fn new_scheduler(config: &CoordinatorConfig, durability: Durability, id_base: u64) -> Scheduler {
+        let scheduler = Scheduler::new(config.scheduler(), id_base);
+        if durability == Durability::Replicated { scheduler.with_random_leases() } else { scheduler }
+    }
+
+    /// A new session id: counted, with random low bits in a replicated coordinator.
+    fn new_session(&self, inner: &mut Inner) -> SessionId {
+        let count = inner.next_session;
+        inner.next_session += 1;
+        if self.durability == Durability::Replicated {
+            SessionId(count << SESSION_RANDOM_BITS | random_u64() >> (64 - SESSION_RANDOM_BITS))
+        } else {
+            SessionId(count)
+        }
     }
 
     /// This node leads in `term`: if it did not lead in that term until now, its soft state
@@ -213,12 +246,13 @@ impl Coordinator {
             return;
         }
         let id_base = clock_id_base().max(inner.next_session + 1);
-        inner.scheduler = Scheduler::new(self.config.scheduler(), id_base);
+        inner.scheduler = Self::new_scheduler(&self.config, self.durability, id_base);
+        inner.owners.clear();
         inner.plans.clear();
         inner.ranks.clear();
         inner.totals.clear();
         inner.pending.clear();
-        inner.next_session = id_base;
+        inner.next_session = if self.durability == Durability::Replicated { clock_millis().max(inner.next_session) } else { id_base };
         inner.started = now;
         inner.led_term = Some(term);
         tracing::info!(term, "leading: scheduling starts afresh; workers and trainers reconnect");
@@ -229,7 +263,8 @@ impl Coordinator {
     pub fn follow(&self) {
         let mut inner = self.lock();
         if inner.led_term.take().is_some() {
-            inner.scheduler = Scheduler::new(self.config.scheduler(), clock_id_base());
+            inner.scheduler = Self::new_scheduler(&self.config, self.durability, clock_id_base());
+            inner.owners.clear();
             inner.plans.clear();
             inner.ranks.clear();
             inner.totals.clear();
@@ -332,21 +367,33 @@ impl Coordinator {
 
     /// Handle one request as far as it goes without a commit.
     pub fn step(&self, request: ControlRequest, now: Instant) -> Outcome {
+        self.step_as(request, CertKey::UNCHECKED, now)
+    }
+
+    /// [`Coordinator::step`] for a peer proving `caller` (its role already checked): it may
+    /// speak only for the sessions and the worker ids its certificate owns.
+    pub fn step_as(&self, request: ControlRequest, caller: CertKey, now: Instant) -> Outcome {
         match request {
             ControlRequest::AddDataset { name, manifest } => self.add_dataset(name, &manifest),
-            ControlRequest::Attach { spec, rank, client } => self.attach(spec, rank, client, now),
+            ControlRequest::Attach { spec, rank, client } => self.attach(spec, rank, client, caller, now),
             ControlRequest::RemoveJob { name, force } => self.remove_job(name, force, now),
             ControlRequest::ChunkFatal { worker, lease, reason } => {
+                if let Err(refusal) = self.lock().scheduler.check_worker_key(worker, caller) {
+                    return Outcome::Reply(Err(refused(refusal)));
+                }
                 let Some(job) = self.lock().scheduler.chunk_fatal(worker, lease) else { return Outcome::Reply(Ok(ControlResponse::Ack)) };
                 tracing::error!(%job, %worker, %lease, %reason, "job failed: a chunk cannot be made");
                 Outcome::Commit { command: Command::FailJob { job, reason }, then: Then::Reply(ControlResponse::Ack) }
             }
-            other => Outcome::Reply(self.answer(other, now)),
+            other => Outcome::Reply(self.answer(other, caller, now)),
         }
     }
 
     /// Requests that change no durable state.
-    fn answer(&self, request: ControlRequest, now: Instant) -> Result<ControlResponse, RemoteError> {
+    fn answer(&self, request: ControlRequest, caller: CertKey, now: Instant) -> Result<ControlResponse, RemoteError> {
+        if let Some(worker) = worker_of(&request) {
+            self.lock().scheduler.check_worker_key(worker, caller).map_err(refused)?;
+        }
         match request {
             ControlRequest::AddDataset { .. }
             | ControlRequest::Attach { .. }
@@ -364,7 +411,7 @@ impl Coordinator {
             ControlRequest::OpenEpoch { job, rank, epoch, start, session, pass, consumed, holding } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
-                inner.scheduler.check_session(job, rank, session).map_err(refused)?;
+                inner.check_owner(job, rank, session, caller)?;
                 inner.check_not_failed(job)?;
                 check_list_len("holding", holding.len())?;
                 let opening = Opening { session, pass, consumed, holding };
@@ -387,7 +434,7 @@ impl Coordinator {
             } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
-                inner.scheduler.check_session(job, rank, session).map_err(refused)?;
+                inner.check_owner(job, rank, session, caller)?;
                 inner.check_not_failed(job)?;
                 check_list_len("missing", missing.len())?;
                 let reporting = Reporting { session, pass, consumed, missing };
@@ -397,7 +444,7 @@ impl Coordinator {
             }
             ControlRequest::RegisterWorker { addr, threads, instance, attempt } => {
                 let process = crate::scheduler::WorkerProcess { instance, attempt };
-                let worker = self.lock().scheduler.register_worker(addr, threads, process, now);
+                let worker = self.lock().scheduler.register_worker_as(addr, threads, process, caller, now);
                 Ok(ControlResponse::WorkerRegistered {
                     worker,
                     heartbeat_millis: self.config.heartbeat.as_millis() as u64,
@@ -433,6 +480,7 @@ impl Coordinator {
             ControlRequest::Detach { job, rank, session } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
+                inner.owners.check(job, rank, session, caller)?;
                 inner.scheduler.detach(job, rank, session).map_err(refused)?;
                 inner.forget_plans_of_finished_runs();
                 tracing::info!(%job, %rank, %session, "trainer detached");
@@ -491,11 +539,11 @@ impl Coordinator {
         Ok(dataset)
     }
 
-    fn attach(&self, spec: JobSpec, rank: Rank, client: u64, now: Instant) -> Outcome {
+    fn attach(&self, spec: JobSpec, rank: Rank, client: u64, caller: CertKey, now: Instant) -> Outcome {
         if let Err(error) = validate_spec(&spec, rank) {
             return Outcome::Reply(Err(error));
         }
-        match self.attach_existing(&spec, rank, client, now) {
+        match self.attach_existing(&spec, rank, client, caller, now) {
             Ok(Some(answer)) => Outcome::Reply(Ok(answer)),
             Ok(None) => Outcome::Reply(Err(RemoteError::new(ErrorCode::Internal, "attach needs no commit"))),
             Err(AttachNeeds::Commit(command)) => {
@@ -507,7 +555,14 @@ impl Coordinator {
 
     /// Attach to the job of `spec` if it exists and has not failed; otherwise the command that
     /// creates it (or clears its failure) first.
-    fn attach_existing(&self, spec: &JobSpec, rank: Rank, client: u64, now: Instant) -> Result<Option<ControlResponse>, AttachNeeds> {
+    fn attach_existing(
+        &self,
+        spec: &JobSpec,
+        rank: Rank,
+        client: u64,
+        caller: CertKey,
+        now: Instant,
+    ) -> Result<Option<ControlResponse>, AttachNeeds> {
         let mut inner = self.lock();
         let Some(current) = inner.state.datasets.get(&spec.dataset).cloned() else {
             return Err(AttachNeeds::Refusal(not_found(format!(
@@ -548,11 +603,15 @@ impl Coordinator {
         }
         let checkpoint = inner.state.checkpoints.get(&job).copied();
         let dataset = inner.state.job_dataset(job).cloned().unwrap_or(current);
-        let session = match inner.scheduler.attached(job, rank, client) {
+        // The same loader asking again (its answer was lost) keeps its session; anyone else,
+        // even with the same client number, gets a new one.
+        let repeated =
+            inner.scheduler.attached(job, rank, client).filter(|session| inner.owners.owner(job, rank, *session).admits(&caller));
+        let session = match repeated {
             Some(session) => session,
             None => {
-                let session = SessionId(inner.next_session);
-                inner.next_session += 1;
+                let session = self.new_session(&mut inner);
+                inner.owners.record(job, rank, session, caller);
                 if inner.scheduler.attach(job, rank, session, client, now) {
                     tracing::info!(%job, %rank, %session, "rank attached again; the earlier trainer is no longer served");
                 }
@@ -571,7 +630,16 @@ impl Coordinator {
                 let spec = inner.state.jobs.get(&chunk.job)?.clone();
                 let dataset = inner.state.job_dataset(chunk.job)?;
                 let session = inner.scheduler.session_of(chunk.job, chunk.rank).unwrap_or(SessionId(0));
-                Some(ChunkGrant { lease, chunk, spec, manifest: dataset.manifest.clone(), dataset_version: dataset.version, session })
+                let trainer = inner.owners.owner(chunk.job, chunk.rank, session);
+                Some(ChunkGrant {
+                    lease,
+                    chunk,
+                    spec,
+                    manifest: dataset.manifest.clone(),
+                    dataset_version: dataset.version,
+                    session,
+                    trainer,
+                })
             })
             .collect();
         Ok(ControlResponse::Chunks { grants })
@@ -754,6 +822,18 @@ impl Inner {
         }
     }
 
+    /// Refuse `caller` speaking for a session another certificate owns, or one that is not the
+    /// rank's newest; a session adopted here (the coordinator restarted since it attached) is
+    /// owned by the first certificate that speaks for it.
+    fn check_owner(&mut self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) -> Result<(), RemoteError> {
+        self.owners.check(job, rank, session, caller)?;
+        self.scheduler.check_session(job, rank, session).map_err(refused)?;
+        if self.owners.owner(job, rank, session) == CertKey::UNCHECKED {
+            self.owners.record(job, rank, session, caller);
+        }
+        Ok(())
+    }
+
     fn check_not_failed(&self, job: JobId) -> Result<(), RemoteError> {
         match self.state.failed.get(&job) {
             Some(reason) => Err(RemoteError::new(ErrorCode::JobFailed, format!("{job} failed: {reason}"))),
@@ -825,6 +905,19 @@ impl Inner {
             self.pending.insert(key.job, checkpoint);
         }
         Ok(true)
+    }
+}
+
+/// The worker a worker's request speaks for.
+fn worker_of(request: &ControlRequest) -> Option<WorkerId> {
+    match request {
+        ControlRequest::Heartbeat { worker, .. }
+        | ControlRequest::PullChunks { worker, .. }
+        | ControlRequest::ChunkDone { worker, .. }
+        | ControlRequest::ChunkFailed { worker, .. }
+        | ControlRequest::ChunkFatal { worker, .. }
+        | ControlRequest::Deregister { worker } => Some(*worker),
+        _ => None,
     }
 }
 

@@ -38,10 +38,11 @@ pub(crate) fn to_py(error: ClientError) -> PyErr {
         ClientError::Config { .. } => ConfigError::new_err(message),
         ClientError::Resume { .. } => ResumeError::new_err(message),
         ClientError::Timeout { .. } => TimeoutError::new_err(message),
+        ClientError::Net(stoker_common::net::NetError::Tls(_)) => ConfigError::new_err(message),
         ClientError::Net(_) => ConnectionError::new_err(message),
         ClientError::Runtime { .. } | ClientError::Superseded { .. } => StokerError::new_err(message),
         ClientError::Coordinator { source } => match source.code {
-            ErrorCode::InvalidArgument | ErrorCode::NotFound => ConfigError::new_err(message),
+            ErrorCode::InvalidArgument | ErrorCode::NotFound | ErrorCode::Forbidden => ConfigError::new_err(message),
             ErrorCode::Unavailable | ErrorCode::VersionMismatch | ErrorCode::NotLeader { .. } => ConnectionError::new_err(message),
             ErrorCode::Timeout => TimeoutError::new_err(message),
             ErrorCode::Internal | ErrorCode::Superseded | ErrorCode::JobFailed | ErrorCode::Stale => StokerError::new_err(message),

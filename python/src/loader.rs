@@ -14,7 +14,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use stoker_client::{Loader, LoaderConfig, LoaderState, Next};
 use stoker_common::ids::Epoch;
-use stoker_common::net::CoordinatorAddrs;
+use stoker_common::net::{CoordinatorAddrs, TlsSource};
 use stoker_common::transform::TransformSpec;
 
 use crate::batch;
@@ -44,7 +44,7 @@ pub(crate) struct NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0, metrics_port=None))]
+    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0, metrics_port=None, tls_dir=None, insecure=false))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -62,6 +62,8 @@ impl NativeLoader {
         run_id: Option<String>,
         timeout: Option<f64>,
         metrics_port: Option<u16>,
+        tls_dir: Option<std::path::PathBuf>,
+        insecure: bool,
     ) -> PyResult<Self> {
         let mut config = LoaderConfig::new(resolve(coordinator)?, dataset, batch_size);
         config.transforms = serde_json::from_str::<TransformSpec>(transforms_json).map_err(errors::config)?;
@@ -73,6 +75,7 @@ impl NativeLoader {
         config.world_size = world_size;
         config.job_name = job_name;
         config.run_id = run_id;
+        config.tls = TlsSource::from_flags(tls_dir, insecure).map_err(errors::config)?;
         config.batch_timeout = match timeout {
             None => FOREVER,
             Some(seconds) => {

@@ -50,6 +50,11 @@ class Loader:
     ``9102 + LOCAL_RANK`` under torchrun. Not needed for the stall and throughput figures: the
     coordinator exports those for every rank.
 
+    ``tls_dir``: this trainer's TLS directory (``ca.pem``, ``node.pem``, ``node.key``: a
+    trainer certificate of the cluster CA, from ``stoker certs issue --role trainer``); default
+    ``STOKER_TLS_DIR``, else the local CA (one machine only). ``insecure=True`` checks no
+    certificates, for a cluster whose nodes run ``--insecure``.
+
     ``close()`` (or ``with stoker.Loader(...) as loader:``) detaches and frees the receive
     buffers at once instead of when the object is collected.
 
@@ -80,6 +85,8 @@ class Loader:
         timeout: Optional[float] = 300.0,
         missing_label: int = -1,
         metrics_port: Optional[int] = None,
+        tls_dir: Union[str, os.PathLike, None] = None,
+        insecure: bool = False,
     ) -> None:
         if coordinator is None:
             coordinator = os.environ.get("STOKER_COORDINATOR")
@@ -137,6 +144,12 @@ class Loader:
             "on_error": on_error,
         }
         self._output = output
+        if tls_dir is None:
+            tls_dir = os.environ.get("STOKER_TLS_DIR") or None
+        if tls_dir is not None and not isinstance(tls_dir, (str, os.PathLike)):
+            raise ConfigError(f"tls_dir must be a directory path (stoker certs issue --out), got {tls_dir!r}")
+        if not isinstance(insecure, bool):
+            raise ConfigError(f"insecure must be True or False, got {insecure!r}")
         self._missing_label = missing_label
         self._native = _stoker.NativeLoader(
             coordinator,
@@ -153,6 +166,8 @@ class Loader:
             run_id=run_id,
             timeout=None if timeout is None else float(timeout),
             metrics_port=metrics_port,
+            tls_dir=None if tls_dir is None else os.fspath(tls_dir),
+            insecure=insecure,
         )
         self.batch_size = batch_size
 

@@ -36,6 +36,12 @@ def need_tool(tool: str, why: str) -> str:
     return path
 
 
+# Every node and Loader of the tests trusts the tests' local CA (made on first use, as a
+# user's is), not the user's own; a STOKER_TLS_DIR of the caller's would make them disagree.
+os.environ["STOKER_LOCAL_CA"] = str(REPO / "target/tmp/local-ca-python")
+os.environ.pop("STOKER_TLS_DIR", None)
+
+
 def stoker_env() -> dict:
     """The environment of every `stoker` process a test starts: many run on this one host, so
     each serves its metrics on a port of its own."""

@@ -102,7 +102,10 @@ def compose_invocations() -> Iterator[Tuple[str, List[str]]]:
     for name, service in compose["services"].items():
         image = str(service.get("image", ""))
         command = service.get("command")
-        if "stoker" in image and command:
+        if "stoker" in image and command and service.get("entrypoint") == ["sh", "-c"]:
+            for words in shell_invocations(str(command[0])):
+                yield f"compose.yaml service {name}", words
+        elif "stoker" in image and command:
             words = shlex.split(command) if isinstance(command, str) else [str(word) for word in command]
             yield f"compose.yaml service {name}", words
 

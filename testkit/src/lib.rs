@@ -3,6 +3,8 @@
 /// A randomized model of the delivery protocol: real coordinator, trainer protocol and lease
 /// ledger on a simulated clock and network, with faults.
 pub mod model;
+/// The cluster CA and certificates of a test cluster.
+pub mod tls;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -14,13 +16,15 @@ use std::time::{Duration, Instant};
 use stoker_client::LoaderConfig;
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
-use stoker_common::net::{CoordinatorAddrs, QuicCoordinator, TlsConfigs};
+use stoker_common::net::{ClusterCa, CoordinatorAddrs, QuicCoordinator, Role, TlsConfigs, TlsSource};
 use stoker_common::obs::Metrics;
 use stoker_common::proto::{ControlRequest, DatasetInfo};
 use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
 use stoker_common::shard::pack::{PackOptions, pack};
 use stoker_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle};
 use stoker_worker::{WorkerConfig, WorkerHandle};
+
+pub use crate::tls::{ClusterTls, issue_configs};
 
 /// How the cluster runs.
 #[derive(Clone, Debug)]
@@ -52,6 +56,8 @@ pub struct ClusterConfig {
     pub max_batch_bytes: u64,
     /// Each worker's batch memory per job [default: the worker's].
     pub max_batch_memory: Option<u64>,
+    /// Run `--insecure` (no certificates) instead of mutual TLS with a fresh cluster CA.
+    pub insecure: bool,
 }
 
 impl Default for ClusterConfig {
@@ -70,6 +76,7 @@ impl Default for ClusterConfig {
             time_samples: true,
             max_batch_bytes: stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES,
             max_batch_memory: None,
+            insecure: false,
         }
     }
 }
@@ -80,7 +87,7 @@ pub type TestkitError = String;
 /// A coordinator and workers on loopback, in one runtime.
 pub struct TestCluster {
     runtime: ClusterRuntime,
-    tls: TlsConfigs,
+    tls: ClusterTls,
     config: ClusterConfig,
     data_dir: PathBuf,
     _temporary: Option<TempDir>,
@@ -160,7 +167,7 @@ impl TestCluster {
             .enable_all()
             .build()
             .map_err(|error| error.to_string())?;
-        let tls = TlsConfigs::insecure().map_err(|error| error.to_string())?;
+        let tls = ClusterTls::new(config.insecure)?;
         let (data_dir, temporary) = match &config.data_dir {
             Some(dir) => (dir.clone(), None),
             None => {
@@ -229,8 +236,10 @@ impl TestCluster {
         let socket = socket_opt.ok_or("no socket")?;
         let _guard = self.runtime.enter();
         let metrics = role_metrics("coordinator")?;
-        let handle =
-            self.runtime.block_on(stoker_coordinator::start(config, socket, &self.tls, &metrics)).map_err(|error| error.to_string())?;
+        let handle = self
+            .runtime
+            .block_on(stoker_coordinator::start(config, socket, &self.tls.configs(Role::Coordinator), &metrics))
+            .map_err(|error| error.to_string())?;
         self.coordinator_metrics[index] = metrics;
         self.coordinator_addrs[index] = handle.local_addr();
         self.coordinators[index] = Some(handle);
@@ -251,8 +260,10 @@ impl TestCluster {
         config.join = true;
         let _guard = self.runtime.enter();
         let metrics = role_metrics("coordinator")?;
-        let handle =
-            self.runtime.block_on(stoker_coordinator::start(config, socket, &self.tls, &metrics)).map_err(|error| error.to_string())?;
+        let handle = self
+            .runtime
+            .block_on(stoker_coordinator::start(config, socket, &self.tls.configs(Role::Coordinator), &metrics))
+            .map_err(|error| error.to_string())?;
         self.coordinator_metrics[index] = metrics;
         self.coordinators[index] = Some(handle);
         Ok(index)
@@ -328,7 +339,8 @@ impl TestCluster {
         self.next_worker_ip = self.next_worker_ip.checked_add(1).ok_or("too many workers")?;
         let socket = bind(ip, 0)?;
         let _guard = self.runtime.enter();
-        let api = QuicCoordinator::with_addrs(self.coordinator_list(), &self.tls).map_err(|error| error.to_string())?;
+        let tls = self.tls.configs(Role::Worker);
+        let api = QuicCoordinator::with_addrs(self.coordinator_list(), &tls).map_err(|error| error.to_string())?;
         let mut config = WorkerConfig::new(self.config.threads_per_worker);
         config.delivery_timeout = self.config.delivery_timeout;
         config.job_idle = self.config.job_idle;
@@ -337,7 +349,7 @@ impl TestCluster {
             config.max_batch_memory = bytes;
         }
         let metrics = role_metrics("worker")?;
-        let handle = stoker_worker::start(config, socket, &self.tls, api, &metrics).map_err(|error| error.to_string())?;
+        let handle = stoker_worker::start(config, socket, &tls, api, &metrics).map_err(|error| error.to_string())?;
         self.workers.push(Some(handle));
         self.worker_metrics.push(metrics);
         Ok(self.workers.len() - 1)
@@ -405,14 +417,40 @@ impl TestCluster {
         self.coordinators.get(index).and_then(Option::as_ref)
     }
 
-    /// Call the coordinator over QUIC, as an operator's CLI would.
+    /// Call the coordinator over QUIC, as an operator's CLI would, with a certificate of the
+    /// role the request needs (admin for read-only ones).
     pub fn call(&self, request: ControlRequest) -> Result<stoker_common::proto::ControlResponse, stoker_common::proto::RemoteError> {
+        let role = Role::required_for(&request).unwrap_or(Role::Admin);
+        self.call_with(&self.tls.configs(role), request)
+    }
+
+    /// [`TestCluster::call`] with `tls` (a certificate of another role, another CA, expired).
+    pub fn call_with(
+        &self,
+        tls: &TlsConfigs,
+        request: ControlRequest,
+    ) -> Result<stoker_common::proto::ControlResponse, stoker_common::proto::RemoteError> {
         let _guard = self.runtime.enter();
-        let api = QuicCoordinator::with_addrs(self.coordinator_list(), &self.tls)
+        let api = QuicCoordinator::with_addrs(self.coordinator_list(), tls)
             .map_err(|error| stoker_common::proto::RemoteError::new(stoker_common::proto::ErrorCode::Unavailable, error.to_string()))?;
         let answer = self.runtime.block_on(api.call(request));
         api.close();
         answer
+    }
+
+    /// The TLS configs of a peer of `role` in this cluster.
+    pub fn tls(&self, role: Role) -> TlsConfigs {
+        self.tls.configs(role)
+    }
+
+    /// The cluster CA (none when insecure), to issue more certificates.
+    pub fn ca(&self) -> Option<&ClusterCa> {
+        self.tls.ca()
+    }
+
+    /// Deny a certificate: every node of the cluster refuses it from its next handshake.
+    pub fn deny(&self, key: stoker_common::ids::CertKey) -> Result<(), TestkitError> {
+        self.tls.deny(key)
     }
 
     /// Register a dataset.
@@ -426,6 +464,7 @@ impl TestCluster {
     pub fn loader_config(&self, dataset: &str, batch_size: u32) -> LoaderConfig {
         let mut config = LoaderConfig::new(self.coordinator_list(), dataset, batch_size);
         config.batch_timeout = Duration::from_secs(60);
+        config.tls = TlsSource::Loaded(self.tls.configs(Role::Trainer));
         config
     }
 

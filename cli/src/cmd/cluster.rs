@@ -21,7 +21,7 @@ pub(crate) fn add_node(args: AddNodeArgs) -> anyhow::Result<ExitCode> {
     let id: u64 =
         id.trim().parse().ok().filter(|id| *id > 0).with_context(|| format!("{:?}: the id must be a positive number", args.node))?;
     let request = ControlRequest::AddNode { id, addr: addr.trim().to_owned() };
-    let voters = expect_response!(call(&args.coordinator.coordinator, request)?, MembershipChanged { voters })?;
+    let voters = expect_response!(call(&args.coordinator, request)?, MembershipChanged { voters })?;
     eprintln!("added node {id}");
     print_voters(&voters);
     Ok(ExitCode::SUCCESS)
@@ -29,7 +29,7 @@ pub(crate) fn add_node(args: AddNodeArgs) -> anyhow::Result<ExitCode> {
 
 pub(crate) fn remove_node(args: RemoveNodeArgs) -> anyhow::Result<ExitCode> {
     let request = ControlRequest::RemoveNode { id: args.id };
-    let voters = expect_response!(call(&args.coordinator.coordinator, request)?, MembershipChanged { voters })?;
+    let voters = expect_response!(call(&args.coordinator, request)?, MembershipChanged { voters })?;
     eprintln!("removed node {}", args.id);
     print_voters(&voters);
     Ok(ExitCode::SUCCESS)

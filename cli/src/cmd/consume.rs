@@ -21,6 +21,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     config.tail = args.tail.parse()?;
     config.prefetch = args.prefetch;
     config.job_name = args.job.clone();
+    config.tls = args.coordinator.tls.source()?;
     config.transforms = match &args.transforms {
         Some(json) => serde_json::from_str::<TransformSpec>(json).context("--transforms is not a valid TransformSpec")?,
         None => TransformSpec::imagenet_train(args.size),

@@ -16,13 +16,13 @@ fn describe(dataset: &DatasetInfo) -> String {
 pub(crate) fn add(args: DatasetAddArgs) -> anyhow::Result<ExitCode> {
     let path = std::path::absolute(&args.path)?;
     let request = ControlRequest::AddDataset { name: args.name, manifest: path.to_string_lossy().into_owned() };
-    let dataset = expect_response!(call(&args.coordinator.coordinator, request)?, DatasetAdded { dataset })?;
+    let dataset = expect_response!(call(&args.coordinator, request)?, DatasetAdded { dataset })?;
     println!("added {}", describe(&dataset));
     Ok(ExitCode::SUCCESS)
 }
 
 pub(crate) fn list(args: CoordinatorAddr) -> anyhow::Result<ExitCode> {
-    let datasets = expect_response!(call(&args.coordinator, ControlRequest::ListDatasets)?, Datasets { datasets })?;
+    let datasets = expect_response!(call(&args, ControlRequest::ListDatasets)?, Datasets { datasets })?;
     if datasets.is_empty() {
         println!("no datasets: add one with `stoker dataset add NAME PATH`");
     }

@@ -40,7 +40,7 @@ fn describe(job: &JobStatus) -> String {
 }
 
 pub(crate) fn list(args: CoordinatorAddr) -> anyhow::Result<ExitCode> {
-    let status = expect_response!(call(&args.coordinator, ControlRequest::Status)?, Status { status })?;
+    let status = expect_response!(call(&args, ControlRequest::Status)?, Status { status })?;
     if status.jobs.is_empty() {
         println!("no jobs: a trainer that attaches creates its job");
         return Ok(ExitCode::SUCCESS);
@@ -57,7 +57,7 @@ pub(crate) fn list(args: CoordinatorAddr) -> anyhow::Result<ExitCode> {
 
 pub(crate) fn remove(args: JobRmArgs) -> anyhow::Result<ExitCode> {
     let request = ControlRequest::RemoveJob { name: args.name.clone(), force: args.force };
-    let job = expect_response!(call(&args.coordinator.coordinator, request)?, JobRemoved { job })?;
+    let job = expect_response!(call(&args.coordinator, request)?, JobRemoved { job })?;
     println!("removed job {:?} ({job}) and its checkpoint", args.name);
     Ok(ExitCode::SUCCESS)
 }

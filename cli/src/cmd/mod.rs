@@ -3,6 +3,7 @@
 pub(crate) mod bench_cluster;
 pub(crate) mod bench_delivery;
 pub(crate) mod bench_pipeline;
+pub(crate) mod certs;
 pub(crate) mod cluster;
 pub(crate) mod consume;
 pub(crate) mod dataset;

@@ -4,8 +4,10 @@ use std::net::{SocketAddr, ToSocketAddrs};
 
 use anyhow::Context;
 use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{CoordinatorAddrs, QuicCoordinator, TlsConfigs};
+use stoker_common::net::{CoordinatorAddrs, QuicCoordinator, Role};
 use stoker_common::proto::{ControlRequest, ControlResponse};
+
+use crate::args::CoordinatorAddr;
 
 /// `host:port` → the first address it resolves to.
 pub(crate) fn resolve(text: &str) -> anyhow::Result<SocketAddr> {
@@ -26,13 +28,13 @@ pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().context("cannot start the async runtime")
 }
 
-/// Send one request to the coordinator at `addrs` (one `HOST:PORT` or a comma-separated list:
-/// the call follows the leader).
-pub(crate) fn call(addrs: &str, request: ControlRequest) -> anyhow::Result<ControlResponse> {
-    let addrs = resolve_coordinators(addrs)?;
+/// Send one request to the coordinator `to` names (one `HOST:PORT` or a comma-separated list:
+/// the call follows the leader), with the certificate its TLS flags name.
+pub(crate) fn call(to: &CoordinatorAddr, request: ControlRequest) -> anyhow::Result<ControlResponse> {
+    let addrs = resolve_coordinators(&to.coordinator)?;
     let runtime = runtime()?;
     let _guard = runtime.enter();
-    let tls = TlsConfigs::insecure()?;
+    let tls = to.tls.source()?.load_for(Role::required_for(&request))?;
     let coordinator = QuicCoordinator::with_addrs(addrs.clone(), &tls)?;
     let answer = runtime.block_on(coordinator.call(request));
     coordinator.close();

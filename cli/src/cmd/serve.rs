@@ -7,11 +7,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::net::{QuicCoordinator, Role};
 use stoker_common::obs::{Metrics, MetricsListen, MetricsServer};
 use stoker_coordinator::CoordinatorConfig;
 use stoker_worker::WorkerConfig;
-use tracing::warn;
 
 use super::remote::{resolve, resolve_coordinators, runtime};
 use crate::args::{CoordinatorArgs, WorkerArgs};
@@ -19,9 +18,6 @@ use crate::args::{CoordinatorArgs, WorkerArgs};
 /// How long a stopping node waits for its blocking tasks: one stuck opening a dataset on a
 /// hung file system never returns, and must not keep the process from exiting.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
-
-const INSECURE: &str =
-    "TLS peers are not verified (self-signed certificates; mutual TLS is not built yet): run Stoker on a trusted network only";
 
 pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let listen = resolve(&args.listen)?;
@@ -48,10 +44,10 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     config.max_batch_bytes = args.max_batch_bytes;
     let runtime = runtime()?;
     let _guard = runtime.enter();
-    warn!("{INSECURE}");
+    let tls = args.tls.source()?.load(Role::Coordinator)?;
     let metrics = Metrics::for_role("coordinator")?;
     let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
-    let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &TlsConfigs::insecure()?, &metrics))?;
+    let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &tls, &metrics))?;
     eprintln!("coordinator {} listening on {} (data in {}); Ctrl-C stops it", args.node_id, handle.local_addr(), args.data_dir.display());
     runtime.block_on(stop_signal())?;
     handle.shutdown();
@@ -126,8 +122,7 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     let runtime = runtime()?;
     let _guard = runtime.enter();
-    warn!("{INSECURE}");
-    let tls = TlsConfigs::insecure()?;
+    let tls = args.tls.source()?.load(Role::Worker)?;
     let api = QuicCoordinator::with_addrs(coordinator.clone(), &tls)?;
     let metrics = Metrics::for_role("worker")?;
     let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;

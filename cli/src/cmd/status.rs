@@ -9,7 +9,7 @@ use super::remote::call;
 use crate::args::StatusArgs;
 
 pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
-    let status = expect_response!(call(&args.coordinator.coordinator, ControlRequest::Status)?, Status { status })?;
+    let status = expect_response!(call(&args.coordinator, ControlRequest::Status)?, Status { status })?;
     if args.json {
         println!("{}", serde_json::to_string_pretty(&json(&status))?);
         return Ok(ExitCode::SUCCESS);

@@ -5,10 +5,12 @@
 use std::time::{Duration, Instant};
 
 use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::net::{QuicCoordinator, Role};
 use stoker_common::proto::{ControlRequest, ControlResponse};
 
-use crate::support::{assert_two_ranks_saw_every_key_once, spawn_two_consumers, start_node, stoker_command as stoker, wait_for_consumers};
+use crate::support::{
+    assert_two_ranks_saw_every_key_once, local_tls, spawn_two_consumers, start_node, stoker_command as stoker, wait_for_consumers,
+};
 
 /// Chunks `worker_addr` holds, asked of the coordinator over one connection kept open: a
 /// chunk of this small dataset is held for milliseconds, so polling must be fast.
@@ -23,7 +25,7 @@ impl LeaseProbe {
         let addr = coordinator.parse().expect("coordinator address");
         let coordinator = {
             let _guard = runtime.enter();
-            QuicCoordinator::new(addr, &TlsConfigs::insecure().expect("tls")).expect("coordinator client")
+            QuicCoordinator::new(addr, &local_tls(Role::Admin)).expect("coordinator client")
         };
         Self { runtime, coordinator }
     }

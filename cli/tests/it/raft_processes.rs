@@ -10,11 +10,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{QuicCoordinator, TlsConfigs};
+use stoker_common::net::{QuicCoordinator, Role};
 use stoker_common::proto::{ControlRequest, ControlResponse, CoordinatorStatus};
 
 use crate::support::{
-    Node, assert_two_ranks_saw_every_key_once, path_str, read_keys, spawn_two_consumers, start_node, stoker_command as stoker,
+    Node, assert_two_ranks_saw_every_key_once, local_tls, path_str, read_keys, spawn_two_consumers, start_node, stoker_command as stoker,
     wait_for_consumers,
 };
 
@@ -30,7 +30,7 @@ impl Probe {
 
     fn node(&self, addr: &str) -> Option<CoordinatorStatus> {
         let _guard = self.runtime.enter();
-        let client = QuicCoordinator::new(addr.parse().ok()?, &TlsConfigs::insecure().ok()?).ok()?;
+        let client = QuicCoordinator::new(addr.parse().ok()?, &local_tls(Role::Admin)).ok()?;
         let answer =
             self.runtime.block_on(async { tokio::time::timeout(Duration::from_secs(2), client.call(ControlRequest::NodeStatus)).await });
         client.close();
@@ -43,8 +43,7 @@ impl Probe {
     fn call(&self, addrs: &str, request: ControlRequest) -> Result<ControlResponse, String> {
         let _guard = self.runtime.enter();
         let list = stoker_common::net::CoordinatorAddrs::parse(addrs).map_err(|error| error.to_string())?;
-        let client = QuicCoordinator::with_addrs(list, &TlsConfigs::insecure().map_err(|error| error.to_string())?)
-            .map_err(|error| error.to_string())?;
+        let client = QuicCoordinator::with_addrs(list, &local_tls(Role::Admin)).map_err(|error| error.to_string())?;
         let answer = self.runtime.block_on(client.call(request)).map_err(|error| error.to_string());
         client.close();
         answer

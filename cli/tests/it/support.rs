@@ -35,7 +35,20 @@ pub(crate) fn stoker_command() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_stoker"));
     // Many nodes run on this one host: each serves its metrics on a port of its own.
     command.env("STOKER_METRICS_LISTEN", "127.0.0.1:0");
+    // Every node of the tests trusts the tests' local CA, not the user's.
+    command.env("STOKER_LOCAL_CA", local_ca()).env_remove("STOKER_TLS_DIR");
     command
+}
+
+/// The local CA the tests' nodes share (made on first use, as a user's is).
+pub(crate) fn local_ca() -> std::path::PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("local-ca")
+}
+
+/// TLS configs of `role` from the tests' local CA, for calls made from the test itself.
+pub(crate) fn local_tls(role: stoker_common::net::Role) -> stoker_common::net::TlsConfigs {
+    let dir = stoker_common::net::ensure_local(&local_ca(), role).expect("the tests' local CA");
+    stoker_common::net::TlsConfigs::from_dir(&dir).expect("a local certificate")
 }
 
 /// Start a node and read its "listening on ADDR" line from stderr.

@@ -13,7 +13,7 @@ use tokio::sync::Mutex;
 use tracing::{debug, info};
 
 use super::leader_follow::{DEFAULT_FAILOVER_TIMEOUT, FollowAttempt, KnownCoordinators, Next};
-use super::{CoordinatorAddrs, NetError, TlsConfigs, call, client_endpoint_for_all, connect};
+use super::{CoordinatorAddrs, NetError, Role, TlsConfigs, call, client_endpoint_for_all, connect_to};
 use crate::api::CoordinatorApi;
 use crate::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use crate::wire::CONTROL_FRAME_LIMIT;
@@ -110,7 +110,7 @@ impl QuicCoordinator {
         if let Some(connection) = cached.as_ref().filter(|connection| connection.close_reason().is_none()) {
             return Ok(connection.clone());
         }
-        let connection = connect(&self.endpoint, addr, connect_timeout).await?;
+        let connection = connect_to(&self.endpoint, addr, connect_timeout, Role::Coordinator).await?;
         *cached = Some(connection.clone());
         Ok(connection)
     }

@@ -11,7 +11,8 @@ use quinn::{
 
 use tracing::warn;
 
-use super::{NetError, TlsConfigs};
+use super::{NetError, PeerIdentity, Role, TlsConfigs, peer_identity};
+use crate::ids::CertKey;
 
 /// TLS alert `no_application_protocol` (RFC 7301): the ALPNs did not match.
 const NO_APPLICATION_PROTOCOL: u8 = 120;
@@ -209,6 +210,29 @@ pub async fn connect(endpoint: &Endpoint, addr: SocketAddr, timeout: Duration) -
     }
 }
 
+/// Connect to `addr` and check that it proves `role` (see [`check_peer`]).
+pub async fn connect_to(endpoint: &Endpoint, addr: SocketAddr, timeout: Duration, role: Role) -> Result<Connection, NetError> {
+    let connection = connect(endpoint, addr, timeout).await?;
+    check_peer(&connection, role, CertKey::UNCHECKED)?;
+    Ok(connection)
+}
+
+/// Refuse (and close) `connection` unless its peer's certificate names `role` and is the one
+/// `key` names ([`CertKey::UNCHECKED`]: any). A peer without a Stoker certificate passed the
+/// handshake only because this node runs `--insecure`, which checks nothing.
+pub fn check_peer(connection: &Connection, role: Role, key: CertKey) -> Result<(), NetError> {
+    let Some(PeerIdentity::Certified(peer)) = peer_identity(connection, true) else { return Ok(()) };
+    let problem = if peer.role != role {
+        format!("it presents {peer}, where the {role} role was expected")
+    } else if !key.admits(&peer.key) {
+        format!("it presents {peer}, not the certificate {key} the coordinator named for it")
+    } else {
+        return Ok(());
+    };
+    connection.close(1u32.into(), b"wrong peer");
+    Err(NetError::WrongPeer { addr: connection.remote_address(), message: problem })
+}
+
 /// Classify a connection error, recognising an ALPN mismatch from either side.
 pub(crate) fn connection_error(addr: SocketAddr, source: ConnectionError) -> NetError {
     let alpn_refused = TransportErrorCode::crypto(NO_APPLICATION_PROTOCOL);
@@ -220,7 +244,33 @@ pub(crate) fn connection_error(addr: SocketAddr, source: ConnectionError) -> Net
     if code_opt == Some(alpn_refused) {
         return NetError::VersionMismatch { addr, protocol: crate::proto::ALPN_TEXT };
     }
+    let by_peer = matches!(source, ConnectionError::ConnectionClosed(_));
+    if let Some(message) = code_opt.and_then(|code| certificate_refusal(code, by_peer)) {
+        return NetError::Refused { addr, message };
+    }
     NetError::Connection { addr, source }
+}
+
+/// What a TLS alert about a certificate means, from the side that received it (`by_peer`:
+/// the peer refused ours) or sent it (we refused the peer's).
+fn certificate_refusal(code: TransportErrorCode, by_peer: bool) -> Option<String> {
+    let alert = (0..=255u8).find(|alert| TransportErrorCode::crypto(*alert) == code)?;
+    let reason = match alert {
+        116 => "no certificate was presented (the peer runs --insecure, or was given no --tls-dir)",
+        42 | 46 => "the certificate is malformed",
+        43 => "the certificate is not for this use (issue it with `stoker certs issue`)",
+        44 => "the certificate is revoked (on the deny list)",
+        45 => "the certificate has expired or is not valid yet (issue a new one with `stoker certs issue`; check the clocks)",
+        48 => "the certificate is not signed by a trusted cluster CA (another CA, or the other side runs --insecure)",
+        49 => "the certificate names no Stoker role",
+        51 => "the handshake signature does not match the certificate",
+        _ => return None,
+    };
+    Some(if by_peer {
+        format!("the peer refused this node's certificate: {reason}")
+    } else {
+        format!("this node refused the peer's certificate: {reason}")
+    })
 }
 
 #[cfg(test)]

@@ -56,6 +56,27 @@ pub enum NetError {
         /// Its error.
         source: RemoteError,
     },
+    /// The TLS handshake failed over a certificate: ours was refused by the peer, or the
+    /// peer's by us.
+    #[error("{addr}: {message}")]
+    Refused {
+        /// The peer.
+        addr: SocketAddr,
+        /// Which side refused which certificate, and why.
+        message: String,
+    },
+    /// The peer's certificate is valid but not the one expected here (another role, or
+    /// another worker than the coordinator named).
+    #[error("{addr} is not who it should be: {message}")]
+    WrongPeer {
+        /// The peer.
+        addr: SocketAddr,
+        /// What was expected and found.
+        message: String,
+    },
+    /// TLS material could not be read or made.
+    #[error(transparent)]
+    Tls(#[from] super::TlsError),
     /// Local setup failed (socket, TLS configuration).
     #[error("cannot set up QUIC: {message}")]
     Setup {
@@ -78,7 +99,12 @@ impl NetError {
         match self {
             Self::Remote { source, .. } => source.is_retryable(),
             Self::Connection { .. } | Self::Timeout { .. } | Self::Wire { .. } => true,
-            Self::Connect { .. } | Self::VersionMismatch { .. } | Self::Setup { .. } => false,
+            Self::Connect { .. }
+            | Self::VersionMismatch { .. }
+            | Self::Setup { .. }
+            | Self::Refused { .. }
+            | Self::WrongPeer { .. }
+            | Self::Tls(_) => false,
         }
     }
 }

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use crate::ids::{Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
+use crate::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
 use crate::plan::{Checkpoint, PlanSpec};
 
 /// A dataset registered with the coordinator.
@@ -76,6 +76,10 @@ pub struct ChunkGrant {
     /// connected (the parent of a forked trainer), which would take them and lose the steps.
     /// `SessionId(0)` when the coordinator knows no session yet (it restarted).
     pub session: SessionId,
+    /// The certificate of the trainer that owns `session`: the worker serves the chunk's
+    /// batches only to a connection made with it ([`CertKey::UNCHECKED`]: any, under
+    /// `--insecure` or while the coordinator knows no owner).
+    pub trainer: CertKey,
 }
 
 /// A lease in a heartbeat: how many of its batches the worker has finished (made and
@@ -95,6 +99,9 @@ pub struct WorkerInfo {
     pub id: WorkerId,
     /// Where trainers connect to receive batches.
     pub addr: SocketAddr,
+    /// The certificate it registered with: a trainer takes batches only from a worker that
+    /// proves it ([`CertKey::UNCHECKED`] under `--insecure`).
+    pub key: CertKey,
 }
 
 /// A request to the coordinator.

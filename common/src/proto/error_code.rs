@@ -34,6 +34,9 @@ pub enum ErrorCode {
     /// The request belongs to an earlier pass of this trainer than one the coordinator has
     /// already seen (it arrived late, or twice): it was ignored.
     Stale,
+    /// The caller's certificate does not allow the request (another role, or another
+    /// trainer's session, another worker's id).
+    Forbidden,
 }
 
 /// An error returned by a remote peer.
@@ -70,6 +73,7 @@ impl fmt::Display for RemoteError {
             ErrorCode::Superseded => "superseded",
             ErrorCode::JobFailed => "job failed",
             ErrorCode::Stale => "stale",
+            ErrorCode::Forbidden => "forbidden",
         };
         write!(formatter, "{kind}: {}", self.message)
     }

@@ -36,10 +36,12 @@ pub use self::error_code::{ErrorCode, RemoteError};
 ///   coordinator in `ClusterStatus`.
 /// * 5: a trainer's total batches and samples in `ReportProgress` (the coordinator exports
 ///   them as metrics).
-pub const PROTOCOL_VERSION: u32 = 5;
+/// * 6: mutual TLS with roles: `WorkerInfo.key` (the worker's certificate), `ChunkGrant.trainer`
+///   (the certificate of the session's owner), `ErrorCode::Forbidden`.
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/5";
+pub const ALPN_TEXT: &str = "stoker/6";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

@@ -17,7 +17,7 @@ use openraft::raft::{
 use quinn::{Connection, Endpoint};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use stoker_common::net::{NetError, call, connect};
+use stoker_common::net::{NetError, Role, call, connect_to};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RaftKind, RemoteError};
 use stoker_common::wire::CONTROL_FRAME_LIMIT;
 
@@ -106,7 +106,9 @@ impl Peer {
             Ok(mut addrs) => addrs.next().ok_or_else(|| SendError::Unreachable(format!("{} resolves to no address", self.addr)))?,
             Err(error) => return Err(SendError::Unreachable(format!("cannot resolve {}: {error}", self.addr))),
         };
-        let connection = connect(&self.endpoint, addr, timeout).await.map_err(|error| SendError::Unreachable(error.to_string()))?;
+        let connection = connect_to(&self.endpoint, addr, timeout, Role::Coordinator)
+            .await
+            .map_err(|error| SendError::Unreachable(error.to_string()))?;
         self.cached().insert(self.addr.clone(), connection.clone());
         Ok(connection)
     }

@@ -13,7 +13,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank, SessionId, WorkerId};
+use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, WorkerId};
+use stoker_common::net::random_u64;
 use stoker_common::proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
 use tracing::{info, warn};
 
@@ -83,6 +84,15 @@ pub enum Refusal {
     UnknownWorker(WorkerId),
     /// A trainer's request the rank's seat refuses.
     Seat(SeatRefusal),
+    /// The worker registered with another certificate than the request's.
+    NotYours {
+        /// The worker.
+        worker: WorkerId,
+        /// Its certificate.
+        owner: CertKey,
+        /// The request's.
+        caller: CertKey,
+    },
 }
 
 /// Counters for status and metrics.
@@ -128,7 +138,12 @@ pub struct Scheduler {
     /// otherwise take the very steps it stalled on straight back.
     stalled: BTreeMap<(WorkerId, JobId), Instant>,
     next_lease: u64,
+    /// Draw lease ids at random (a peer cannot guess another worker's lease), rather than
+    /// counting from the id base (simulations, which must replay the same).
+    random_leases: bool,
     next_worker: u64,
+    /// The certificate each worker registered with: requests under its id must come with it.
+    worker_keys: BTreeMap<WorkerId, CertKey>,
     leases_expired: u64,
     chunks_failed: u64,
     sessions_superseded: u64,
@@ -154,7 +169,9 @@ impl Scheduler {
             seats: Seats::default(),
             stalled: BTreeMap::new(),
             next_lease: id_base,
+            random_leases: false,
             next_worker: id_base,
+            worker_keys: BTreeMap::new(),
             leases_expired: 0,
             chunks_failed: 0,
             sessions_superseded: 0,
@@ -337,13 +354,20 @@ impl Scheduler {
 
     /// A worker joins.
     pub fn register_worker(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, now: Instant) -> WorkerId {
+        self.register_worker_as(addr, threads, process, CertKey::UNCHECKED, now)
+    }
+
+    /// [`Scheduler::register_worker`] for a worker proving `key`: only a registration with the
+    /// same certificate replaces an earlier one of the process.
+    pub fn register_worker_as(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, key: CertKey, now: Instant) -> WorkerId {
         // A process registering again (it asked again when an answer was lost, or the
         // coordinator forgot it) replaces its earlier registrations: their leases go back at
         // once, and a late request under an old id is refused rather than granted work the
         // worker no longer counts as its own. A late registration never replaces a newer one.
         let mut replaced = Vec::new();
         for (id, worker) in &self.workers {
-            if worker.process.instance == process.instance && worker.process.attempt < process.attempt {
+            let same_key = self.worker_keys.get(id).is_none_or(|owner| owner.admits(&key));
+            if worker.process.instance == process.instance && worker.process.attempt < process.attempt && same_key {
                 replaced.push(*id);
             } else if worker.addr == addr && worker.process.instance != process.instance {
                 warn!(%addr, worker = %id, "another worker process registered at the address this worker advertises: \
@@ -356,6 +380,9 @@ impl Scheduler {
         let id = WorkerId(self.next_worker);
         self.next_worker += 1;
         self.workers.insert(id, Worker { addr, process, threads, last_seen: now, images: 0, images_per_sec: 0.0 });
+        self.worker_keys.insert(id, key);
+        let workers = &self.workers;
+        self.worker_keys.retain(|known, _| workers.contains_key(known));
         info!(worker = %id, %addr, threads, "worker registered");
         id
     }
@@ -419,6 +446,20 @@ impl Scheduler {
         Ok(revoked)
     }
 
+    /// Lease ids at random from now on.
+    pub fn with_random_leases(mut self) -> Self {
+        self.random_leases = true;
+        self
+    }
+
+    /// Refuse `caller` speaking for `worker` if the worker registered with another certificate.
+    pub fn check_worker_key(&self, worker: WorkerId, caller: CertKey) -> Result<(), Refusal> {
+        match self.worker_keys.get(&worker) {
+            Some(key) if !key.admits(&caller) => Err(Refusal::NotYours { worker, owner: *key, caller }),
+            _ => Ok(()),
+        }
+    }
+
     /// Grant up to `max` chunks to `worker`, in (step, rank) order over the open runs.
     pub fn pull(&mut self, worker: WorkerId, max: u32, now: Instant) -> Result<Vec<(LeaseId, Chunk)>, Refusal> {
         self.expire(now);
@@ -428,6 +469,7 @@ impl Scheduler {
         let mut room = max as usize;
         let (seats, trainer_ttl) = (&self.seats, self.config.trainer_ttl);
         let next_lease = &mut self.next_lease;
+        let (random_leases, leases) = (self.random_leases, &self.leases);
         let stalled = &self.stalled;
         let early = &self.early;
         // Runs trainers opened first, then those opened early for them (cross-epoch prefetch):
@@ -443,6 +485,14 @@ impl Scheduler {
             }
             let live = |rank: Rank| seats.is_live(key.job, rank, now, trainer_ttl);
             let chunks = run.grant(room, now, live, || {
+                if random_leases {
+                    // 2^64 ids: a clash with a live lease is a formality, but cheap to rule out.
+                    let mut lease = LeaseId(random_u64());
+                    while lease.0 == 0 || leases.contains_key(&lease) {
+                        lease = LeaseId(random_u64());
+                    }
+                    return lease;
+                }
                 let lease = LeaseId(*next_lease);
                 *next_lease += 1;
                 lease
@@ -554,12 +604,16 @@ impl Scheduler {
         now.saturating_duration_since(worker.last_seen) < self.config.lease_ttl
     }
 
+    fn worker_key(&self, worker: WorkerId) -> CertKey {
+        self.worker_keys.get(&worker).copied().unwrap_or(CertKey::UNCHECKED)
+    }
+
     /// Workers whose heartbeats arrive.
     pub fn alive_workers(&self, now: Instant) -> Vec<WorkerInfo> {
         self.workers
             .iter()
             .filter(|(_, worker)| self.is_alive(worker, now))
-            .map(|(id, worker)| WorkerInfo { id: *id, addr: worker.addr })
+            .map(|(id, worker)| WorkerInfo { id: *id, addr: worker.addr, key: self.worker_key(*id) })
             .collect()
     }
 
@@ -568,7 +622,7 @@ impl Scheduler {
         self.workers
             .iter()
             .map(|(id, worker)| WorkerStatus {
-                info: WorkerInfo { id: *id, addr: worker.addr },
+                info: WorkerInfo { id: *id, addr: worker.addr, key: self.worker_key(*id) },
                 alive: self.is_alive(worker, now),
                 threads: worker.threads,
                 chunks_in_flight: self.leases.values().filter(|held| held.worker == *id).count() as u32,

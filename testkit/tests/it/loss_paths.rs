@@ -12,7 +12,7 @@ use bytes::Bytes;
 use stoker_client::{Loader, Next};
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, Rank};
-use stoker_common::net::{TlsConfigs, Tuning, send_batch, server_endpoint};
+use stoker_common::net::{Role, Tuning, send_batch, server_endpoint};
 use stoker_common::plan::{EpochPlan, ShardTable, Tail};
 use stoker_common::proto::{BatchHeader, ControlRequest, LeaseProgress, TrainerHello};
 use stoker_common::transform::{OutputDtype, OutputLayout};
@@ -98,7 +98,7 @@ fn a_batch_refused_after_acknowledgement_is_made_again() {
     // did not count as waiting when the reporter looked, and the step was never asked for).
     base.nack_after = Duration::from_millis(250);
     let config = config_for(&base, 0, 1);
-    let tls = TlsConfigs::insecure().expect("tls");
+    let tls = cluster.tls(Role::Worker);
     let datasets = expect_response!(cluster.call(ControlRequest::ListDatasets).expect("lists"), Datasets { datasets }).expect("datasets");
     let dataset = datasets.into_iter().next().expect("the test dataset");
     // A worker that delivers a corrupt batch: it registers, takes step 0, sends it with a

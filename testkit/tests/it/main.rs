@@ -17,5 +17,6 @@ mod raft;
 mod raft_bench;
 mod restart;
 mod resume;
+mod security;
 mod wedged;
 mod wire;

@@ -234,8 +234,7 @@ fn a_leader_cut_off_from_the_other_coordinators_stops_serving() {
     let addr = cluster.coordinator_node(leader).expect("leader").local_addr();
     let ask_it = || {
         cluster.block_on(async {
-            let client =
-                stoker_common::net::QuicCoordinator::new(addr, &stoker_common::net::TlsConfigs::insecure().expect("tls")).expect("client");
+            let client = stoker_common::net::QuicCoordinator::new(addr, &cluster.tls(stoker_common::net::Role::Admin)).expect("client");
             let answer = stoker_common::api::CoordinatorApi::call(&client, stoker_common::proto::ControlRequest::Status).await;
             stoker_common::api::CoordinatorApi::close(&client);
             answer

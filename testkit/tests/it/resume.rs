@@ -6,7 +6,7 @@ use std::time::Duration;
 use stoker_client::Loader;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, Pass, Position, Rank};
-use stoker_common::net::{PayloadPool, TlsConfigs, Tuning, client_endpoint, receive_batch};
+use stoker_common::net::{PayloadPool, Role, Tuning, client_endpoint, receive_batch};
 use stoker_common::plan::Tail;
 use stoker_common::proto::{ControlRequest, TrainerHello};
 use stoker_testkit::wait_until;
@@ -212,7 +212,7 @@ fn batches_granted_for_a_new_session_wait_for_it_rather_than_go_to_the_old_train
     info!(%session, window, "--- the new trainer opened epoch 1; its hello comes a second later");
     std::thread::sleep(Duration::from_secs(1));
 
-    let tls = TlsConfigs::insecure().expect("tls");
+    let tls = cluster.tls(Role::Trainer);
     let received: BTreeSet<u64> = cluster.block_on(async {
         let endpoint = client_endpoint(&tls, worker, Tuning::default()).expect("endpoint");
         let (connection, answer) = trainer_hello(&endpoint, worker, TrainerHello { job, rank: Rank(0), session }).await;

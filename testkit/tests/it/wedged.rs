@@ -8,7 +8,7 @@ use std::time::Duration;
 use stoker_client::Loader;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, Pass, Position, Rank};
-use stoker_common::net::{TlsConfigs, Tuning, client_endpoint};
+use stoker_common::net::{Role, Tuning, client_endpoint};
 use stoker_common::plan::Tail;
 use stoker_common::proto::{ControlRequest, TrainerHello};
 use stoker_common::shard::{Manifest, ManifestShard};
@@ -40,7 +40,7 @@ fn a_trainer_that_stops_reading_does_not_hold_the_worker() {
         interpolation: Default::default(),
     }]);
     let spec = config.job_spec().expect("spec");
-    let tls = TlsConfigs::insecure().expect("tls");
+    let tls = cluster.tls(Role::Trainer);
     info!("--- a trainer attaches, opens epoch 0, says hello, and never reads");
     let attached = cluster.call(ControlRequest::Attach { spec, rank: Rank(0), client: 77 }).expect("attach");
     let (job, _, _, _, session) = expect_response!(attached, Attached { job, dataset, workers, checkpoint, session }).expect("attached");

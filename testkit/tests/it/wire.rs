@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use stoker_common::ids::{Epoch, JobId, Pass, Position, Rank, SessionId};
-use stoker_common::net::{NetError, TlsConfigs, Tuning, call, client_endpoint, connect, insecure_tls};
+use stoker_common::net::{NetError, Role, Tuning, call, client_endpoint, connect, insecure_tls};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError, TrainerHello};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use stoker_testkit::{ClusterConfig, TestCluster};
@@ -25,7 +25,7 @@ async fn raw_call(connection: &quinn::Connection, bytes: &[u8]) -> Answer {
 fn bad_requests_get_clear_errors_and_the_coordinator_keeps_serving() {
     let cluster = TestCluster::start(ClusterConfig { workers: 1, ..ClusterConfig::default() }).expect("cluster");
     let addr = cluster.coordinator_addr();
-    let tls = TlsConfigs::insecure().expect("tls");
+    let tls = cluster.tls(Role::Trainer);
     cluster.block_on(async {
         let endpoint = client_endpoint(&tls, addr, Tuning::default()).expect("endpoint");
         let connection = connect(&endpoint, addr, Duration::from_secs(5)).await.expect("connect");
@@ -88,7 +88,7 @@ fn a_peer_with_another_protocol_version_is_refused_in_the_handshake() {
         let error = connect(&endpoint, addr, Duration::from_secs(5)).await.expect_err("refused");
         assert!(matches!(error, NetError::VersionMismatch { .. }), "{error:?}");
         assert!(error.to_string().contains(&format!("does not speak {}", stoker_common::proto::ALPN_TEXT)), "{error}");
-        let current = TlsConfigs::insecure().expect("tls");
+        let current = cluster.tls(Role::Admin);
         let endpoint = client_endpoint(&current, addr, Tuning::default()).expect("endpoint");
         let connection = connect(&endpoint, addr, Duration::from_secs(5)).await.expect("a current peer connects");
         let answer: ControlResponse = call(&connection, &ControlRequest::ListDatasets, CONTROL_FRAME_LIMIT).await.expect("served");
@@ -100,7 +100,7 @@ fn a_peer_with_another_protocol_version_is_refused_in_the_handshake() {
 fn a_worker_refuses_a_malformed_trainer_hello() {
     let cluster = TestCluster::start(ClusterConfig { workers: 1, ..ClusterConfig::default() }).expect("cluster");
     let worker = cluster.worker(0).expect("worker").local_addr();
-    let tls = TlsConfigs::insecure().expect("tls");
+    let tls = cluster.tls(Role::Trainer);
     cluster.block_on(async {
         let endpoint = client_endpoint(&tls, worker, Tuning::default()).expect("endpoint");
         let connection = connect(&endpoint, worker, Duration::from_secs(5)).await.expect("connect");
@@ -123,7 +123,7 @@ async fn hello(endpoint: &quinn::Endpoint, worker: std::net::SocketAddr, session
 fn a_worker_serves_the_newest_trainer_session_of_a_rank() {
     let cluster = TestCluster::start(ClusterConfig { workers: 1, ..ClusterConfig::default() }).expect("cluster");
     let worker = cluster.worker(0).expect("worker").local_addr();
-    let tls = TlsConfigs::insecure().expect("tls");
+    let tls = cluster.tls(Role::Trainer);
     cluster.block_on(async {
         let endpoint = client_endpoint(&tls, worker, Tuning::default()).expect("endpoint");
         let (_first, answer) = hello(&endpoint, worker, 5).await;

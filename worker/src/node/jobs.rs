@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use stoker_common::api::CoordinatorApi;
-use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
+use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
 use stoker_common::plan::EpochPlan;
 use stoker_common::proto::ChunkGrant;
 use stoker_common::transform::TransformSpec;
@@ -38,6 +38,8 @@ pub(crate) struct Meta {
     pub(crate) start: Position,
     /// The oldest trainer session its batches may go to (the grant's).
     pub(crate) session: SessionId,
+    /// The certificate of the trainer that owns the session (the grant's).
+    pub(crate) trainer: CertKey,
     /// The version of the dataset the batch is made from.
     pub(crate) dataset_version: u64,
     /// The plan digest of the batch's step (set per step by [`JobPipeline::submit`]).
@@ -291,7 +293,7 @@ mod tests {
     use std::num::{NonZeroU32, NonZeroUsize};
     use std::time::{Duration, Instant};
 
-    use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
+    use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
     use stoker_common::plan::{PlanSpec, Shuffle, Tail};
     use stoker_common::proto::{Chunk, ChunkGrant, JobSpec};
     use stoker_common::shard::pack::{PackOptions, pack};
@@ -361,12 +363,27 @@ mod tests {
             transforms: serde_json::to_string(&transforms).expect("json"),
             prefetch: 8,
         };
-        let grant = ChunkGrant { lease: LeaseId(7), chunk, spec, manifest: String::new(), dataset_version: 0, session: SessionId(1) };
+        let grant = ChunkGrant {
+            lease: LeaseId(7),
+            chunk,
+            spec,
+            manifest: String::new(),
+            dataset_version: 0,
+            session: SessionId(1),
+            trainer: CertKey::UNCHECKED,
+        };
         let (out, mut made) = mpsc::channel(16);
         // Buffers for every step: the feeder takes all four requests and waits for a fifth.
         let pipeline = JobPipeline::start(dataset, &grant, 1, 8, out, None).expect("start");
-        let meta =
-            Meta { lease: grant.lease, job: chunk.job, start: Position(0), session: grant.session, dataset_version: 0, plan_digest: 0 };
+        let meta = Meta {
+            lease: grant.lease,
+            job: chunk.job,
+            start: Position(0),
+            session: grant.session,
+            trainer: grant.trainer,
+            dataset_version: 0,
+            plan_digest: 0,
+        };
         assert_eq!(pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta), 4);
         let results = take_made(&mut made, 4);
         assert_eq!(results.len(), 4, "only {} of the lease's 4 batches came back: {results:?}", results.len());

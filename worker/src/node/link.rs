@@ -223,6 +223,7 @@ where
             job: chunk.job,
             start: chunk.start,
             session: grant.session,
+            trainer: grant.trainer,
             dataset_version: grant.dataset_version,
             plan_digest: 0,
         };
@@ -291,12 +292,12 @@ where
     A: CoordinatorApi,
 {
     let awaiting = Occupied::new(&shared.metrics.awaiting_trainer);
-    let connection = shared.trainers.wait_for(meta.job, batch.rank, meta.session, shared.config.trainer_patience).await;
+    let connection = shared.trainers.wait_for(meta.job, batch.rank, meta.session, meta.trainer, shared.config.trainer_patience).await;
     drop(awaiting);
     let Some(connection) = connection else {
         return Err(format!(
-            "no trainer of {} {} ({} or newer) connected within {:?}",
-            meta.job, batch.rank, meta.session, shared.config.trainer_patience
+            "no trainer of {} {} ({} or newer, certificate {}) connected within {:?}",
+            meta.job, batch.rank, meta.session, meta.trainer, shared.config.trainer_patience
         ));
     };
     let header = BatchHeader {

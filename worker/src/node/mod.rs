@@ -20,11 +20,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{TlsConfigs, Tuning, accept_with_tuning, server_endpoint};
+use stoker_common::net::{Role, TlsConfigs, Tuning, accept_with_tuning, server_endpoint};
 use stoker_common::obs::Metrics;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use self::jobs::{DatasetSlot, JobKey, JobSlot, Made};
 use self::ledger::LeaseLedger;
@@ -169,6 +169,13 @@ pub fn start<A>(
 where
     A: CoordinatorApi,
 {
+    match tls.own() {
+        Some(own) if own.role != Role::Worker => {
+            return Err(PipelineError::Start(format!("the certificate in --tls-dir is {own}; a worker needs the worker role")));
+        }
+        Some(own) => info!(%own, "mutual TLS: trainers need a certificate of the cluster CA"),
+        None => warn!("INSECURE: --insecure: any peer that reaches this worker may take batches; use it on a trusted network only"),
+    }
     let worker_metrics = WorkerMetrics::register(metrics).map_err(|error| PipelineError::Start(error.to_string()))?;
     worker_metrics.threads.set(config.threads as i64);
     let addr = socket.local_addr().map_err(|error| PipelineError::Start(format!("socket has no address: {error}")))?;
@@ -268,10 +275,16 @@ where
                 continue;
             }
         };
-        let shared = Arc::clone(&shared);
+        let (shared, tls) = (Arc::clone(&shared), tls.clone());
         tokio::spawn(async move {
             match connecting.await {
-                Ok(connection) => shared.trainers.accept(connection).await,
+                Ok(connection) => match tls.peer(&connection) {
+                    Some(peer) => shared.trainers.accept(connection, peer).await,
+                    None => {
+                        warn!(remote = %connection.remote_address(), "a peer passed the handshake without a readable certificate: closing");
+                        connection.close(1u32.into(), b"no certificate");
+                    }
+                },
                 Err(error) => {
                     debug!(%error, "trainer handshake failed");
                     shared.metrics.handshakes_refused.inc();

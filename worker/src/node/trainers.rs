@@ -1,47 +1,78 @@
 //! The trainers connected to this worker, by (job, rank). A trainer opens its connection with
 //! a [`TrainerHello`]; batches for its rank then go out on that connection. When two trainers of
 //! one rank are connected (a forked or restarted trainer while the old one still runs), the
-//! newest session is served, as at the coordinator: a hello of an older session than the one
-//! registered is refused, so the old trainer cannot take the rank's batches back by dialling
-//! again.
+//! newest session is served, as at the coordinator: a hello of an older session than one
+//! registered with the same certificate is refused, so the old trainer cannot take the rank's
+//! batches back by dialling again.
+//!
+//! Under mutual TLS a chunk's batches go only to a connection made with the certificate that
+//! owns the grant's session (`ChunkGrant::trainer`): a peer with another trainer certificate
+//! that claims the rank's session, or a newer one, is kept apart and gets nothing of it.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use quinn::Connection;
-use stoker_common::ids::{JobId, Rank, SessionId};
+use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
+use stoker_common::net::{PeerIdentity, Role};
 use stoker_common::proto::{ErrorCode, RemoteError, TrainerHello};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use tokio::sync::Notify;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
-/// Connections by (job, rank), each with the session of its hello.
+/// Connections kept per (job, rank): one per certificate, so that a trainer certificate cannot
+/// crowd out another by dialling many times.
+const CONNECTIONS_PER_RANK: usize = 4;
+
+/// One trainer connection of a rank.
+#[derive(Debug)]
+struct Entry {
+    session: SessionId,
+    key: CertKey,
+    connection: Connection,
+}
+
+impl Entry {
+    fn is_open(&self) -> bool {
+        self.connection.close_reason().is_none()
+    }
+}
+
+/// Connections by (job, rank).
 #[derive(Debug, Default)]
 pub(crate) struct Trainers {
-    connections: Mutex<HashMap<(JobId, Rank), (SessionId, Connection)>>,
+    connections: Mutex<HashMap<(JobId, Rank), Vec<Entry>>>,
     changed: Notify,
 }
 
 impl Trainers {
-    fn live(&self, job: JobId, rank: Rank, oldest: SessionId) -> Option<Connection> {
+    fn live(&self, job: JobId, rank: Rank, oldest: SessionId, owner: CertKey) -> Option<Connection> {
         let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         connections
-            .get(&(job, rank))
-            .filter(|(session, _)| *session >= oldest)
-            .map(|(_, connection)| connection)
-            .filter(|connection| connection.close_reason().is_none())
-            .cloned()
+            .get(&(job, rank))?
+            .iter()
+            .filter(|entry| entry.session >= oldest && owner.admits(&entry.key) && entry.is_open())
+            .max_by_key(|entry| entry.session)
+            .map(|entry| entry.connection.clone())
     }
 
-    /// The connection of (job, rank) of session `oldest` or a newer one, waiting up to
-    /// `patience` for it. An older trainer still connected (the parent of a forked trainer,
-    /// whose child's hello has not arrived yet) would take batches its successor needs.
-    pub(crate) async fn wait_for(&self, job: JobId, rank: Rank, oldest: SessionId, patience: Duration) -> Option<Connection> {
+    /// The connection of (job, rank) of session `oldest` or a newer one, made with `owner`'s
+    /// certificate, waiting up to `patience` for it. An older trainer still connected (the
+    /// parent of a forked trainer, whose child's hello has not arrived yet) would take batches
+    /// its successor needs.
+    pub(crate) async fn wait_for(
+        &self,
+        job: JobId,
+        rank: Rank,
+        oldest: SessionId,
+        owner: CertKey,
+        patience: Duration,
+    ) -> Option<Connection> {
         let deadline = tokio::time::Instant::now() + patience;
         loop {
             let changed = self.changed.notified();
-            if let Some(connection) = self.live(job, rank, oldest) {
+            if let Some(connection) = self.live(job, rank, oldest, owner) {
                 return Some(connection);
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
@@ -54,17 +85,22 @@ impl Trainers {
     /// rank connects).
     pub(crate) fn open(&self) -> usize {
         let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        connections.values().filter(|(_, connection)| connection.close_reason().is_none()).count()
+        connections.values().flatten().filter(|entry| entry.is_open()).count()
     }
 
     /// Trainers connected now.
     pub(crate) fn count(&self) -> usize {
-        self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+        self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().map(Vec::len).sum()
     }
 
-    /// Serve one incoming trainer connection: read its hello, answer, and register it.
-    pub(crate) async fn accept(&self, connection: Connection) {
+    /// Serve one incoming trainer connection of `peer`: read its hello, answer, and register it.
+    pub(crate) async fn accept(&self, connection: Connection, peer: PeerIdentity) {
         let addr = connection.remote_address();
+        if !peer.is(Role::Trainer) {
+            warn!(%addr, %peer, "refused a connection to the batch port: only trainer certificates may receive batches");
+            connection.close(2u32.into(), b"only trainers may connect here");
+            return;
+        }
         let (mut send, mut recv) = match connection.accept_bi().await {
             Ok(streams) => streams,
             Err(error) => {
@@ -74,14 +110,14 @@ impl Trainers {
         };
         let hello = wire::read_frame::<TrainerHello>(&mut recv, CONTROL_FRAME_LIMIT).await;
         let answer: Result<(), RemoteError> = match &hello {
-            Ok(hello) => self.register(hello, &connection),
+            Ok(hello) => self.register(hello, peer.key(), &connection),
             Err(error) => Err(RemoteError::new(ErrorCode::InvalidArgument, format!("expected a trainer hello: {error}"))),
         };
         let _ = wire::write_frame(&mut send, &answer, CONTROL_FRAME_LIMIT).await;
         let _ = send.finish();
         match (hello, answer) {
             (Ok(hello), Ok(())) => {
-                info!(job = %hello.job, rank = %hello.rank, session = %hello.session, %addr, "trainer connected");
+                info!(job = %hello.job, rank = %hello.rank, session = %hello.session, %addr, %peer, "trainer connected");
                 self.changed.notify_waiters();
             }
             (_, Err(error)) => {
@@ -94,21 +130,29 @@ impl Trainers {
         }
     }
 
-    /// Serve `connection` for the hello's (job, rank) unless a newer session of it is
-    /// connected; a session's own new connection (after a connection loss) replaces its old one.
-    fn register(&self, hello: &TrainerHello, connection: &Connection) -> Result<(), RemoteError> {
+    /// Serve `connection` for the hello's (job, rank) unless a newer session of the same
+    /// certificate is connected; a session's own new connection (after a connection loss)
+    /// replaces its old one.
+    fn register(&self, hello: &TrainerHello, key: CertKey, connection: &Connection) -> Result<(), RemoteError> {
         let mut connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let key = (hello.job, hello.rank);
-        if let Some((newest, current)) = connections.get(&key)
-            && *newest > hello.session
-            && current.close_reason().is_none()
-        {
+        let entries = connections.entry((hello.job, hello.rank)).or_default();
+        if let Some(newer) = entries.iter().find(|entry| entry.key == key && entry.session > hello.session && entry.is_open()) {
             return Err(RemoteError::new(
                 ErrorCode::Superseded,
-                format!("{} of {} is served to a newer trainer ({newest}) than this one ({})", hello.rank, hello.job, hello.session),
+                format!(
+                    "{} of {} is served to a newer trainer ({}) than this one ({})",
+                    hello.rank, hello.job, newer.session, hello.session
+                ),
             ));
         }
-        connections.insert(key, (hello.session, connection.clone()));
+        entries.retain(|entry| entry.key != key && entry.is_open());
+        if entries.len() >= CONNECTIONS_PER_RANK {
+            return Err(RemoteError::new(
+                ErrorCode::Unavailable,
+                format!("{} trainer certificates are connected for {} of {} already", entries.len(), hello.rank, hello.job),
+            ));
+        }
+        entries.push(Entry { session: hello.session, key, connection: connection.clone() });
         Ok(())
     }
 }

@@ -1,0 +1,185 @@
+//! The trust boundary (DESIGN §10): every endpoint refuses a peer without a certificate of the
+//! cluster CA, with one that expired or was revoked; a valid certificate of the wrong role
+//! cannot make another role's requests, nor speak for another trainer's session or another
+//! worker's id; and the honest trainer's epoch completes exactly once meanwhile.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use stoker_client::Loader;
+use stoker_common::expect_response;
+use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, WorkerId};
+use stoker_common::net::{CERT_VALIDITY, ClusterCa, NetError, Role, TlsConfigs, Tuning, Validity, client_endpoint, connect, insecure_tls};
+use stoker_common::proto::{ALPN, ControlRequest, ErrorCode, RaftKind, RemoteError, TrainerHello};
+use stoker_common::wire::CONTROL_FRAME_LIMIT;
+use stoker_testkit::{TestCluster, issue_configs};
+use tracing::info;
+
+use crate::common::{cluster_with, config_for};
+
+/// A certificate of `role` from the cluster's CA, valid as `validity` says.
+fn issued(cluster: &TestCluster, role: Role, name: &str, validity: Validity) -> (TlsConfigs, CertKey) {
+    let ca = cluster.ca().expect("a secure cluster");
+    let cert = ca.issue(role, name, &[], validity).expect("issue");
+    let tls = stoker_common::net::mutual_tls(ca.cert_pem(), &cert.cert_pem, &cert.key_pem, None, ALPN).expect("tls");
+    (tls, cert.key)
+}
+
+fn valid() -> Validity {
+    Validity::from_now(CERT_VALIDITY)
+}
+
+/// What the coordinator answers `tls` asking for its status (the message, if refused).
+fn coordinator_refusal(cluster: &TestCluster, tls: &TlsConfigs) -> Option<String> {
+    cluster.call_with(tls, ControlRequest::Status).err().map(|error| error.to_string())
+}
+
+/// What worker 0 answers `tls` saying hello as a trainer (the message, if refused).
+fn worker_refusal(cluster: &TestCluster, tls: &TlsConfigs) -> Option<String> {
+    let worker = cluster.worker(0).expect("worker").local_addr();
+    cluster.block_on(async {
+        let endpoint = client_endpoint(tls, worker, Tuning::default()).expect("endpoint");
+        let connection = match connect(&endpoint, worker, Duration::from_secs(5)).await {
+            Ok(connection) => connection,
+            Err(error) => return Some(error.to_string()),
+        };
+        let hello = TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(1) };
+        let answer = stoker_common::net::call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await;
+        answer.err().map(|error: NetError| error.to_string())
+    })
+}
+
+#[test]
+fn every_endpoint_refuses_peers_without_a_valid_certificate_of_the_cluster() {
+    let cluster = cluster_with(1);
+    let day = Duration::from_secs(86_400);
+    let now = SystemTime::now();
+    let (expired, _) = issued(&cluster, Role::Trainer, "expired", Validity { not_before: now - 2 * day, not_after: now - day });
+    let other_ca = ClusterCa::generate("another CA", valid()).expect("CA");
+    let foreign = issue_configs(&other_ca, Role::Trainer, "foreign", valid()).expect("tls");
+    let (revoked, revoked_key) = issued(&cluster, Role::Trainer, "revoked", valid());
+    let none = insecure_tls(ALPN).expect("tls");
+
+    info!("--- a valid trainer certificate reaches both endpoints");
+    assert_eq!(coordinator_refusal(&cluster, &revoked), None);
+    assert_eq!(worker_refusal(&cluster, &revoked), None);
+    cluster.deny(revoked_key).expect("deny");
+
+    let cases = [
+        ("no certificate", &none, "no certificate was presented"),
+        ("another CA", &foreign, "not signed by a trusted cluster CA"),
+        ("expired", &expired, "has expired"),
+        ("revoked", &revoked, "revoked"),
+    ];
+    for (what, tls, reason) in cases {
+        info!(what, "--- refused at the handshake");
+        let at_coordinator = coordinator_refusal(&cluster, tls).unwrap_or_else(|| panic!("the coordinator served a peer with {what}"));
+        assert!(at_coordinator.contains(reason), "{what} at the coordinator: {at_coordinator}");
+        let at_worker = worker_refusal(&cluster, tls).unwrap_or_else(|| panic!("the worker served a peer with {what}"));
+        assert!(at_worker.contains(reason), "{what} at the worker: {at_worker}");
+    }
+    info!("--- a secure client refuses a server that runs --insecure");
+    let plain = TestCluster::start(stoker_testkit::ClusterConfig { workers: 0, insecure: true, ..Default::default() }).expect("cluster");
+    let refusal = plain.call_with(&cluster.tls(Role::Admin), ControlRequest::Status).expect_err("refused");
+    assert!(refusal.to_string().contains("refused the peer's certificate"), "{refusal}");
+    assert!(plain.call(ControlRequest::Status).is_ok(), "an insecure cluster serves insecure clients");
+}
+
+fn forbidden(answer: Result<stoker_common::proto::ControlResponse, RemoteError>, what: &str) -> String {
+    let error = answer.expect_err(what);
+    assert_eq!(error.code, ErrorCode::Forbidden, "{what}: {error}");
+    error.message
+}
+
+#[test]
+fn forged_requests_with_the_wrong_certificate_are_refused_and_the_honest_epoch_completes_once() {
+    let cluster = cluster_with(1);
+    let mut base = cluster.loader_config("train", 4);
+    base.prefetch = 2;
+    let config = config_for(&base, 0, 1);
+    let mut loader = Loader::attach(&config).expect("attach");
+    loader.set_epoch(Epoch(0));
+    let (job, session) = (loader.job(), loader.session());
+    let steps = loader.len().expect("steps");
+
+    let trainer = cluster.tls(Role::Trainer);
+    let worker = cluster.tls(Role::Worker);
+    let admin = cluster.tls(Role::Admin);
+    let (mallory, _) = issued(&cluster, Role::Trainer, "mallory", valid());
+    let (rogue_worker, _) = issued(&cluster, Role::Worker, "rogue-worker", valid());
+    let workers = expect_response!(cluster.call(ControlRequest::Status).expect("status"), Status { status }).expect("status").workers;
+    let honest_worker: WorkerId = workers.first().expect("a worker").info.id;
+
+    info!("--- each role is refused the others' requests");
+    let add = ControlRequest::AddDataset { name: "evil".to_owned(), manifest: "/dev/zero".to_owned() };
+    assert!(forbidden(cluster.call_with(&worker, add.clone()), "a worker adds a dataset").contains("needs the admin role"));
+    forbidden(cluster.call_with(&trainer, add), "a trainer adds a dataset");
+    forbidden(cluster.call_with(&trainer, ControlRequest::PullChunks { worker: honest_worker, max: 8 }), "a trainer pulls chunks");
+    let fatal = ControlRequest::ChunkFatal { worker: honest_worker, lease: LeaseId(1), reason: "forged".to_owned() };
+    forbidden(cluster.call_with(&trainer, fatal.clone()), "a trainer fails the job");
+    forbidden(cluster.call_with(&admin, ControlRequest::Raft { kind: RaftKind::Vote, payload: b"{}".to_vec() }), "an admin speaks Raft");
+    let remove = ControlRequest::RemoveJob { name: config.job_spec().expect("spec").name, force: true };
+    forbidden(cluster.call_with(&trainer, remove), "a trainer removes the job");
+    forbidden(cluster.call_with(&worker, ControlRequest::Detach { job, rank: Rank(0), session }), "a worker detaches the trainer");
+
+    info!("--- a worker certificate cannot speak for another worker's id");
+    let message = forbidden(cluster.call_with(&rogue_worker, fatal), "a rogue worker fails the job as the honest one");
+    assert!(message.contains(&honest_worker.to_string()), "{message}");
+    for lease in [LeaseId(1), LeaseId(u64::MAX)] {
+        forbidden(cluster.call_with(&rogue_worker, ControlRequest::ChunkDone { worker: honest_worker, lease }), "a rogue chunk done");
+    }
+    forbidden(cluster.call_with(&rogue_worker, ControlRequest::Deregister { worker: honest_worker }), "a rogue deregistration");
+
+    info!("--- another trainer certificate cannot speak for the honest session");
+    let report = ControlRequest::ReportProgress {
+        job,
+        rank: Rank(0),
+        epoch: Epoch(0),
+        start: Position(0),
+        consumed: steps,
+        wait_seconds: 0.0,
+        batches: 0,
+        samples: 0,
+        session,
+        pass: Pass(1),
+        missing: Vec::new(),
+    };
+    forbidden(cluster.call_with(&mallory, report), "mallory reports the honest rank's epoch consumed");
+    forbidden(cluster.call_with(&mallory, ControlRequest::Detach { job, rank: Rank(0), session }), "mallory detaches the honest trainer");
+
+    info!("--- mallory says hello to the worker as the honest session and a newer one");
+    let worker_addr = cluster.worker(0).expect("worker").local_addr();
+    let (taken_by_mallory, received, loader) = cluster.block_on(async {
+        let endpoint = client_endpoint(&mallory, worker_addr, Tuning::default()).expect("endpoint");
+        let mut connections = Vec::new();
+        for claimed in [session, SessionId(session.0 + 1), SessionId(u64::MAX)] {
+            let (connection, answer) =
+                crate::common::trainer_hello(&endpoint, worker_addr, TrainerHello { job, rank: Rank(0), session: claimed }).await;
+            info!(%claimed, ?answer, "mallory's hello");
+            connections.push(connection);
+        }
+        // The honest trainer consumes its epoch meanwhile (on this runtime's blocking pool).
+        let consumer = tokio::task::spawn_blocking(move || {
+            let mut seen: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+            for batch in &mut loader {
+                let batch = batch.expect("every honest step arrives");
+                seen.insert(batch.step().0, batch.keys().to_vec());
+            }
+            (seen, loader)
+        });
+        let (received, loader) = consumer.await.expect("the honest trainer");
+        let mut taken = 0;
+        for connection in &connections {
+            while let Ok(Ok(_stream)) = tokio::time::timeout(Duration::from_millis(200), connection.accept_uni()).await {
+                taken += 1;
+            }
+        }
+        (taken, received, loader)
+    });
+    assert_eq!(taken_by_mallory, 0, "mallory received batches of the honest rank");
+    assert_eq!(received.keys().copied().collect::<Vec<_>>(), (0..steps).collect::<Vec<_>>(), "every step once, in order");
+    let keys: Vec<&String> = received.values().flatten().collect();
+    let unique: std::collections::BTreeSet<&String> = keys.iter().copied().collect();
+    assert_eq!(keys.len(), unique.len(), "no sample twice");
+    drop(loader);
+}
