@@ -13,8 +13,9 @@ use stoker_common::plan::Shuffle;
 /// `worker`, `dataset add`), watch it (`status`), check it from a trainer node (`consume`),
 /// measure it (`bench`), or try everything on one machine (`demo`). Coordinators replicate
 /// with Raft (`coordinator --peers`, `cluster add-node`); coordinators and workers serve
-/// Prometheus metrics (`--metrics-listen`; deploy/ has dashboards and alerts). Not built yet:
-/// mutual TLS and object stores.
+/// Prometheus metrics (`--metrics-listen`; deploy/ has dashboards and alerts). Every connection
+/// is mutual TLS: one machine needs no set-up (a local CA), a cluster a CA and a certificate per
+/// node (`certs`, `--tls-dir`). Not built yet: object stores.
 #[derive(Debug, Parser)]
 #[command(name = "stoker", version, propagate_version = true)]
 pub(crate) struct Cli {
@@ -240,6 +241,25 @@ pub(crate) struct CoordinatorArgs {
     /// trainer attaching a job over it is refused, before any worker allocates for it.
     #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES, value_name = "BYTES")]
     pub(crate) max_batch_bytes: u64,
+    /// The most ranks a job may have: a trainer attaching a new job with a larger world size
+    /// is refused.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_WORLD_SIZE, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_world_size: u32,
+    /// The largest flow window (`prefetch`, in steps) a new job may ask for.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_PREFETCH, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_prefetch: u32,
+    /// The most jobs kept: a trainer attaching a new job beyond it is refused (`stoker job rm`
+    /// removes finished ones; idle ones go after --job-ttl-hours).
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_JOBS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_jobs: u64,
+    /// The most datasets kept.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_DATASETS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_datasets: u64,
+    /// A folder datasets must be in (repeat for several): `dataset add` of a manifest outside
+    /// every one (after symlinks are resolved) is refused [default: anywhere this coordinator
+    /// can read]. Manifests must be regular files of at most 256 MiB in any case.
+    #[arg(long = "dataset-root", value_name = "DIR")]
+    pub(crate) dataset_roots: Vec<PathBuf>,
     #[command(flatten)]
     pub(crate) tls: TlsArgs,
 }
@@ -461,6 +481,10 @@ pub(crate) struct BenchClusterArgs {
     /// always does); only to measure what metrics cost, against a run with `on`.
     #[arg(long, default_value = "on", value_parser = ["on", "off"])]
     pub(crate) metrics: String,
+    /// Run the cluster with mutual TLS and a fresh cluster CA (`on`, as deployed) or
+    /// `--insecure` (`off`; to measure what the certificate checks cost).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub(crate) mutual_tls: String,
     /// Print one JSON object.
     #[arg(long)]
     pub(crate) json: bool,

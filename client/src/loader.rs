@@ -12,14 +12,14 @@ use stoker_common::api::CoordinatorApi;
 use stoker_common::error::ObsError;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, JobId, Rank, SessionId, Step, WorkerId};
-use stoker_common::net::{PayloadPool, QuicCoordinator, Role, TlsConfigs, Tuning, client_endpoint};
+use stoker_common::net::{NetError, PayloadPool, QuicCoordinator, Role, TlsConfigs, Tuning, client_endpoint};
 use stoker_common::obs::{Metrics, MetricsServer};
 use stoker_common::plan::{Checkpoint, EpochPlan, Layout, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use stoker_common::transform::Recipe;
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::batch::ReceivedBatch;
 use crate::config::LoaderConfig;
@@ -77,6 +77,10 @@ impl Connector {
                             .insert(worker.id, Some(connection.clone()));
                         receive_loop(connection, this.expect.clone(), this.batches_tx.clone(), Arc::clone(&this.stats), this.pool.clone())
                             .await;
+                    }
+                    Err(error @ (NetError::Refused { .. } | NetError::WrongPeer { .. } | NetError::Tls(_))) => {
+                        warn!(worker = %worker.id, addr = %worker.addr, %error, "refused a worker's certificate, or it refused ours: no batches from it");
+                        this.connected.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&worker.id);
                     }
                     Err(error) => {
                         debug!(worker = %worker.id, %error, "cannot connect to worker");

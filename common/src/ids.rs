@@ -81,8 +81,8 @@ id_newtype!(
     Pass(u64), "pass-"
 );
 
-/// The SHA-256 of a peer's TLS certificate: who a worker or a trainer is, as its certificate
-/// proves it. The coordinator records it when a worker registers and when a trainer attaches,
+/// The SHA-256 of the public key of a peer's TLS certificate: who a worker or a trainer is, as
+/// its certificate proves it. The coordinator records it when a worker registers and when a trainer attaches,
 /// and hands it on, so a trainer only takes batches from the worker it was told of and a
 /// worker only serves a rank's batches to the trainer that owns the rank's session.
 /// [`CertKey::UNCHECKED`] where nothing is proven (`--insecure`).

@@ -47,11 +47,31 @@ pub struct CoordinatorConfig {
     /// its buffers (a batch size typed with a digit too many would have every worker that
     /// pulls the job allocate tens of GB).
     pub max_batch_bytes: u64,
+    /// The most ranks a new job may have (`--max-world-size`).
+    pub max_world_size: u32,
+    /// The largest flow window a new job may ask for, in steps (`--max-prefetch`).
+    pub max_prefetch: u32,
+    /// The most jobs the coordinator keeps (`--max-jobs`): a trainer attaching a new job
+    /// beyond it is refused.
+    pub max_jobs: usize,
+    /// The most datasets it keeps (`--max-datasets`).
+    pub max_datasets: usize,
+    /// Folders datasets must be in (`--dataset-root`, after symlinks are resolved); empty:
+    /// anywhere the coordinator can read.
+    pub dataset_roots: Vec<PathBuf>,
 }
 
 /// [`CoordinatorConfig::max_batch_bytes`] by default: 1 GiB (a batch of 256 ImageNet crops as
 /// u8 is 38.5 MB; as f32, 154 MB).
 pub const DEFAULT_MAX_BATCH_BYTES: u64 = 1 << 30;
+/// [`CoordinatorConfig::max_world_size`] by default.
+pub const DEFAULT_MAX_WORLD_SIZE: u32 = 16_384;
+/// [`CoordinatorConfig::max_prefetch`] by default.
+pub const DEFAULT_MAX_PREFETCH: u32 = 1_024;
+/// [`CoordinatorConfig::max_jobs`] by default.
+pub const DEFAULT_MAX_JOBS: usize = 1_000;
+/// [`CoordinatorConfig::max_datasets`] by default.
+pub const DEFAULT_MAX_DATASETS: usize = 1_000;
 
 impl CoordinatorConfig {
     /// Defaults for `data_dir`: 3 s leases that stall after 60 s without progress, 500 ms
@@ -73,6 +93,11 @@ impl CoordinatorConfig {
             join: false,
             advertise: None,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            max_world_size: DEFAULT_MAX_WORLD_SIZE,
+            max_prefetch: DEFAULT_MAX_PREFETCH,
+            max_jobs: DEFAULT_MAX_JOBS,
+            max_datasets: DEFAULT_MAX_DATASETS,
+            dataset_roots: Vec::new(),
         }
     }
 
@@ -87,6 +112,24 @@ impl CoordinatorConfig {
                 ),
             });
         }
+        if self.max_world_size == 0 || self.max_prefetch == 0 || self.max_jobs == 0 || self.max_datasets == 0 {
+            return Err(CoordinatorError::Config {
+                message: "--max-world-size, --max-prefetch, --max-jobs and --max-datasets must be at least 1".to_owned(),
+            });
+        }
+        let mut roots = Vec::new();
+        for root in &self.dataset_roots {
+            let resolved = root.canonicalize().map_err(|error| CoordinatorError::Config {
+                message: format!("--dataset-root {}: {error} (give an existing folder)", root.display()),
+            })?;
+            roots.push(resolved);
+        }
+        let mut config = self;
+        config.dataset_roots = roots;
+        config.validate_timing()
+    }
+
+    fn validate_timing(self) -> Result<Self, CoordinatorError> {
         if self.heartbeat.is_zero() || self.heartbeat >= self.lease_ttl {
             return Err(CoordinatorError::Config {
                 message: format!("the heartbeat ({:?}) must be shorter than the lease TTL ({:?})", self.heartbeat, self.lease_ttl),

@@ -14,7 +14,7 @@ use openraft::BasicNode;
 use stoker_common::net::{Role, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
 use stoker_common::obs::Metrics;
 use stoker_common::obs::prometheus::IntCounter;
-use stoker_common::proto::ControlRequest;
+use stoker_common::proto::{ControlRequest, ErrorCode, RemoteError};
 use stoker_common::wire::CONTROL_FRAME_LIMIT;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -138,7 +138,7 @@ pub async fn start(
         Ok(handshakes) => handshakes,
         Err(error) => return stopped(&raft, CoordinatorError::Config { message: error.to_string() }).await,
     };
-    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.is_checked(), handshakes));
+    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.clone(), handshakes));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
     info!(%addr, node = config.node_id, "coordinator listening");
     Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: std::sync::Mutex::new(None) })
@@ -223,9 +223,10 @@ fn shut_down(raft: &Raft) -> JoinHandle<()> {
     })
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>, checked: bool, handshakes_refused: IntCounter) {
+async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>, tls: TlsConfigs, handshakes_refused: IntCounter) {
+    let checked = tls.is_checked();
     while let Some(incoming) = endpoint.accept().await {
-        let driver = Arc::clone(&driver);
+        let (driver, tls) = (Arc::clone(&driver), tls.clone());
         let handshakes_refused = handshakes_refused.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
@@ -243,9 +244,22 @@ async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>, checked: bo
                 return;
             };
             debug!(%remote, %caller, "connected");
+            let open = connection.clone();
             serve_calls(connection, CONTROL_FRAME_LIMIT, move |request: ControlRequest| {
-                let (driver, caller) = (Arc::clone(&driver), Arc::clone(&caller));
-                async move { driver.serve_as(&caller, request).await }
+                let (driver, caller, tls, open) = (Arc::clone(&driver), Arc::clone(&caller), tls.clone(), open.clone());
+                async move {
+                    // A certificate revoked while its connection stays open is cut off here.
+                    if tls.is_denied(&caller.key()) {
+                        warn!(%caller, "refused a request: its certificate was revoked since it connected; closing the connection");
+                        // Closed once this answer has had time to reach the peer.
+                        tokio::spawn(async move {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                            open.close(3u32.into(), b"certificate revoked");
+                        });
+                        return Err(RemoteError::new(ErrorCode::Forbidden, "this certificate is revoked (on the deny list)"));
+                    }
+                    driver.serve_as(&caller, request).await
+                }
             })
             .await;
         });
@@ -306,7 +320,7 @@ impl CoordinatorHandle {
 
     /// Commit `command` through Raft (this node must lead): for tools and tests that write
     /// the state directly.
-    pub async fn commit(&self, command: crate::state::Command) -> Result<crate::state::Applied, stoker_common::proto::RemoteError> {
+    pub async fn commit(&self, command: crate::state::Command) -> Result<crate::state::Applied, RemoteError> {
         self.driver.commit(command).await
     }
 

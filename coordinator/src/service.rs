@@ -336,10 +336,15 @@ impl Coordinator {
     /// coordinator's driver calls [`Coordinator::step`] and commits through Raft; here it
     /// answers only requests that commit nothing, such as `Status`.)
     pub fn handle(&self, request: ControlRequest, now: Instant) -> Result<ControlResponse, RemoteError> {
+        self.handle_as(request, CertKey::UNCHECKED, now)
+    }
+
+    /// [`Coordinator::handle`] for a peer proving `caller`.
+    pub fn handle_as(&self, request: ControlRequest, caller: CertKey, now: Instant) -> Result<ControlResponse, RemoteError> {
         let mut request = request;
         // A request commits at most twice (create a job, clear its failure), then answers.
         for _ in 0..4 {
-            match self.step(request, now) {
+            match self.step_as(request, caller, now) {
                 Outcome::Reply(answer) => {
                     let checkpoints = if self.durability == Durability::Local { self.take_checkpoints() } else { None };
                     if let Some(checkpoints) = checkpoints {
@@ -480,6 +485,7 @@ impl Coordinator {
             ControlRequest::Detach { job, rank, session } => {
                 let mut inner = self.lock();
                 inner.check_job(job, rank)?;
+                inner.check_record(job, rank, session, caller)?;
                 inner.owners.check(job, rank, session, caller)?;
                 inner.scheduler.detach(job, rank, session).map_err(refused)?;
                 inner.forget_plans_of_finished_runs();
@@ -528,6 +534,25 @@ impl Coordinator {
         let path = path.canonicalize().map_err(|error| {
             invalid(format!("cannot open {}: {error} (give a manifest.json, or the folder `stoker pack` wrote)", path.display()))
         })?;
+        // After symlinks are resolved: a link inside a root to a file outside it is outside.
+        let roots = &self.config.dataset_roots;
+        if !roots.is_empty() && !roots.iter().any(|root| path.starts_with(root)) {
+            let listed: Vec<String> = roots.iter().map(|root| root.display().to_string()).collect();
+            return Err(RemoteError::new(
+                ErrorCode::Forbidden,
+                format!("{} is outside every --dataset-root ({}): datasets must be in those folders", path.display(), listed.join(", ")),
+            ));
+        }
+        {
+            let inner = self.lock();
+            let count = inner.state.datasets.len();
+            if !inner.state.datasets.contains_key(&name) && count >= self.config.max_datasets {
+                return Err(invalid(format!(
+                    "the coordinator keeps {count} datasets, its limit (--max-datasets {}): remove some, or raise it",
+                    self.config.max_datasets
+                )));
+            }
+        }
         let (loaded, version) = Manifest::load_versioned(&path).map_err(|error| invalid(error.to_string()))?;
         let dataset = DatasetInfo {
             name,
@@ -544,6 +569,14 @@ impl Coordinator {
             return Outcome::Reply(Err(error));
         }
         match self.attach_existing(&spec, rank, client, caller, now) {
+            // Under mutual TLS the session and its certificate are committed before the trainer
+            // learns the session, so that a later leader adopts that session from that
+            // certificate only (nobody can take a rank over by naming a session after a
+            // fail-over).
+            Ok(Some(ControlResponse::Attached { job, dataset, workers, checkpoint, session })) if caller != CertKey::UNCHECKED => {
+                let answer = ControlResponse::Attached { job, dataset, workers, checkpoint, session };
+                Outcome::Commit { command: Command::RecordSession { job, rank, session, key: caller }, then: Then::Reply(answer) }
+            }
             Ok(Some(answer)) => Outcome::Reply(Ok(answer)),
             Ok(None) => Outcome::Reply(Err(RemoteError::new(ErrorCode::Internal, "attach needs no commit"))),
             Err(AttachNeeds::Commit(command)) => {
@@ -593,6 +626,7 @@ impl Coordinator {
                 // Limits apply to new jobs only: a job that exists keeps being served to the
                 // ranks that come back (its spec cannot change), whatever the limit says now.
                 check_batch_size(spec, self.config.max_batch_bytes).map_err(AttachNeeds::Refusal)?;
+                check_job_limits(spec, &self.config, inner.state.jobs.len()).map_err(AttachNeeds::Refusal)?;
                 tracing::info!(name = %spec.name, dataset = %spec.dataset, "creating job");
                 return Err(AttachNeeds::Commit(Command::CreateJob { spec: spec.clone() }));
             }
@@ -630,7 +664,7 @@ impl Coordinator {
                 let spec = inner.state.jobs.get(&chunk.job)?.clone();
                 let dataset = inner.state.job_dataset(chunk.job)?;
                 let session = inner.scheduler.session_of(chunk.job, chunk.rank).unwrap_or(SessionId(0));
-                let trainer = inner.owners.owner(chunk.job, chunk.rank, session);
+                let trainer = inner.owner_of(chunk.job, chunk.rank, session);
                 Some(ChunkGrant {
                     lease,
                     chunk,
@@ -826,12 +860,42 @@ impl Inner {
     /// rank's newest; a session adopted here (the coordinator restarted since it attached) is
     /// owned by the first certificate that speaks for it.
     fn check_owner(&mut self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) -> Result<(), RemoteError> {
+        self.check_record(job, rank, session, caller)?;
         self.owners.check(job, rank, session, caller)?;
         self.scheduler.check_session(job, rank, session).map_err(refused)?;
         if self.owners.owner(job, rank, session) == CertKey::UNCHECKED {
             self.owners.record(job, rank, session, caller);
         }
         Ok(())
+    }
+
+    /// Refuse a session other than the rank's recorded newest, or the recorded one from another
+    /// certificate. Nothing is recorded under `--insecure` (nor for ranks that attached before
+    /// records existed): then the seats alone decide, adopting unknown newer sessions.
+    fn check_record(&self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) -> Result<(), RemoteError> {
+        let Some((recorded, owner)) = self.state.sessions.get(&job).and_then(|ranks| ranks.get(&rank)) else { return Ok(()) };
+        match session.cmp(recorded) {
+            std::cmp::Ordering::Equal if owner.admits(&caller) => Ok(()),
+            std::cmp::Ordering::Equal => Err(crate::authz::not_yours(session, *owner, caller)),
+            std::cmp::Ordering::Less => Err(refused(Refusal::Seat(SeatRefusal::Superseded { job, rank, session }))),
+            std::cmp::Ordering::Greater => Err(RemoteError::new(
+                ErrorCode::Forbidden,
+                format!("{session} was never given to {rank} of {job} (its newest is {recorded}): attach to get a session"),
+            )),
+        }
+    }
+
+    /// The certificate that owns `session` of (job, rank): as this leader saw it attach or
+    /// re-open, else as recorded; [`CertKey::UNCHECKED`] if neither knows.
+    fn owner_of(&self, job: JobId, rank: Rank, session: SessionId) -> CertKey {
+        let soft = self.owners.owner(job, rank, session);
+        if soft != CertKey::UNCHECKED {
+            return soft;
+        }
+        match self.state.sessions.get(&job).and_then(|ranks| ranks.get(&rank)) {
+            Some((recorded, owner)) if *recorded == session => *owner,
+            _ => CertKey::UNCHECKED,
+        }
     }
 
     fn check_not_failed(&self, job: JobId) -> Result<(), RemoteError> {
@@ -934,6 +998,30 @@ fn validate_spec(spec: &JobSpec, rank: Rank) -> Result<(), RemoteError> {
     let transforms: TransformSpec =
         serde_json::from_str(&spec.transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
     Recipe::new(&transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
+    Ok(())
+}
+
+/// Refuse a new job over the coordinator's limits on ranks, flow window and job count.
+fn check_job_limits(spec: &JobSpec, config: &CoordinatorConfig, jobs: usize) -> Result<(), RemoteError> {
+    let world_size = spec.plan.world_size.get();
+    if world_size > config.max_world_size {
+        return Err(invalid(format!(
+            "world size {world_size} is over the coordinator's limit of {} ranks (raise it with --max-world-size)",
+            config.max_world_size
+        )));
+    }
+    if spec.prefetch > config.max_prefetch {
+        return Err(invalid(format!(
+            "prefetch {} is over the coordinator's limit of {} steps (raise it with --max-prefetch)",
+            spec.prefetch, config.max_prefetch
+        )));
+    }
+    if jobs >= config.max_jobs {
+        return Err(invalid(format!(
+            "the coordinator keeps {jobs} jobs, its limit (--max-jobs {}): remove finished ones with `stoker job rm`, or raise it",
+            config.max_jobs
+        )));
+    }
     Ok(())
 }
 

@@ -295,3 +295,107 @@ fn a_job_whose_batch_is_over_the_limit_is_refused_at_attach_with_the_flag_named(
     let zero = CoordinatorConfig { max_batch_bytes: 0, ..CoordinatorConfig::new(_dir.path().join("zero")) };
     assert!(zero.validate().is_err());
 }
+
+/// Found by review: after a fail-over the new leader knows no sessions and used to adopt any
+/// newer one named, so any trainer certificate could take a rank over with `u64::MAX`.
+#[test]
+fn after_a_fail_over_only_the_recorded_session_is_adopted_and_only_from_its_certificate() {
+    let Fixture { core, _dir } = fixture(None);
+    let (honest, mallory) = (CertKey([1; 32]), CertKey([2; 32]));
+    let now = Instant::now();
+    core.lead(1, now);
+    let attach = ControlRequest::Attach { spec: spec("run"), rank: Rank(0), client: 7 };
+    let Ok(ControlResponse::Attached { job, session, .. }) = core.handle_as(attach, honest, now) else { panic!("attach") };
+    core.handle_as(first_open(job, Rank(0), session), honest, now).expect("the honest trainer opens");
+
+    fail_over(&core, now);
+    for claimed in [session, SessionId(session.0 + 1), SessionId(u64::MAX)] {
+        let refused = core.handle_as(first_open(job, Rank(0), claimed), mallory, now).expect_err("mallory adopts");
+        assert_eq!(refused.code, ErrorCode::Forbidden, "{claimed}: {refused}");
+        let detach = ControlRequest::Detach { job, rank: Rank(0), session: claimed };
+        assert_eq!(core.handle_as(detach, mallory, now).map_err(|error| error.code), Err(ErrorCode::Forbidden), "{claimed}");
+    }
+    let older = core.handle_as(first_open(job, Rank(0), SessionId(session.0 - 1)), honest, now).expect_err("an older session");
+    assert_eq!(older.code, ErrorCode::Superseded);
+    core.handle_as(first_open(job, Rank(0), session), honest, now).expect("the honest trainer's session is adopted");
+    // Under --insecure nothing is recorded: the seats alone decide, as before.
+    let Ok(ControlResponse::Attached { job: plain_job, session: plain, .. }) =
+        core.handle(ControlRequest::Attach { spec: spec("plain"), rank: Rank(1), client: 9 }, now)
+    else {
+        panic!("attach")
+    };
+    fail_over(&core, now);
+    core.handle(first_open(plain_job, Rank(1), SessionId(plain.0 + 5)), now).expect("an unknown newer session is adopted");
+}
+
+/// The soft state a new leader starts from: nothing of the old leader's sessions.
+fn fail_over(core: &Coordinator, now: Instant) {
+    static TERM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(10);
+    core.lead(TERM.fetch_add(1, std::sync::atomic::Ordering::Relaxed), now);
+}
+
+/// A coordinator over `fixture`'s state with `limits` applied to a default config.
+fn limited(fixture: &Fixture, limits: impl FnOnce(&mut CoordinatorConfig)) -> Coordinator {
+    let mut config = CoordinatorConfig::new(fixture._dir.path().join("limited"));
+    limits(&mut config);
+    Coordinator::in_memory(config, fixture.core.state(), 5).unwrap_or_else(|error| panic!("{error}"))
+}
+
+fn attach_spec(core: &Coordinator, spec: JobSpec) -> Result<ControlResponse, RemoteError> {
+    core.handle(ControlRequest::Attach { spec, rank: Rank(0), client: 1 }, Instant::now())
+}
+
+#[test]
+fn world_size_prefetch_and_the_number_of_jobs_are_limited_with_the_flag_named() {
+    let fixture = fixture(None);
+    let core = limited(&fixture, |config| {
+        config.max_world_size = 4;
+        config.max_prefetch = 16;
+        config.max_jobs = 1;
+    });
+    let mut wide = spec("wide");
+    wide.plan.world_size = NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN);
+    let error = attach_spec(&core, wide).expect_err("5 ranks");
+    assert!(error.message.contains("world size 5") && error.message.contains("--max-world-size"), "{}", error.message);
+    let mut eager = spec("eager");
+    eager.prefetch = 17;
+    let error = attach_spec(&core, eager).expect_err("prefetch 17");
+    assert!(error.message.contains("prefetch 17") && error.message.contains("--max-prefetch"), "{}", error.message);
+    assert!(attach_spec(&core, spec("first")).is_ok(), "one job fits");
+    let error = attach_spec(&core, spec("second")).expect_err("a second job");
+    assert!(error.message.contains("--max-jobs 1") && error.message.contains("stoker job rm"), "{}", error.message);
+    assert!(attach_spec(&core, spec("first")).is_ok(), "the job that exists is still served");
+    assert!(CoordinatorConfig { max_jobs: 0, ..CoordinatorConfig::new(fixture._dir.path().join("zero")) }.validate().is_err());
+}
+
+#[test]
+fn datasets_are_limited_in_number_and_confined_to_the_dataset_roots() {
+    let fixture = fixture(None);
+    let manifest = fixture.core.state().datasets.get("train").map(|dataset| dataset.manifest.clone()).unwrap_or_default();
+    let add = |core: &Coordinator, name: &str, path: &str| {
+        core.handle(ControlRequest::AddDataset { name: name.into(), manifest: path.into() }, Instant::now())
+    };
+    let one = limited(&fixture, |config| config.max_datasets = 1);
+    assert!(add(&one, "train", &manifest).is_ok(), "replacing the one dataset");
+    let error = add(&one, "second", &manifest).expect_err("a second dataset");
+    assert!(error.message.contains("--max-datasets 1"), "{}", error.message);
+
+    let root = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
+    let confined = limited(&fixture, |config| config.dataset_roots = vec![root.path().to_path_buf()]);
+    let error = add(&confined, "outside", &manifest).expect_err("outside the root");
+    assert_eq!(error.code, ErrorCode::Forbidden);
+    assert!(error.message.contains("--dataset-root"), "{}", error.message);
+    // A symlink inside the root to the manifest outside it is still outside.
+    std::os::unix::fs::symlink(&manifest, root.path().join("manifest.json")).unwrap_or_else(|error| panic!("{error}"));
+    let escape = root.path().to_string_lossy().into_owned();
+    assert_eq!(add(&confined, "escape", &escape).map_err(|error| error.code), Err(ErrorCode::Forbidden));
+    // A copy inside it is inside.
+    let inside = tempfile::tempdir_in(root.path()).unwrap_or_else(|error| panic!("{error}"));
+    std::fs::copy(&manifest, inside.path().join("manifest.json")).unwrap_or_else(|error| panic!("{error}"));
+    assert!(add(&confined, "inside", &inside.path().to_string_lossy()).is_ok());
+
+    for device in ["/dev/zero", "/dev/null"] {
+        let error = add(&fixture.core, "device", device).expect_err(device);
+        assert!(error.message.contains("not a regular file"), "{device}: {}", error.message);
+    }
+}

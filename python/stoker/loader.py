@@ -53,7 +53,9 @@ class Loader:
     ``tls_dir``: this trainer's TLS directory (``ca.pem``, ``node.pem``, ``node.key``: a
     trainer certificate of the cluster CA, from ``stoker certs issue --role trainer``); default
     ``STOKER_TLS_DIR``, else the local CA (one machine only). ``insecure=True`` checks no
-    certificates, for a cluster whose nodes run ``--insecure``.
+    certificates, for a cluster whose nodes run ``--insecure``. A certificate refused by the
+    cluster (no certificate, another CA, expired, revoked, another role) raises
+    :class:`stoker.ConfigError` saying which.
 
     ``close()`` (or ``with stoker.Loader(...) as loader:``) detaches and frees the receive
     buffers at once instead of when the object is collected.

@@ -43,12 +43,16 @@ impl FloorResult {
 }
 
 /// Decode `samples` fully (JPEG members only, as RGB) on `threads` threads, cycling through
-/// them until `duration` has passed (each thread finishes the image it is on).
+/// them until `duration` has passed (each thread finishes the image it is on). An image over
+/// `max_pixels` is refused before anything is allocated for it and counted as failed, as the
+/// pipeline refuses it (found by review: one file whose header claimed 65000×65000 took the
+/// floor to 12 GB).
 pub fn full_decode(
     dataset: &Arc<Dataset>,
     samples: &Arc<Vec<SampleRef>>,
     threads: usize,
     duration: Duration,
+    max_pixels: u64,
 ) -> Result<FloorResult, PipelineError> {
     let images = Arc::new(AtomicU64::new(0));
     let pixels = Arc::new(AtomicU64::new(0));
@@ -59,7 +63,7 @@ pub fn full_decode(
         .map(|thread| {
             let (dataset, samples) = (Arc::clone(dataset), Arc::clone(samples));
             let (images, pixels, failed, stop) = (Arc::clone(&images), Arc::clone(&pixels), Arc::clone(&failed), Arc::clone(&stop));
-            let mut decoder = Decoder::new(u64::MAX >> 8).map_err(|e| PipelineError::Start(e.to_string()))?;
+            let mut decoder = Decoder::new(max_pixels).map_err(|e| PipelineError::Start(e.to_string()))?;
             std::thread::Builder::new()
                 .name(format!("stoker-floor-{thread}"))
                 .spawn(move || {

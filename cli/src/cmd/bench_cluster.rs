@@ -30,6 +30,7 @@ pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
         workers: args.workers,
         threads_per_worker: args.threads,
         time_samples: args.metrics == "on",
+        insecure: args.mutual_tls == "off",
         ..ClusterConfig::default()
     })
     .map_err(anyhow::Error::msg)?;
@@ -65,6 +66,7 @@ pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
             "ratio_to_pipeline_sum": ratio,
             "peak_rss_mib": peak,
             "metrics": args.metrics,
+            "mutual_tls": args.mutual_tls,
         });
         println!("{value}");
     } else {

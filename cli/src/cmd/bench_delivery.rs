@@ -16,8 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use stoker_common::ids::{Epoch, JobId, Position, Rank, Step};
-use stoker_common::net::{PayloadPool, TlsConfigs, Tuning, client_endpoint, connect, receive_batch, send_batch, server_endpoint};
-use stoker_common::proto::BatchHeader;
+use stoker_common::net::{
+    CERT_VALIDITY, ClusterCa, PayloadPool, Role, TlsConfigs, Tuning, Validity, client_endpoint, connect, mutual_tls, receive_batch,
+    send_batch, server_endpoint,
+};
+use stoker_common::proto::{ALPN, BatchHeader};
 use stoker_common::transform::{OutputDtype, OutputLayout};
 use stoker_common::wire::{self, BATCH_HEADER_LIMIT, PREFIX_BYTES};
 
@@ -44,6 +47,9 @@ enum Transport {
         /// does inside quinn), instead of handing quinn the batch's own memory.
         copy_send: bool,
         pool_keep: usize,
+        /// Both ends present certificates of a cluster CA and check each other's (as deployed),
+        /// instead of `--insecure`'s unchecked self-signed certificate.
+        mutual: bool,
     },
 }
 
@@ -101,7 +107,11 @@ fn variants(args: &BenchDeliveryArgs) -> Vec<Variant> {
     let shipped = Tuning::default();
     let quic = |name: &str, tuning, copy_send, pool_keep| Variant {
         name: name.to_owned(),
-        transport: Transport::Quic { tuning, copy_send, pool_keep },
+        transport: Transport::Quic { tuning, copy_send, pool_keep, mutual: false },
+    };
+    let mutual = |name: &str, tuning| Variant {
+        name: name.to_owned(),
+        transport: Transport::Quic { tuning, copy_send: false, pool_keep: IN_FLIGHT, mutual: true },
     };
     let mut list = vec![
         Variant { name: "tcp (baseline)".into(), transport: Transport::Tcp },
@@ -109,11 +119,12 @@ fn variants(args: &BenchDeliveryArgs) -> Vec<Variant> {
         quic("  + batch windows", windows, true, 0),
         quic("  + zero-copy send", windows, false, 0),
         quic("  + payload pool", windows, false, IN_FLIGHT),
-        quic("  + 8 MiB socket buffers (default)", shipped, false, IN_FLIGHT),
+        quic("  + 8 MiB socket buffers (--insecure)", shipped, false, IN_FLIGHT),
+        mutual("  + mutual TLS (default)", shipped),
     ];
     if args.max_udp_payload != shipped.max_udp_payload {
         let large = Tuning { max_udp_payload: args.max_udp_payload, ..shipped };
-        list.push(quic(&format!("  + --max-udp-payload {}", args.max_udp_payload), large, false, IN_FLIGHT));
+        list.push(mutual(&format!("  + --max-udp-payload {}", args.max_udp_payload), large));
     }
     if let Some(only) = &args.only {
         list.retain(|variant| variant.name.contains(only.as_str()));
@@ -189,7 +200,11 @@ fn measure(variant: &Variant, header: &BatchHeader, payload: &Bytes, args: &Benc
     let (tid_tx, tid_rx) = mpsc::channel::<TidReport>();
     let (sender, receiver) = match variant.transport {
         Transport::Tcp => start_tcp(header, payload, &progress, tid_tx)?,
-        Transport::Quic { tuning, copy_send, pool_keep } => start_quic(tuning, copy_send, pool_keep, header, payload, &progress, tid_tx)?,
+        Transport::Quic { tuning, copy_send, pool_keep, mutual } => {
+            let (sender_tls, receiver_tls) = if mutual { mutual_pair()? } else { (TlsConfigs::insecure()?, TlsConfigs::insecure()?) };
+            let quic = Quic { tuning, copy_send, pool_keep, sender_tls, receiver_tls };
+            start_quic(quic, header, payload, &progress, tid_tx)?
+        }
     };
     let mut tids = [0u32; 2];
     for _ in 0..2 {
@@ -313,20 +328,37 @@ fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread().enable_all().build().context("cannot start a runtime")
 }
 
-fn start_quic(
+/// A worker's and a trainer's TLS configs from a fresh cluster CA, as a deployed cluster has.
+fn mutual_pair() -> anyhow::Result<(TlsConfigs, TlsConfigs)> {
+    let ca = ClusterCa::generate("bench CA", Validity::from_now(CERT_VALIDITY))?;
+    let configs = |role: Role| -> anyhow::Result<TlsConfigs> {
+        let issued = ca.issue(role, &format!("bench-{role}"), &[], Validity::from_now(CERT_VALIDITY))?;
+        Ok(mutual_tls(ca.cert_pem(), &issued.cert_pem, &issued.key_pem, None, ALPN)?)
+    };
+    Ok((configs(Role::Worker)?, configs(Role::Trainer)?))
+}
+
+/// One QUIC variant's settings.
+struct Quic {
     tuning: Tuning,
     copy_send: bool,
     pool_keep: usize,
+    sender_tls: TlsConfigs,
+    receiver_tls: TlsConfigs,
+}
+
+fn start_quic(
+    quic: Quic,
     header: &BatchHeader,
     payload: &Bytes,
     progress: &Arc<Progress>,
     tids: mpsc::Sender<TidReport>,
 ) -> anyhow::Result<Sides> {
-    let tls = TlsConfigs::insecure()?;
+    let Quic { tuning, copy_send, pool_keep, sender_tls, receiver_tls: tls } = quic;
     let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot bind a UDP socket on loopback")?;
     let addr: SocketAddr = socket.local_addr()?;
     let (header, payload, sender_progress, sender_tids, sender_tls) =
-        (header.clone(), payload.clone(), Arc::clone(progress), tids.clone(), tls.clone());
+        (header.clone(), payload.clone(), Arc::clone(progress), tids.clone(), sender_tls);
     let sender = spawn_side("bench-send", move || -> anyhow::Result<()> {
         let _ = sender_tids.send((SENDER, current_tid()));
         single_thread_runtime()?.block_on(async move {

@@ -213,10 +213,10 @@ impl Turns<'_> {
             pipeline_slice(self.dataset, self.spec, config, self.plan_spec, into.pipeline.batches, self.slice, self.metrics.clone())?;
         if !self.no_floor {
             let result = match self.floor_source {
-                Some((other, samples)) => floor::full_decode(other, samples, config.threads, self.slice)?,
+                Some((other, samples)) => floor::full_decode(other, samples, config.threads, self.slice, self.spec.max_image_pixels)?,
                 None => {
                     let seen = round.samples(self.dataset, self.plan_spec);
-                    floor::full_decode(self.dataset, &Arc::new(seen), config.threads, self.slice)?
+                    floor::full_decode(self.dataset, &Arc::new(seen), config.threads, self.slice, self.spec.max_image_pixels)?
                 }
             };
             into.floor = Some(into.floor.map_or(result, |total| total.add(&result)));

@@ -36,7 +36,7 @@ pub(crate) fn issue(args: CertsIssueArgs) -> anyhow::Result<ExitCode> {
     let issued = ca.issue(role, &args.name, &args.hosts, Validity::from_now(days(args.days)))?;
     issued.write_node_dir(&args.out, &trusted)?;
     println!("issued a certificate with role {role} for {:?} into {} (valid {} days)", args.name, args.out.display(), args.days);
-    println!("sha256 {}", issued.key.hex());
+    println!("public key sha256 {}", issued.key.hex());
     println!("use it with --tls-dir {}", args.out.display());
     Ok(ExitCode::SUCCESS)
 }
@@ -65,7 +65,7 @@ pub(crate) fn revoke(args: CertsRevokeArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot open {}", args.deny_list.display()))?;
     writeln!(file, "{} # {who}, from {}", cert.key.hex(), path.display())
         .with_context(|| format!("cannot write {}", args.deny_list.display()))?;
-    println!("denied {who} (sha256 {}) in {}", cert.key.hex(), args.deny_list.display());
+    println!("denied {who} (public key sha256 {}) in {}", cert.key.hex(), args.deny_list.display());
     println!("copy it to every node's TLS directory as `revoked`; nodes refuse the certificate at its next handshake");
     Ok(ExitCode::SUCCESS)
 }
@@ -79,7 +79,7 @@ pub(crate) fn show(args: CertsShowArgs) -> anyhow::Result<ExitCode> {
             println!("  issuer    {}", cert.issuer);
             println!("  valid     {} to {}", cert.not_before, cert.not_after);
             println!("  now       {}", if cert.valid_now { "valid" } else { "EXPIRED or not valid yet" });
-            println!("  sha256    {}", cert.key.hex());
+            println!("  key       sha256 {} (of the public key)", cert.key.hex());
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -42,6 +42,11 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     config.join = args.join;
     config.advertise = args.advertise.clone();
     config.max_batch_bytes = args.max_batch_bytes;
+    config.max_world_size = args.max_world_size;
+    config.max_prefetch = args.max_prefetch;
+    config.max_jobs = usize::try_from(args.max_jobs).unwrap_or(usize::MAX);
+    config.max_datasets = usize::try_from(args.max_datasets).unwrap_or(usize::MAX);
+    config.dataset_roots = args.dataset_roots.clone();
     let runtime = runtime()?;
     let _guard = runtime.enter();
     let tls = args.tls.source()?.load(Role::Coordinator)?;

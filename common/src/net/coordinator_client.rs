@@ -142,6 +142,10 @@ impl QuicCoordinator {
         self.call_once(addr, request, timeout).await.map_err(|error| match error {
             NetError::Remote { source, .. } => (source, true),
             NetError::VersionMismatch { .. } => (RemoteError::new(ErrorCode::VersionMismatch, error.to_string()), true),
+            // A refused certificate stays refused: not a dead node, and not worth a retry.
+            NetError::Refused { .. } | NetError::WrongPeer { .. } | NetError::Tls(_) => {
+                (RemoteError::new(ErrorCode::Forbidden, format!("coordinator {addr}: {error}")), true)
+            }
             other => (RemoteError::new(ErrorCode::Unavailable, format!("coordinator {addr}: {other}")), false),
         })
     }

@@ -257,7 +257,7 @@ fn certificate_refusal(code: TransportErrorCode, by_peer: bool) -> Option<String
     let alert = (0..=255u8).find(|alert| TransportErrorCode::crypto(*alert) == code)?;
     let reason = match alert {
         116 => "no certificate was presented (the peer runs --insecure, or was given no --tls-dir)",
-        42 | 46 => "the certificate is malformed",
+        42 | 46 => "the certificate is malformed, or not one a node may present (a CA certificate?)",
         43 => "the certificate is not for this use (issue it with `stoker certs issue`)",
         44 => "the certificate is revoked (on the deny list)",
         45 => "the certificate has expired or is not valid yet (issue a new one with `stoker certs issue`; check the clocks)",

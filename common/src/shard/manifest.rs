@@ -13,6 +13,10 @@ pub const MANIFEST_VERSION: u32 = 2;
 /// Conventional file name of a manifest beside its shards.
 pub const MANIFEST_FILE: &str = "manifest.json";
 
+/// The largest manifest read: 256 MiB (about two million shards). Checked before reading, so
+/// a path naming a device (`/dev/zero`) or a runaway file is refused instead of read forever.
+pub const MAX_MANIFEST_BYTES: u64 = 256 << 20;
+
 /// A dataset: its shards in order, with sample counts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -88,7 +92,22 @@ impl Manifest {
     /// manifest rewritten in place or differing between hosts is noticed.
     pub fn load_versioned(path: &Path) -> Result<(Self, u64), ShardError> {
         let bad = |reason: String| ShardError::BadManifest { path: path.to_path_buf(), reason };
-        let text = std::fs::read_to_string(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+        let metadata = std::fs::metadata(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+        // Not opened unless it is a regular file: opening a FIFO would block, a device never end.
+        if !metadata.is_file() {
+            return Err(bad("not a regular file (a device, a FIFO or a folder): give a manifest.json".to_owned()));
+        }
+        if metadata.len() > MAX_MANIFEST_BYTES {
+            return Err(bad(format!("{} bytes, over the {MAX_MANIFEST_BYTES} bytes a manifest may have", metadata.len())));
+        }
+        let mut text = String::new();
+        let file = std::fs::File::open(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+        // Bounded even if the file grows while it is read.
+        std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_MANIFEST_BYTES + 1), &mut text)
+            .map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(bad(format!("over the {MAX_MANIFEST_BYTES} bytes a manifest may have (it grew while it was read)")));
+        }
         let version = xxhash_rust::xxh3::xxh3_64(text.as_bytes()).max(1);
         let manifest: Self = serde_json::from_str(&text).map_err(|error| bad(format!("not a valid manifest: {error}")))?;
         if manifest.version > MANIFEST_VERSION {

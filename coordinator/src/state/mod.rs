@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use stoker_common::ids::JobId;
+use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
 use stoker_common::plan::Checkpoint;
 use stoker_common::proto::{DatasetInfo, JobSpec};
 
@@ -77,6 +77,19 @@ pub enum Command {
         /// The state imported.
         state: Box<ClusterState>,
     },
+    /// A trainer with certificate `key` attached as `rank` of `job` and got `session`: after a
+    /// fail-over, only that session is adopted for the rank, and only from that certificate
+    /// (sessions themselves are soft state). Appended last.
+    RecordSession {
+        /// The job.
+        job: JobId,
+        /// The rank.
+        rank: Rank,
+        /// Its newest session.
+        session: SessionId,
+        /// The certificate that attached.
+        key: CertKey,
+    },
 }
 
 /// What a command did.
@@ -116,6 +129,9 @@ pub struct ClusterState {
     /// Whether the single-node store of an earlier version was imported (it never is twice).
     #[serde(default)]
     pub imported_legacy: bool,
+    /// Each rank's newest session and the certificate that attached for it (mutual TLS only).
+    #[serde(default)]
+    pub sessions: BTreeMap<JobId, BTreeMap<Rank, (SessionId, CertKey)>>,
 }
 
 impl ClusterState {
@@ -157,6 +173,7 @@ impl ClusterState {
                 self.job_datasets.remove(&job);
                 self.checkpoints.remove(&job);
                 self.failed.remove(&job);
+                self.sessions.remove(&job);
                 Applied::Done
             }
             Command::RecordCheckpoints { checkpoints } => {
@@ -186,6 +203,16 @@ impl ClusterState {
             Command::Import { state } => {
                 *self = *state;
                 self.imported_legacy = true;
+                Applied::Done
+            }
+            Command::RecordSession { job, rank, session, key } => {
+                if self.jobs.contains_key(&job) {
+                    let ranks = self.sessions.entry(job).or_default();
+                    // A late entry never takes the rank back from a newer session.
+                    if ranks.get(&rank).is_none_or(|(recorded, _)| *recorded <= session) {
+                        ranks.insert(rank, (session, key));
+                    }
+                }
                 Applied::Done
             }
         }

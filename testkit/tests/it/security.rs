@@ -7,9 +7,12 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use stoker_client::Loader;
+use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
 use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, WorkerId};
-use stoker_common::net::{CERT_VALIDITY, ClusterCa, NetError, Role, TlsConfigs, Tuning, Validity, client_endpoint, connect, insecure_tls};
+use stoker_common::net::{
+    CERT_VALIDITY, ClusterCa, NetError, QuicCoordinator, Role, TlsConfigs, Tuning, Validity, client_endpoint, connect, insecure_tls,
+};
 use stoker_common::proto::{ALPN, ControlRequest, ErrorCode, RaftKind, RemoteError, TrainerHello};
 use stoker_common::wire::CONTROL_FRAME_LIMIT;
 use stoker_testkit::{TestCluster, issue_configs};
@@ -63,7 +66,14 @@ fn every_endpoint_refuses_peers_without_a_valid_certificate_of_the_cluster() {
     info!("--- a valid trainer certificate reaches both endpoints");
     assert_eq!(coordinator_refusal(&cluster, &revoked), None);
     assert_eq!(worker_refusal(&cluster, &revoked), None);
+    let addrs = cluster.coordinator_list();
+    let open = cluster.block_on(async { QuicCoordinator::with_addrs(addrs, &revoked).expect("client") });
+    assert!(cluster.block_on(open.call(ControlRequest::Status)).is_ok(), "connected before the revocation");
     cluster.deny(revoked_key).expect("deny");
+    info!("--- the connection that stayed open is refused at its next request");
+    let cut = cluster.block_on(open.call(ControlRequest::Status)).expect_err("revoked while connected");
+    assert!(cut.code == ErrorCode::Forbidden && cut.message.contains("revoked"), "{cut}");
+    open.close();
 
     let cases = [
         ("no certificate", &none, "no certificate was presented"),
@@ -78,6 +88,9 @@ fn every_endpoint_refuses_peers_without_a_valid_certificate_of_the_cluster() {
         let at_worker = worker_refusal(&cluster, tls).unwrap_or_else(|| panic!("the worker served a peer with {what}"));
         assert!(at_worker.contains(reason), "{what} at the worker: {at_worker}");
     }
+    info!("--- a valid certificate of another role than trainer cannot take batches");
+    let at_worker = worker_refusal(&cluster, &cluster.tls(Role::Admin)).expect("an admin at the batch port");
+    assert!(at_worker.contains("only trainers may connect here"), "{at_worker}");
     info!("--- a secure client refuses a server that runs --insecure");
     let plain = TestCluster::start(stoker_testkit::ClusterConfig { workers: 0, insecure: true, ..Default::default() }).expect("cluster");
     let refusal = plain.call_with(&cluster.tls(Role::Admin), ControlRequest::Status).expect_err("refused");

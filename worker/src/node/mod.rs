@@ -193,7 +193,7 @@ where
         register_attempts: AtomicU64::new(0),
         heartbeat_millis: AtomicU64::new(500),
         stuck_after_millis: AtomicU64::new(30_000),
-        trainers: Trainers::default(),
+        trainers: Trainers::new(tls.clone()),
         ledger: std::sync::Mutex::new(LeaseLedger::default()),
         room: Notify::new(),
         jobs: std::sync::Mutex::new(HashMap::new()),

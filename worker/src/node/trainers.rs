@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use quinn::Connection;
 use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
-use stoker_common::net::{PeerIdentity, Role};
+use stoker_common::net::{PeerIdentity, Role, TlsConfigs};
 use stoker_common::proto::{ErrorCode, RemoteError, TrainerHello};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use tokio::sync::Notify;
@@ -39,18 +39,33 @@ impl Entry {
     }
 }
 
+/// Entries one trainer certificate may hold over all ranks: hellos name any (job, rank), and
+/// the table must not grow without bound for one peer.
+const CONNECTIONS_PER_CERTIFICATE: usize = 1024;
+
 /// Connections by (job, rank).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Trainers {
     connections: Mutex<HashMap<(JobId, Rank), Vec<Entry>>>,
     changed: Notify,
+    /// For the deny list: a certificate revoked while connected gets no more batches.
+    tls: TlsConfigs,
 }
 
 impl Trainers {
+    /// No trainers yet; `tls` is the worker's (its deny list is asked before every batch).
+    pub(crate) fn new(tls: TlsConfigs) -> Self {
+        Self { connections: Mutex::default(), changed: Notify::new(), tls }
+    }
+
     fn live(&self, job: JobId, rank: Rank, oldest: SessionId, owner: CertKey) -> Option<Connection> {
         let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        connections
-            .get(&(job, rank))?
+        let entries = connections.get(&(job, rank))?;
+        for entry in entries.iter().filter(|entry| entry.is_open() && self.tls.is_denied(&entry.key)) {
+            warn!(key = %entry.key, "closing a trainer connection: its certificate was revoked since it connected");
+            entry.connection.close(3u32.into(), b"certificate revoked");
+        }
+        entries
             .iter()
             .filter(|entry| entry.session >= oldest && owner.admits(&entry.key) && entry.is_open())
             .max_by_key(|entry| entry.session)
@@ -135,6 +150,18 @@ impl Trainers {
     /// replaces its old one.
     fn register(&self, hello: &TrainerHello, key: CertKey, connection: &Connection) -> Result<(), RemoteError> {
         let mut connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Closed connections go, every rank's; and one certificate holds a bounded number.
+        connections.retain(|_, entries| {
+            entries.retain(Entry::is_open);
+            !entries.is_empty()
+        });
+        let held = connections.values().flatten().filter(|entry| entry.key == key).count();
+        if key != CertKey::UNCHECKED && held >= CONNECTIONS_PER_CERTIFICATE {
+            return Err(RemoteError::new(
+                ErrorCode::Unavailable,
+                format!("this trainer certificate holds {held} connections here already (at most {CONNECTIONS_PER_CERTIFICATE})"),
+            ));
+        }
         let entries = connections.entry((hello.job, hello.rank)).or_default();
         if let Some(newer) = entries.iter().find(|entry| entry.key == key && entry.session > hello.session && entry.is_open()) {
             return Err(RemoteError::new(

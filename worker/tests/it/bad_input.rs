@@ -186,3 +186,20 @@ fn a_jpeg_that_decodes_only_with_warnings_is_flagged_or_fails_by_policy() {
     let text = error.to_string();
     assert!(text.contains("class0/zz_damaged") && text.contains("corrupt JPEG data"), "{text}");
 }
+
+/// Issue 19: the full-decode floor of `stoker bench pipeline` decoded whatever a header
+/// claimed (one 65000×65000 header took the bench to 12 GB); it refuses what the pipeline
+/// refuses, counting the image as failed.
+#[test]
+fn the_full_decode_floor_refuses_an_image_over_the_pixel_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let huge = with_dimensions(jpeg(64, 48, 1, Subsamp::Sub2x2), 65000, 65000);
+    let manifest = packed_dataset(dir.path(), 1, 3, &[("class0/zz_huge.jpg", &huge)]);
+    let dataset = Arc::new(Dataset::open(&manifest).expect("open"));
+    let table = dataset.table();
+    let samples = Arc::new((0..dataset.samples()).map(|index| table.locate(index)).collect::<Vec<_>>());
+    let limit = TransformSpec::imagenet_train(32).max_image_pixels;
+    let floor = stoker_worker::floor::full_decode(&dataset, &samples, 1, std::time::Duration::from_millis(300), limit).expect("floor");
+    assert!(floor.failed > 0, "the huge header is refused: {floor:?}");
+    assert!(floor.images > 0, "the others decode: {floor:?}");
+}

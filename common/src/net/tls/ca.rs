@@ -62,7 +62,7 @@ pub struct Issued {
     pub cert_pem: String,
     /// Its private key, PEM.
     pub key_pem: String,
-    /// Its SHA-256 (what the deny list names).
+    /// The SHA-256 of its public key (what the deny list names).
     pub key: CertKey,
 }
 

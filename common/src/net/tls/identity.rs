@@ -134,9 +134,17 @@ impl fmt::Display for PeerIdentity {
     }
 }
 
-/// The SHA-256 of a certificate.
+/// A certificate's key: the SHA-256 of its subject public key (SPKI), not of the whole
+/// certificate. The holder of an ECDSA certificate can re-encode its signature (s for n − s)
+/// into different bytes that still verify; a fingerprint of the bytes would then miss the deny
+/// list. Its key pair it cannot change. Bytes that do not parse as a certificate are hashed
+/// whole (they pass no handshake anyway).
 pub fn cert_key(der: &[u8]) -> CertKey {
-    let digest = ring::digest::digest(&ring::digest::SHA256, der);
+    let hashed = match x509_parser::parse_x509_certificate(der) {
+        Ok((_, cert)) => cert.tbs_certificate.subject_pki.raw,
+        Err(_) => der,
+    };
+    let digest = ring::digest::digest(&ring::digest::SHA256, hashed);
     let mut key = [0u8; 32];
     key.copy_from_slice(digest.as_ref());
     CertKey(key)

@@ -24,7 +24,7 @@ pub struct CertSummary {
     pub not_after: String,
     /// Whether it is valid now.
     pub valid_now: bool,
-    /// Its SHA-256.
+    /// The SHA-256 of its public key.
     pub key: CertKey,
 }
 

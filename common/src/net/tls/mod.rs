@@ -30,6 +30,7 @@ pub use self::inspect::{CertSummary, summarize_pem};
 pub use self::source::TlsSource;
 use self::verify::{ClusterClientVerifier, ClusterServerVerifier, DenyList};
 use super::NetError;
+use crate::ids::CertKey;
 use crate::proto::ALPN;
 
 /// TLS material that cannot be read, parsed or made.
@@ -87,6 +88,7 @@ pub struct TlsConfigs {
     /// For making connections.
     pub client: Arc<QuicClientConfig>,
     own: Option<Peer>,
+    deny: Option<Arc<DenyList>>,
 }
 
 fn provider() -> Arc<CryptoProvider> {
@@ -121,6 +123,7 @@ pub fn insecure_tls(alpn: &[u8]) -> Result<TlsConfigs, NetError> {
         server: Arc::new(QuicServerConfig::try_from(server).map_err(setup)?),
         client: Arc::new(QuicClientConfig::try_from(client).map_err(setup)?),
         own: None,
+        deny: None,
     })
 }
 
@@ -145,6 +148,7 @@ pub fn mutual_tls(trusted: &str, cert_pem: &str, key_pem: &str, deny_list: Optio
     };
     let roots = Arc::new(roots);
     let deny = Arc::new(DenyList::at(deny_list)?);
+    let deny_list = Arc::clone(&deny);
     let bad = |error: rustls::Error| TlsError::BadCertificate { message: error.to_string() };
     let client_verifier = ClusterClientVerifier::new(Arc::clone(&roots), Arc::clone(&deny), provider())?;
     let mut server = rustls::ServerConfig::builder_with_provider(provider())
@@ -173,6 +177,7 @@ pub fn mutual_tls(trusted: &str, cert_pem: &str, key_pem: &str, deny_list: Optio
         server: Arc::new(QuicServerConfig::try_from(server).map_err(quic)?),
         client: Arc::new(QuicClientConfig::try_from(client).map_err(quic)?),
         own: Some(own),
+        deny: Some(deny_list),
     })
 }
 
@@ -212,6 +217,12 @@ impl TlsConfigs {
     /// This node's own identity (none when insecure).
     pub fn own(&self) -> Option<&Peer> {
         self.own.as_ref()
+    }
+
+    /// Whether the deny list names `key` now. Certificates are checked at the handshake; nodes
+    /// ask this again for connections that stay open, so a revocation reaches them too.
+    pub fn is_denied(&self, key: &CertKey) -> bool {
+        self.deny.as_ref().is_some_and(|deny| deny.denies(key))
     }
 
     /// What TLS proved about `connection`'s peer (see [`peer_identity`]).
@@ -259,3 +270,6 @@ impl ServerCertVerifier for AcceptAnyServer {
         self.0.signature_verification_algorithms.supported_schemes()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -19,13 +19,13 @@ use super::TlsError;
 use super::identity::{cert_key, describe};
 use crate::ids::CertKey;
 
-/// Certificates refused whatever signed them: a file of SHA-256 fingerprints, one per line
+/// Certificates refused whatever signed them: a file of the SHA-256s of their public keys, one per line
 /// (`#` starts a comment), read again whenever it changes, so a revocation takes effect at the
 /// next handshake without a restart.
 #[derive(Debug)]
 pub(crate) struct DenyList {
     path: Option<PathBuf>,
-    loaded: Mutex<(Option<SystemTime>, HashSet<CertKey>)>,
+    loaded: Mutex<(Option<Stamp>, HashSet<CertKey>)>,
 }
 
 impl DenyList {
@@ -60,8 +60,13 @@ impl DenyList {
     }
 }
 
-fn modified(path: &Path) -> Option<SystemTime> {
-    std::fs::metadata(path).and_then(|metadata| metadata.modified()).ok()
+/// When a file last changed, and its length (a rewrite within the file system's time
+/// granularity still changes one of them, unless it keeps the length too).
+type Stamp = (SystemTime, u64);
+
+fn modified(path: &Path) -> Option<Stamp> {
+    let metadata = std::fs::metadata(path).ok()?;
+    Some((metadata.modified().ok()?, metadata.len()))
 }
 
 /// Parse a deny list.
@@ -76,7 +81,7 @@ pub(crate) fn read_deny_list(path: &Path) -> Result<HashSet<CertKey>, TlsError> 
         let first = entry.split_whitespace().next().unwrap_or_default();
         let key = CertKey::from_hex(first).ok_or_else(|| TlsError::Malformed {
             path: path.to_owned(),
-            message: format!("line {}: expected a certificate's SHA-256 as 64 hex digits, got {first:?}", index + 1),
+            message: format!("line {}: expected the SHA-256 of a certificate's public key as 64 hex digits (`stoker certs revoke` writes them), got {first:?}", index + 1),
         })?;
         keys.insert(key);
     }
