@@ -24,6 +24,8 @@ def test_the_wheel_installs_without_rust_and_runs_the_minimal_example(cluster, t
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     # No cargo or rustc on the PATH of the install and of the run: the wheel needs neither.
     bare = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": os.environ.get("HOME", str(tmp_path)), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    # The cluster's certificates come from the tests' local CA (conftest); so must the example's.
+    bare["STOKER_LOCAL_CA"] = os.environ["STOKER_LOCAL_CA"]
     numpy = subprocess.run([sys.executable, "-c", "import numpy; print(numpy.__version__)"], capture_output=True, text=True, check=True)
     install = [str(venv / "bin" / "pip"), "install", "--quiet", f"numpy=={numpy.stdout.strip()}", str(wheel)]
     subprocess.run(install, env=bare, check=True, timeout=600)

@@ -263,7 +263,7 @@ fn certificate_refusal(code: TransportErrorCode, by_peer: bool) -> Option<String
         45 => "the certificate has expired or is not valid yet (issue a new one with `stoker certs issue`; check the clocks)",
         48 => "the certificate is not signed by a trusted cluster CA (another CA, or the other side runs --insecure)",
         49 => "the certificate names no Stoker role",
-        51 => "the handshake signature does not match the certificate",
+        51 => "a signature does not verify (a certificate signed by another CA of the same name, or a forged handshake)",
         _ => return None,
     };
     Some(if by_peer {

@@ -92,12 +92,14 @@ fn random_serial() -> Result<SerialNumber, TlsError> {
 }
 
 impl ClusterCa {
-    /// A new CA named `name`, valid as `validity` says.
+    /// A new CA named `name` and a random id, valid as `validity` says. The id keeps two CAs
+    /// of one name apart: a certificate of the other is then "not signed by a trusted CA",
+    /// not a signature that fails to verify against a namesake.
     pub fn generate(name: &str, validity: Validity) -> Result<Self, TlsError> {
         let key = KeyPair::generate().map_err(generation)?;
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, name);
+        params.distinguished_name.push(DnType::CommonName, format!("{name} {:08x}", random_u64() as u32));
         params.distinguished_name.push(DnType::OrganizationName, "stoker");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
