@@ -15,11 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::RootCertStore;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, RootCertStore, SignatureScheme};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
 pub use self::ca::{
     CA_CERT, CA_KEY, CA_VALIDITY, CERT_VALIDITY, ClusterCa, DENY_LIST, Issued, NODE_CERT, NODE_KEY, Validity, ensure_local, local_ca_dir,
@@ -28,7 +27,7 @@ pub use self::ca::{
 pub use self::identity::{Peer, PeerIdentity, Role, cert_key, describe, peer_identity};
 pub use self::inspect::{CertSummary, summarize_pem};
 pub use self::source::TlsSource;
-use self::verify::{ClusterClientVerifier, ClusterServerVerifier, DenyList};
+use self::verify::{AcceptAnyServer, ClusterClientVerifier, ClusterServerVerifier, DenyList};
 use super::NetError;
 use crate::ids::CertKey;
 use crate::proto::ALPN;
@@ -116,7 +115,7 @@ pub fn insecure_tls(alpn: &[u8]) -> Result<TlsConfigs, NetError> {
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(setup)?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer(provider())))
+        .with_custom_certificate_verifier(Arc::new(AcceptAnyServer::new(provider())))
         .with_no_client_auth();
     client.alpn_protocols = vec![alpn.to_vec()];
     Ok(TlsConfigs {
@@ -228,46 +227,6 @@ impl TlsConfigs {
     /// What TLS proved about `connection`'s peer (see [`peer_identity`]).
     pub fn peer(&self, connection: &quinn::Connection) -> Option<PeerIdentity> {
         peer_identity(connection, self.is_checked())
-    }
-}
-
-/// Accepts any certificate but still checks the handshake signatures, so the session keys are
-/// bound to the certificate the server presented.
-#[derive(Debug)]
-struct AcceptAnyServer(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAnyServer {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, signature, &self.0.signature_verification_algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        signature: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, signature, &self.0.signature_verification_algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 

@@ -264,3 +264,49 @@ impl ClientCertVerifier for ClusterClientVerifier {
         self.inner.supported_verify_schemes()
     }
 }
+
+/// What `--insecure` clients use: accepts any server certificate but still checks the
+/// handshake signatures, so the session keys are bound to the certificate the server presented.
+#[derive(Debug)]
+pub(crate) struct AcceptAnyServer(Signatures);
+
+impl AcceptAnyServer {
+    pub(crate) fn new(provider: Arc<CryptoProvider>) -> Self {
+        Self(Signatures(provider))
+    }
+}
+
+impl ServerCertVerifier for AcceptAnyServer {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.tls12(message, cert, signature)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        signature: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.tls13(message, cert, signature)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.schemes()
+    }
+}
