@@ -255,9 +255,26 @@ pub(crate) struct CoordinatorArgs {
     /// The most datasets kept.
     #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_DATASETS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_datasets: u64,
+    /// The most connections open at once (handshakes in progress count); more are refused
+    /// before their handshake, and their clients retry.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_connections: u64,
+    /// The most connections open at once from one IP address (a NAT or a host of many
+    /// trainers may need more).
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_connections_per_address: u64,
+    /// The most requests one connection may have open at once: a client waits for a free
+    /// one, a peer that ignores the limit is disconnected.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_STREAMS_PER_CONNECTION, value_parser = clap::value_parser!(u32).range(4..))]
+    pub(crate) max_streams_per_connection: u32,
+    /// Milliseconds one request may take to arrive, from its first byte to its last: a slower
+    /// sender (or one that opens requests and sends nothing) is disconnected.
+    #[arg(long = "request-timeout-ms", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(100..))]
+    pub(crate) request_timeout_ms: u64,
     /// A folder datasets must be in (repeat for several): `dataset add` of a manifest outside
     /// every one (after symlinks are resolved) is refused [default: anywhere this coordinator
-    /// can read]. Manifests must be regular files of at most 256 MiB in any case.
+    /// can read], and so is one listing a shard outside them (judged by its path where this
+    /// host lacks the file). Manifests must be regular files of at most 256 MiB in any case.
     #[arg(long = "dataset-root", value_name = "DIR")]
     pub(crate) dataset_roots: Vec<PathBuf>,
     #[command(flatten)]
@@ -307,6 +324,19 @@ pub(crate) struct WorkerArgs {
     /// machine or of the container's limit, whichever is less].
     #[arg(long, value_name = "BYTES")]
     pub(crate) max_batch_memory: Option<u64>,
+    /// A folder datasets must be in (repeat for several): a job whose manifest or shards are
+    /// outside every one (after symlinks are resolved) fails, saying so, before anything of it
+    /// is read [default: anywhere this worker can read]. Shards and manifests must be regular
+    /// files in any case (no devices, no FIFOs).
+    #[arg(long = "dataset-root", value_name = "DIR")]
+    pub(crate) dataset_roots: Vec<PathBuf>,
+    /// The most trainer connections open at once (handshakes in progress count); more are
+    /// refused before their handshake.
+    #[arg(long, default_value_t = stoker_common::net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_connections: u64,
+    /// The most trainer connections open at once from one IP address.
+    #[arg(long, default_value_t = stoker_common::net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_connections_per_address: u64,
     #[command(flatten)]
     pub(crate) tls: TlsArgs,
 }

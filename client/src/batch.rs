@@ -13,6 +13,8 @@ pub struct ReceivedBatch {
     /// Steps of the epoch before the run the batch belongs to (a resumed run starts inside
     /// the epoch; the wire numbers steps from the run's start).
     pub(crate) step_offset: u64,
+    /// Counts the batch against the trainer's limit until it is dropped.
+    pub(crate) _held: Option<crate::receive::Held>,
 }
 
 impl ReceivedBatch {

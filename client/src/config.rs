@@ -54,6 +54,11 @@ pub struct LoaderConfig {
     /// Where the trainer's certificate comes from [default: the local CA, which works on one
     /// machine; give a trainer certificate's directory for a cluster].
     pub tls: TlsSource,
+    /// Most batches this trainer holds before it yields them (waiting for an earlier step, or
+    /// of the next epoch, made early) [default: 4 × prefetch + 16]. Past it the batch farthest
+    /// ahead is dropped and made again later, so a worker sending far ahead (a bug, or a
+    /// hostile one) cannot fill the trainer's memory; as many more may be arriving at once.
+    pub max_buffered_batches: Option<u32>,
 }
 
 impl LoaderConfig {
@@ -77,6 +82,7 @@ impl LoaderConfig {
             batch_timeout: Duration::from_secs(300),
             nack_after: Duration::from_secs(1),
             tls: TlsSource::Local,
+            max_buffered_batches: None,
         }
     }
 
@@ -106,6 +112,11 @@ impl LoaderConfig {
         Ok((Rank(rank), world_size))
     }
 
+    /// [`Self::max_buffered_batches`], or its default.
+    pub fn buffered_limit(&self) -> usize {
+        self.max_buffered_batches.map_or_else(|| 4 * self.prefetch as usize + 16, |max| max as usize)
+    }
+
     /// The job spec these settings ask for.
     pub fn job_spec(&self) -> Result<JobSpec, ClientError> {
         let (_, world_size) = self.rank_and_world_size()?;
@@ -113,6 +124,15 @@ impl LoaderConfig {
             NonZeroU32::new(self.batch_size).ok_or_else(|| ClientError::Config { message: "batch size must be at least 1".to_owned() })?;
         if self.prefetch == 0 {
             return Err(ClientError::Config { message: "prefetch must be at least 1 step".to_owned() });
+        }
+        if self.max_buffered_batches.is_some_and(|max| max < self.prefetch) {
+            return Err(ClientError::Config {
+                message: format!(
+                    "max_buffered_batches {} is below prefetch {}: the batches of one window would not fit; raise it",
+                    self.max_buffered_batches.unwrap_or_default(),
+                    self.prefetch
+                ),
+            });
         }
         if self.nack_after < MIN_NACK_AFTER {
             return Err(ClientError::Config {

@@ -26,7 +26,7 @@ use crate::config::LoaderConfig;
 use crate::error::ClientError;
 use crate::metrics::LoaderCounters;
 use crate::protocol::{Offered, Open, TrainerProtocol};
-use crate::receive::{Expect, PlanBook, ReceiveStats, connect_worker, receive_loop};
+use crate::receive::{Expect, HeldCount, PlanBook, ReceiveStats, connect_worker, receive_loop};
 use crate::session::{Progress, Session, report_progress};
 
 /// Where a trainer stands, for its checkpoint: the job's name and the position consumed.
@@ -124,6 +124,8 @@ where
     opening_opt: Option<(ControlRequest, Arc<EpochPlan>)>,
     finished: bool,
     waited: Duration,
+    /// Batches dropped for the buffer limit when that was last logged.
+    evicted_warned: u64,
     /// Of `waited`, the part since the last `set_epoch`.
     epoch_waited: Duration,
     batch_timeout: Duration,
@@ -231,6 +233,7 @@ where
             session,
             max_payload: u64::from(spec.plan.batch_size.get()) * sample_bytes as u64,
             plans: Arc::new(PlanBook::new(Arc::clone(&table), spec.plan, dataset.version)),
+            held: HeldCount::new(2 * config.buffered_limit()),
         };
         let (batches_tx, batches_rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ReceiveStats::default());
@@ -267,7 +270,7 @@ where
             batches_rx,
             stats,
             progress_tx,
-            protocol: TrainerProtocol::new(config.nack_after),
+            protocol: TrainerProtocol::new(config.nack_after).with_max_buffered(config.buffered_limit()),
             epoch: Epoch(0),
             resume_opt: None,
             plan_opt: None,
@@ -276,6 +279,7 @@ where
             opening_opt: None,
             finished: false,
             waited: Duration::ZERO,
+            evicted_warned: 0,
             epoch_waited: Duration::ZERO,
             batch_timeout: config.batch_timeout,
             deadline_opt: None,
@@ -505,6 +509,20 @@ where
         self.protocol.close();
     }
 
+    /// Say (once per 100 drops) that batches were dropped for the buffer limit.
+    fn warn_evicted(&mut self) {
+        let evicted = self.protocol.evicted();
+        if evicted > self.evicted_warned && (self.evicted_warned == 0 || evicted >= self.evicted_warned + 100) {
+            warn!(
+                rank = %self.rank,
+                evicted,
+                "more batches arrived ahead of the training loop than max_buffered_batches: the farthest ahead were \
+                 dropped and will be made again (a worker sending far ahead; raise max_buffered_batches if this is expected)"
+            );
+            self.evicted_warned = evicted;
+        }
+    }
+
     fn count_buffered(&self) {
         self.counters.buffered.store(self.buffered_batches() as u64, Ordering::Release);
         self.counters.early.store(self.protocol.early() as u64, Ordering::Release);
@@ -634,6 +652,7 @@ where
                         Offered::Duplicate => debug!(rank = %self.rank, "duplicate batch dropped"),
                         Offered::Dropped => debug!(rank = %self.rank, "batch of a past run dropped"),
                     }
+                    self.warn_evicted();
                     // Batches that cannot be yielded yet must not hold back the missing report.
                     self.report();
                 }

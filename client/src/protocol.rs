@@ -86,6 +86,10 @@ pub struct TrainerProtocol<B> {
     /// do not pile up. Bounded by the flow windows of those runs.
     early: BTreeMap<(RunId, u64), B>,
     nack_after: Duration,
+    /// Most batches held (waiting and early); beyond it the farthest ahead is dropped.
+    max_buffered: usize,
+    /// Batches dropped for that limit.
+    evicted: u64,
     /// Since when the rank has waited for its next step.
     waiting_since_opt: Option<Instant>,
 }
@@ -107,7 +111,38 @@ where
 {
     /// A rank in no run yet, that reports steps missing after waiting `nack_after` for them.
     pub fn new(nack_after: Duration) -> Self {
-        Self { pass: Pass(0), current_opt: None, early: BTreeMap::new(), nack_after, waiting_since_opt: None }
+        Self {
+            pass: Pass(0),
+            current_opt: None,
+            early: BTreeMap::new(),
+            nack_after,
+            max_buffered: usize::MAX,
+            evicted: 0,
+            waiting_since_opt: None,
+        }
+    }
+
+    /// Hold at most `max_buffered` batches (at least 1): past it, the batch farthest ahead
+    /// (a later run's first, then the current run's highest step, never the next step's) is
+    /// dropped, and made again when the rank reports it missing. Bounds what a worker sending
+    /// batches far ahead (a bug, or a hostile one) can make the trainer keep.
+    pub fn with_max_buffered(mut self, max_buffered: usize) -> Self {
+        self.max_buffered = max_buffered.max(1);
+        self
+    }
+
+    /// Batches dropped so far because more than the limit were held.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    fn enforce_limit(&mut self) {
+        while self.buffered() > self.max_buffered {
+            if self.early.pop_last().is_none() && self.current_opt.as_mut().and_then(|current| current.reorder.evict_last()).is_none() {
+                return;
+            }
+            self.evicted += 1;
+        }
     }
 
     /// How long the rank waits for a step before reporting it missing.
@@ -146,6 +181,12 @@ where
 
     /// A batch arrived.
     pub fn offer(&mut self, batch: B) -> Offered {
+        let offered = self.take(batch);
+        self.enforce_limit();
+        offered
+    }
+
+    fn take(&mut self, batch: B) -> Offered {
         let (run, step) = (batch.run(), batch.step());
         let Some(current) = self.current_opt.as_mut() else { return self.keep_early(run, step, batch) };
         match current.reorder.offer(run, step, batch) {

@@ -116,3 +116,37 @@ fn missing_steps_go_out_once_per_period_and_only_while_the_trainer_waits() {
     assert!(damper.filter(missing.clone(), None, start + second * 5).is_empty(), "not waiting at all");
     assert!(damper.filter(Vec::new(), Some(start + second * 6), start + second * 6).is_empty());
 }
+
+/// Issue 19: a worker sending batches far ahead (a bug, or a hostile one) cannot make the
+/// trainer hold more than its limit; what is dropped is made again, and every step is still
+/// yielded exactly once, in order.
+#[test]
+fn batches_past_the_limit_are_dropped_farthest_first_and_never_the_next_step() {
+    let mut protocol = protocol().with_max_buffered(3);
+    protocol.open(EPOCH0, 8);
+    for step in 0..3 {
+        assert_eq!(protocol.offer(Fake(EPOCH1, step)), Offered::Early);
+    }
+    assert_eq!(protocol.offer(Fake(EPOCH0, 5)), Offered::Kept);
+    assert_eq!((protocol.buffered(), protocol.early(), protocol.evicted()), (3, 2, 1), "a later run's batch goes first");
+    for step in [7, 6, 4] {
+        protocol.offer(Fake(EPOCH0, step));
+    }
+    assert_eq!((protocol.buffered(), protocol.early()), (3, 0));
+    assert_eq!(protocol.offer(Fake(EPOCH0, 0)), Offered::Kept, "the next step is always taken");
+    assert_eq!(protocol.buffered(), 3);
+    assert_eq!(protocol.pop().map(|(step, _)| step), Some(Step(0)));
+    // The dropped steps are missing, so they are made again; each is yielded once.
+    let held: Vec<Step> = protocol.current_opt.as_ref().map(|current| current.reorder.waiting_steps().collect()).unwrap_or_default();
+    assert_eq!(held, [Step(4), Step(5)], "the nearest batches were kept");
+    let mut yielded = vec![Step(0)];
+    for step in 1..8 {
+        protocol.offer(Fake(EPOCH0, step));
+        while let Some((step, _)) = protocol.pop() {
+            yielded.push(step);
+        }
+    }
+    assert_eq!(yielded, (0..8).map(Step).collect::<Vec<_>>(), "every step once, in order");
+    let evicted_before = protocol.evicted();
+    assert!(evicted_before >= 5, "{evicted_before}");
+}

@@ -2,7 +2,7 @@
 //! is, then accepts one unidirectional stream per batch and verifies each before handing it on.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +28,45 @@ pub(crate) struct Expect {
     pub(crate) max_payload: u64,
     /// The job's own plans, to check each batch's samples against.
     pub(crate) plans: Arc<PlanBook>,
+    /// Batches in memory here, against their limit.
+    pub(crate) held: Arc<HeldCount>,
+}
+
+/// Batches this trainer has in memory, from the moment one's header is accepted (before its
+/// payload is allocated) until it is yielded or dropped; a batch beyond the limit is refused
+/// before its payload is read (its step is then made again).
+#[derive(Debug)]
+pub(crate) struct HeldCount {
+    held: AtomicUsize,
+    max: usize,
+}
+
+/// One batch counted in a [`HeldCount`] until dropped.
+#[derive(Debug)]
+pub(crate) struct Held(Arc<HeldCount>);
+
+impl HeldCount {
+    pub(crate) fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self { held: AtomicUsize::new(0), max })
+    }
+
+    fn reserve(self: &Arc<Self>) -> Result<Held, String> {
+        let held = self.held.fetch_add(1, Ordering::AcqRel);
+        if held >= self.max {
+            self.held.fetch_sub(1, Ordering::AcqRel);
+            return Err(format!(
+                "{held} batches are in memory here, the limit (twice max_buffered_batches): refused before reading its payload; \
+                 it is made again when its step is due"
+            ));
+        }
+        Ok(Held(Arc::clone(self)))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// The job's epoch plans as this trainer computes them, to verify that a batch holds the
@@ -116,10 +155,16 @@ pub(crate) async fn receive_loop(
         };
         let (batches_tx, stats, pool, expect) = (batches_tx.clone(), Arc::clone(&stats), pool.clone(), expect.clone());
         tokio::spawn(async move {
-            match receive_batch(&mut recv, &pool, |header| check_header(header, &expect)).await {
+            let mut held_opt = None;
+            let check = |header: &BatchHeader| {
+                check_header(header, &expect)?;
+                held_opt = Some(expect.held.reserve()?);
+                Ok(())
+            };
+            match receive_batch(&mut recv, &pool, check).await {
                 Ok((header, payload)) => {
                     stats.received.fetch_add(1, Ordering::AcqRel);
-                    let _ = batches_tx.send(ReceivedBatch { header, payload, step_offset: 0 });
+                    let _ = batches_tx.send(ReceivedBatch { header, payload, step_offset: 0, _held: held_opt });
                 }
                 Err(reason) => {
                     stats.rejected.fetch_add(1, Ordering::AcqRel);
@@ -178,7 +223,7 @@ mod tests {
     }
 
     fn expect() -> Expect {
-        Expect { job: JobId(1), rank: Rank(0), session: SessionId(1), max_payload: 1000, plans: plans() }
+        Expect { job: JobId(1), rank: Rank(0), session: SessionId(1), max_payload: 1000, plans: plans(), held: HeldCount::new(4) }
     }
 
     /// Step 1 of epoch 0 as a worker with the same manifest and plan makes it.
@@ -203,6 +248,16 @@ mod tests {
             payload_len: 96,
             checksum: 0,
         }
+    }
+
+    #[test]
+    fn batches_past_the_limit_are_refused_until_one_is_dropped() {
+        let count = HeldCount::new(2);
+        let (first, _second) = (count.reserve().expect("first"), count.reserve().expect("second"));
+        let refusal = count.reserve().expect_err("a third");
+        assert!(refusal.contains("max_buffered_batches"), "{refusal}");
+        drop(first);
+        assert!(count.reserve().is_ok(), "a dropped batch frees its place");
     }
 
     #[test]

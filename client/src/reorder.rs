@@ -57,6 +57,17 @@ impl<B> Reorder<B> {
         Some((step, batch))
     }
 
+    /// Drop the batch waiting farthest ahead, unless it is the next step's (which `pop`
+    /// yields at once): the buffer is over its limit. Its step is then missing, and made again.
+    pub fn evict_last(&mut self) -> Option<Step> {
+        let (&last, _) = self.waiting.last_key_value()?;
+        if last == self.next {
+            return None;
+        }
+        self.waiting.remove(&last);
+        Some(Step(last))
+    }
+
     /// The step `pop` yields next.
     pub fn next_step(&self) -> Step {
         Step(self.next)

@@ -132,6 +132,14 @@ pub enum ShardError {
         /// What is wrong.
         reason: String,
     },
+    /// A manifest or shard is outside every `--dataset-root`, or not a regular file.
+    #[error("{path}: {reason}")]
+    Confined {
+        /// The path, symlinks resolved.
+        path: PathBuf,
+        /// Why it is refused.
+        reason: String,
+    },
     /// A shard URI names a scheme this build cannot read.
     #[error("shard uri {uri:?}: {reason}")]
     UnsupportedUri {

@@ -59,6 +59,17 @@ pub struct CoordinatorConfig {
     /// Folders datasets must be in (`--dataset-root`, after symlinks are resolved); empty:
     /// anywhere the coordinator can read.
     pub dataset_roots: Vec<PathBuf>,
+    /// The most connections open at once, handshakes in progress included
+    /// (`--max-connections`); more are refused before their handshake.
+    pub max_connections: usize,
+    /// The most connections open at once from one IP address (`--max-connections-per-address`).
+    pub max_connections_per_address: usize,
+    /// The most requests one connection may have open at once (`--max-streams-per-connection`;
+    /// QUIC's stream limit: a well-behaved peer waits, one that goes over is disconnected).
+    pub max_streams_per_connection: u32,
+    /// How long one request may take to arrive (`--request-timeout-ms`); a slower sender's
+    /// connection is closed.
+    pub request_timeout: Duration,
 }
 
 /// [`CoordinatorConfig::max_batch_bytes`] by default: 1 GiB (a batch of 256 ImageNet crops as
@@ -72,6 +83,13 @@ pub const DEFAULT_MAX_PREFETCH: u32 = 1_024;
 pub const DEFAULT_MAX_JOBS: usize = 1_000;
 /// [`CoordinatorConfig::max_datasets`] by default.
 pub const DEFAULT_MAX_DATASETS: usize = 1_000;
+/// [`CoordinatorConfig::max_connections`] by default.
+pub const DEFAULT_MAX_CONNECTIONS: usize = stoker_common::net::DEFAULT_MAX_CONNECTIONS;
+/// [`CoordinatorConfig::max_connections_per_address`] by default.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = stoker_common::net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS;
+/// [`CoordinatorConfig::max_streams_per_connection`] by default: a worker or trainer has a
+/// few requests open at once, a Raft leader a few per follower.
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 64;
 
 impl CoordinatorConfig {
     /// Defaults for `data_dir`: 3 s leases that stall after 60 s without progress, 500 ms
@@ -98,6 +116,10 @@ impl CoordinatorConfig {
             max_jobs: DEFAULT_MAX_JOBS,
             max_datasets: DEFAULT_MAX_DATASETS,
             dataset_roots: Vec::new(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
+            request_timeout: stoker_common::net::REQUEST_TIMEOUT,
         }
     }
 
@@ -115,6 +137,21 @@ impl CoordinatorConfig {
         if self.max_world_size == 0 || self.max_prefetch == 0 || self.max_jobs == 0 || self.max_datasets == 0 {
             return Err(CoordinatorError::Config {
                 message: "--max-world-size, --max-prefetch, --max-jobs and --max-datasets must be at least 1".to_owned(),
+            });
+        }
+        if self.max_connections == 0 || self.max_connections_per_address == 0 || self.max_streams_per_connection < 4 {
+            return Err(CoordinatorError::Config {
+                message: "--max-connections and --max-connections-per-address must be at least 1, --max-streams-per-connection \
+                          at least 4"
+                    .to_owned(),
+            });
+        }
+        if self.request_timeout < Duration::from_millis(100) {
+            return Err(CoordinatorError::Config {
+                message: format!(
+                    "--request-timeout-ms {:?} is too short for any request to arrive: give at least 100 ms",
+                    self.request_timeout
+                ),
             });
         }
         let mut roots = Vec::new();

@@ -1,7 +1,8 @@
 #![doc = include_str!("../README.md")]
 
-/// Configuration and its defaults.
+/// What each role may ask.
 mod authz;
+/// Configuration and its defaults.
 pub mod config;
 /// Serving a replicated coordinator: leader checks, commits through Raft, redirects.
 mod driver;

@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use openraft::BasicNode;
-use stoker_common::net::{Role, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
+use stoker_common::net::{Admission, Role, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
 use stoker_common::obs::Metrics;
 use stoker_common::obs::prometheus::IntCounter;
 use stoker_common::proto::{ControlRequest, ErrorCode, RemoteError};
@@ -82,7 +82,8 @@ pub async fn start(
 
     let core = Arc::new(Coordinator::replicated(config.clone(), advertised.clone())?);
     let machine = StateMachine::open(file.clone(), core.clone())?;
-    let endpoint = server_endpoint(socket, tls, Tuning::default())?;
+    let tuning = Tuning { max_bidi_streams: config.max_streams_per_connection, ..Tuning::default() };
+    let endpoint = server_endpoint(socket, tls, tuning)?;
     let raft_settings = raft_config("stoker").validate().map_err(|error| CoordinatorError::Config { message: error.to_string() })?;
     let isolated = Arc::new(AtomicBool::new(false));
     let network = Network::new(endpoint.clone(), Arc::clone(&isolated));
@@ -138,7 +139,9 @@ pub async fn start(
         Ok(handshakes) => handshakes,
         Err(error) => return stopped(&raft, CoordinatorError::Config { message: error.to_string() }).await,
     };
-    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.clone(), handshakes));
+    let admission = Admission::new(config.max_connections, config.max_connections_per_address);
+    let limits = AcceptLimits { admission, request_timeout: config.request_timeout };
+    let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.clone(), handshakes, limits));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
     info!(%addr, node = config.node_id, "coordinator listening");
     Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: std::sync::Mutex::new(None) })
@@ -223,13 +226,33 @@ fn shut_down(raft: &Raft) -> JoinHandle<()> {
     })
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>, tls: TlsConfigs, handshakes_refused: IntCounter) {
+/// What the accept loop holds connections to.
+struct AcceptLimits {
+    admission: Arc<Admission>,
+    request_timeout: Duration,
+}
+
+async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    driver: Arc<Driver>,
+    tls: TlsConfigs,
+    handshakes_refused: IntCounter,
+    limits: AcceptLimits,
+) {
     let checked = tls.is_checked();
+    let request_timeout = limits.request_timeout;
     while let Some(incoming) = endpoint.accept().await {
+        let remote = incoming.remote_address();
+        // Before the handshake: a refused connection costs one packet and no cryptography.
+        let Ok(admitted) = limits.admission.admit(remote.ip()) else {
+            handshakes_refused.inc();
+            incoming.refuse();
+            continue;
+        };
         let (driver, tls) = (Arc::clone(&driver), tls.clone());
         let handshakes_refused = handshakes_refused.clone();
         tokio::spawn(async move {
-            let remote = incoming.remote_address();
+            let _admitted = admitted;
             let connection = match incoming.await {
                 Ok(connection) => connection,
                 Err(error) => {
@@ -245,7 +268,7 @@ async fn accept_loop(endpoint: quinn::Endpoint, driver: Arc<Driver>, tls: TlsCon
             };
             debug!(%remote, %caller, "connected");
             let open = connection.clone();
-            serve_calls(connection, CONTROL_FRAME_LIMIT, move |request: ControlRequest| {
+            serve_calls(connection, CONTROL_FRAME_LIMIT, request_timeout, move |request: ControlRequest| {
                 let (driver, caller, tls, open) = (Arc::clone(&driver), Arc::clone(&caller), tls.clone(), open.clone());
                 async move {
                     // A certificate revoked while its connection stays open is cut off here.

@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use stoker_common::api::CoordinatorApi;
+use stoker_common::error::ShardError;
 use stoker_common::ids::{CertKey, JobId, Rank, SessionId, Step, WorkerId};
 use stoker_common::net::random_u64;
 use stoker_common::obs::prometheus::Histogram;
@@ -17,7 +18,7 @@ use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
 use stoker_common::proto::{
     ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, ErrorCode, JobSpec, JobStatus, RankStatus, RemoteError,
 };
-use stoker_common::shard::Manifest;
+use stoker_common::shard::{DatasetRoots, Manifest};
 use stoker_common::transform::{Recipe, TransformSpec};
 
 use crate::authz::Owners;
@@ -149,6 +150,13 @@ impl std::fmt::Debug for Coordinator {
 
 fn invalid(message: impl Into<String>) -> RemoteError {
     RemoteError::new(ErrorCode::InvalidArgument, message)
+}
+
+/// A dataset path refused: one outside the roots is forbidden, the rest is a mistake (a
+/// missing file, a device) to fix.
+fn refused_path(error: ShardError) -> RemoteError {
+    let forbidden = matches!(&error, ShardError::Confined { reason, .. } if reason.contains("--dataset-root"));
+    RemoteError::new(if forbidden { ErrorCode::Forbidden } else { ErrorCode::InvalidArgument }, error.to_string())
 }
 
 fn not_found(message: impl Into<String>) -> RemoteError {
@@ -531,18 +539,12 @@ impl Coordinator {
         }
         let given = Path::new(manifest);
         let path = if given.is_dir() { given.join("manifest.json") } else { given.to_path_buf() };
-        let path = path.canonicalize().map_err(|error| {
-            invalid(format!("cannot open {}: {error} (give a manifest.json, or the folder `stoker pack` wrote)", path.display()))
-        })?;
         // After symlinks are resolved: a link inside a root to a file outside it is outside.
-        let roots = &self.config.dataset_roots;
-        if !roots.is_empty() && !roots.iter().any(|root| path.starts_with(root)) {
-            let listed: Vec<String> = roots.iter().map(|root| root.display().to_string()).collect();
-            return Err(RemoteError::new(
-                ErrorCode::Forbidden,
-                format!("{} is outside every --dataset-root ({}): datasets must be in those folders", path.display(), listed.join(", ")),
-            ));
-        }
+        let roots = DatasetRoots::new(self.config.dataset_roots.iter().cloned()).map_err(refused_path)?;
+        let path = roots.check_file(&path).map_err(|error| match error {
+            ShardError::Io { .. } => invalid(format!("{error} (give a manifest.json, or the folder `stoker pack` wrote)")),
+            other => refused_path(other),
+        })?;
         {
             let inner = self.lock();
             let count = inner.state.datasets.len();
@@ -554,6 +556,7 @@ impl Coordinator {
             }
         }
         let (loaded, version) = Manifest::load_versioned(&path).map_err(|error| invalid(error.to_string()))?;
+        roots.check_shards(&loaded, path.parent().unwrap_or(&path)).map_err(refused_path)?;
         let dataset = DatasetInfo {
             name,
             manifest: path.to_string_lossy().into_owned(),

@@ -393,6 +393,18 @@ fn datasets_are_limited_in_number_and_confined_to_the_dataset_roots() {
     let inside = tempfile::tempdir_in(root.path()).unwrap_or_else(|error| panic!("{error}"));
     std::fs::copy(&manifest, inside.path().join("manifest.json")).unwrap_or_else(|error| panic!("{error}"));
     assert!(add(&confined, "inside", &inside.path().to_string_lossy()).is_ok());
+    // A manifest inside it whose shards are outside is outside.
+    let manifest_path = Path::new(&manifest);
+    let mut listing = Manifest::load(manifest_path).unwrap_or_else(|error| panic!("{error}"));
+    let shards_dir = manifest_path.parent().unwrap_or_else(|| panic!("a folder"));
+    for shard in &mut listing.shards {
+        shard.uri = shards_dir.join(&shard.uri).to_string_lossy().into_owned();
+    }
+    let pointing_out = tempfile::tempdir_in(root.path()).unwrap_or_else(|error| panic!("{error}"));
+    listing.save(&pointing_out.path().join("manifest.json")).unwrap_or_else(|error| panic!("{error}"));
+    let error = add(&confined, "shards-outside", &pointing_out.path().to_string_lossy()).expect_err("shards outside the root");
+    assert_eq!(error.code, ErrorCode::Forbidden, "{}", error.message);
+    assert!(error.message.contains("outside every --dataset-root"), "{}", error.message);
 
     for device in ["/dev/zero", "/dev/null"] {
         let error = add(&fixture.core, "device", device).expect_err(device);

@@ -44,7 +44,7 @@ pub(crate) struct NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0, metrics_port=None, tls_dir=None, insecure=false))]
+    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0, metrics_port=None, tls_dir=None, insecure=false, max_buffered_batches=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -64,6 +64,7 @@ impl NativeLoader {
         metrics_port: Option<u16>,
         tls_dir: Option<std::path::PathBuf>,
         insecure: bool,
+        max_buffered_batches: Option<u32>,
     ) -> PyResult<Self> {
         let mut config = LoaderConfig::new(resolve(coordinator)?, dataset, batch_size);
         config.transforms = serde_json::from_str::<TransformSpec>(transforms_json).map_err(errors::config)?;
@@ -76,6 +77,7 @@ impl NativeLoader {
         config.job_name = job_name;
         config.run_id = run_id;
         config.tls = TlsSource::from_flags(tls_dir, insecure).map_err(errors::config)?;
+        config.max_buffered_batches = max_buffered_batches;
         config.batch_timeout = match timeout {
             None => FOREVER,
             Some(seconds) => {

@@ -57,6 +57,11 @@ class Loader:
     cluster (no certificate, another CA, expired, revoked, another role) raises
     :class:`stoker.ConfigError` saying which.
 
+    ``max_buffered_batches``: most batches this rank holds before yielding them (waiting for an
+    earlier step, or of the next epoch); default ``4 * prefetch + 16``. Past it the batch
+    farthest ahead is dropped and made again later, so a worker sending far ahead cannot fill
+    the trainer's memory. At least ``prefetch``.
+
     ``close()`` (or ``with stoker.Loader(...) as loader:``) detaches and frees the receive
     buffers at once instead of when the object is collected.
 
@@ -89,6 +94,7 @@ class Loader:
         metrics_port: Optional[int] = None,
         tls_dir: Union[str, os.PathLike, None] = None,
         insecure: bool = False,
+        max_buffered_batches: Optional[int] = None,
     ) -> None:
         if coordinator is None:
             coordinator = os.environ.get("STOKER_COORDINATOR")
@@ -122,6 +128,10 @@ class Loader:
         for name, value in (("batch_size", batch_size), ("prefetch", prefetch)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        if max_buffered_batches is not None and (
+            isinstance(max_buffered_batches, bool) or not isinstance(max_buffered_batches, int) or not prefetch <= max_buffered_batches < 2**32
+        ):
+            raise ConfigError(f"max_buffered_batches must be an int of at least prefetch ({prefetch}) or None, got {max_buffered_batches!r}")
         if output == "torch":
             try:
                 import torch  # noqa: F401
@@ -170,6 +180,7 @@ class Loader:
             metrics_port=metrics_port,
             tls_dir=None if tls_dir is None else os.fspath(tls_dir),
             insecure=insecure,
+            max_buffered_batches=max_buffered_batches,
         )
         self.batch_size = batch_size
 

@@ -59,6 +59,8 @@ def test_bad_transform_arguments_are_config_errors(make, message: str) -> None:
         (dict(layout="HWC"), "NCHW"),
         (dict(transforms=[stoker.RandomHorizontalFlip(), stoker.RandomHorizontalFlip()]), "once"),
         (dict(transforms=["RandomResizedCrop"]), "stoker transforms"),
+        (dict(prefetch=8, max_buffered_batches=4), "at least prefetch"),
+        (dict(max_buffered_batches="many"), "max_buffered_batches"),
     ],
 )
 def test_bad_loader_settings_are_config_errors(cluster, job_name, settings, message: str) -> None:

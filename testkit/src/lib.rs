@@ -58,6 +58,8 @@ pub struct ClusterConfig {
     pub max_batch_memory: Option<u64>,
     /// Run `--insecure` (no certificates) instead of mutual TLS with a fresh cluster CA.
     pub insecure: bool,
+    /// Changes every coordinator's configuration after the harness set it up (limits, say).
+    pub configure_coordinator: Option<fn(&mut CoordinatorConfig)>,
 }
 
 impl Default for ClusterConfig {
@@ -77,6 +79,7 @@ impl Default for ClusterConfig {
             max_batch_bytes: stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES,
             max_batch_memory: None,
             insecure: false,
+            configure_coordinator: None,
         }
     }
 }
@@ -227,6 +230,9 @@ impl TestCluster {
         config.chunk_steps = self.config.chunk_steps;
         config.lease_stall = self.config.lease_stall;
         config.max_batch_bytes = self.config.max_batch_bytes;
+        if let Some(configure) = self.config.configure_coordinator {
+            configure(&mut config);
+        }
         // After a restart the old endpoint's driver may hold the port for a moment.
         let mut socket_opt = None;
         wait_until(Duration::from_secs(10), "the coordinator's port is free", || {

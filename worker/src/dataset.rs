@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use stoker_common::ids::ShardId;
 use stoker_common::plan::{SampleRef, ShardTable};
-use stoker_common::shard::{IndexPolicy, Manifest, Sample, Shard, ShardLocation, resolve_uri};
+use stoker_common::shard::{DatasetRoots, IndexPolicy, Manifest, Sample, Shard, ShardLocation, resolve_uri};
 
 use crate::error::PipelineError;
 
@@ -41,6 +41,13 @@ impl Dataset {
     /// not `expected` (0: any): the file was rewritten since the job was created, or this host
     /// has another file at that path.
     pub fn open_version(path: &Path, expected: u64) -> Result<Self, PipelineError> {
+        Self::open_confined(path, expected, &DatasetRoots::anywhere())
+    }
+
+    /// [`Dataset::open_version`], refusing (before reading them) a manifest or shard outside
+    /// `roots`, symlinks resolved.
+    pub fn open_confined(path: &Path, expected: u64, roots: &DatasetRoots) -> Result<Self, PipelineError> {
+        let path = &if roots.is_confined() { roots.check_file(path)? } else { path.to_path_buf() };
         let (manifest, version) = Manifest::load_versioned(path)?;
         if expected != 0 && version != expected {
             return Err(PipelineError::ManifestChanged { path: path.to_path_buf(), expected, found: version });
@@ -52,6 +59,7 @@ impl Dataset {
                 ShardLocation::File(file) => file,
                 ShardLocation::S3 { .. } => return Err(PipelineError::ObjectStoreNotSupported { uri: entry.uri.clone() }),
             };
+            let file = if roots.is_confined() { roots.check_file(&file)? } else { file };
             let shard = Shard::open(&file, IndexPolicy::LoadOrBuildAndWrite)?;
             if shard.len() as u64 != entry.samples {
                 return Err(PipelineError::ShardCountMismatch { shard: file, manifest: entry.samples, actual: shard.len() as u64 });

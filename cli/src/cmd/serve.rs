@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context;
 use stoker_common::net::{QuicCoordinator, Role};
 use stoker_common::obs::{Metrics, MetricsListen, MetricsServer};
+use stoker_common::shard::DatasetRoots;
 use stoker_coordinator::CoordinatorConfig;
 use stoker_worker::WorkerConfig;
 
@@ -47,6 +48,10 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     config.max_jobs = usize::try_from(args.max_jobs).unwrap_or(usize::MAX);
     config.max_datasets = usize::try_from(args.max_datasets).unwrap_or(usize::MAX);
     config.dataset_roots = args.dataset_roots.clone();
+    config.max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
+    config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
+    config.max_streams_per_connection = args.max_streams_per_connection;
+    config.request_timeout = Duration::from_millis(args.request_timeout_ms);
     let runtime = runtime()?;
     let _guard = runtime.enter();
     let tls = args.tls.source()?.load(Role::Coordinator)?;
@@ -125,6 +130,9 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     if let Some(bytes) = args.max_batch_memory {
         config.max_batch_memory = bytes;
     }
+    config.dataset_roots = DatasetRoots::new(args.dataset_roots.iter().cloned())?;
+    config.max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
+    config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
     let runtime = runtime()?;
     let _guard = runtime.enter();
     let tls = args.tls.source()?.load(Role::Worker)?;

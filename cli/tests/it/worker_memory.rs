@@ -73,3 +73,69 @@ fn a_worker_serving_jobs_one_after_another_does_not_grow() {
     assert!(last <= first + 16.0, "the worker grew from {first:.0} to {last:.0} MiB over 5 jobs: {after_each:.0?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Anonymous resident memory of process `pid` (heap and buffers, not mapped shard files), in
+/// MiB; `None` once the process is gone.
+fn anon_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: f64 = status.lines().find_map(|line| line.strip_prefix("RssAnon:"))?.split_whitespace().next()?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+/// Issue 19: a worker never allocates past its batch memory budget. A real worker process,
+/// told to keep 8 batches in flight but given room for 2 of these 19.7 MB batches, makes a
+/// whole epoch; its anonymous memory, sampled every 20 ms, grows by no more than the budget
+/// and a margin for decoding and sending (without the budget it holds 8 batches: 158 MB).
+#[test]
+fn a_worker_stays_within_its_batch_memory_budget() {
+    const BUDGET_MIB: f64 = 45.0;
+    const MARGIN_MIB: f64 = 40.0;
+    let dir = stoker_testkit::unique_temp_dir("stoker-worker-budget").expect("temp dir");
+    let manifest = stoker_testkit::sample_dataset(&dir, 4, 32, 64 << 10).expect("dataset");
+    let data_dir = dir.join("coordinator");
+    let (_coordinator, coordinator) = start_node(&["coordinator", "--listen", "127.0.0.1:0", "--data-dir", path_str(&data_dir)]);
+    let added =
+        stoker_command().args(["dataset", "add", "train", path_str(&manifest), "--coordinator", &coordinator]).output().expect("add");
+    assert!(added.status.success(), "{}", String::from_utf8_lossy(&added.stderr));
+    let budget = format!("{}", (BUDGET_MIB * 1024.0 * 1024.0) as u64);
+    let (worker, _) = start_node(&[
+        "worker",
+        "--coordinator",
+        &coordinator,
+        "--listen",
+        "127.0.0.2:0",
+        "--threads",
+        "1",
+        "--in-flight",
+        "8",
+        "--max-batch-memory",
+        &budget,
+    ]);
+    let pid = worker.0.id();
+    std::thread::sleep(Duration::from_millis(500));
+    let idle = anon_mib(pid).expect("the worker runs");
+    // Batches of 64 crops of 320x320x3: 19.7 MB each; the budget holds 2.
+    let mut consume = stoker_command()
+        .args(["consume", "--coordinator", &coordinator, "--dataset", "train", "--batch-size", "64", "--size", "320"])
+        .args(["--epochs", "1", "--rank", "0", "--world-size", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("consume");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut peak = idle;
+    let status = loop {
+        if let Some(status) = consume.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the epoch did not finish in 120 s");
+        peak = peak.max(anon_mib(pid).expect("the worker runs"));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    let _ = std::io::Read::read_to_string(&mut consume.stderr.take().expect("stderr"), &mut stderr);
+    assert!(status.success(), "consume: {stderr}");
+    eprintln!("worker anonymous memory: {idle:.0} MiB idle, {peak:.0} MiB at its peak, budget {BUDGET_MIB} MiB + {MARGIN_MIB} MiB margin");
+    assert!(peak - idle <= BUDGET_MIB + MARGIN_MIB, "the worker grew by {:.0} MiB, over its {BUDGET_MIB} MiB budget", peak - idle);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -47,11 +47,13 @@ pub struct Tuning {
     /// Kernel send and receive buffer asked for on the UDP socket (0: the system default).
     /// The kernel caps it at `net.core.rmem_max`/`wmem_max`.
     pub socket_buffer: usize,
+    /// Requests (bidirectional streams) a peer may have open at once on one connection.
+    pub max_bidi_streams: u32,
 }
 
 impl Default for Tuning {
     fn default() -> Self {
-        Self { max_udp_payload: ETHERNET_UDP_PAYLOAD, batch_windows: true, socket_buffer: SOCKET_BUFFER }
+        Self { max_udp_payload: ETHERNET_UDP_PAYLOAD, batch_windows: true, socket_buffer: SOCKET_BUFFER, max_bidi_streams: 256 }
     }
 }
 
@@ -77,7 +79,7 @@ impl Tuning {
         // datagrams count as lost (which also makes MTU discovery fall back to 1200 bytes).
         transport.enable_segmentation_offload(self.max_udp_payload <= GSO_MAX_DATAGRAM);
         transport.max_concurrent_uni_streams(VarInt::from_u32(1024));
-        transport.max_concurrent_bidi_streams(VarInt::from_u32(256));
+        transport.max_concurrent_bidi_streams(VarInt::from_u32(self.max_bidi_streams));
         transport.keep_alive_interval(Some(Duration::from_secs(1)));
         transport.max_idle_timeout(IdleTimeout::try_from(Duration::from_secs(10)).ok());
         Arc::new(transport)

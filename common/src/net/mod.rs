@@ -1,6 +1,7 @@
 //! QUIC endpoints (quinn + rustls) and the request/response call over one bidirectional
 //! stream. Knows streams and bytes, not what the requests mean.
 
+mod admission;
 mod coordinator_addrs;
 mod coordinator_client;
 mod delivery;
@@ -11,6 +12,7 @@ mod payload;
 mod rpc;
 mod tls;
 
+pub use self::admission::{Admission, Admitted, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS};
 pub use self::coordinator_addrs::{CoordinatorAddrs, CoordinatorAddrsError};
 pub use self::coordinator_client::QuicCoordinator;
 pub use self::delivery::{DeliveryError, receive_batch, send_batch};
@@ -20,7 +22,7 @@ pub use self::endpoint::{
 };
 pub use self::error::NetError;
 pub use self::payload::{Payload, PayloadPool};
-pub use self::rpc::{call, serve_calls};
+pub use self::rpc::{REQUEST_TIMEOUT, call, serve_calls};
 pub use self::tls::{
     CA_CERT, CA_KEY, CA_VALIDITY, CERT_VALIDITY, CertSummary, ClusterCa, DENY_LIST, Issued, NODE_CERT, NODE_KEY, Peer, PeerIdentity, Role,
     TlsConfigs, TlsError, TlsSource, Validity, cert_key, describe, ensure_local, insecure_tls, local_ca_dir, mutual_tls, peer_identity,

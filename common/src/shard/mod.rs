@@ -5,6 +5,7 @@ pub mod brace;
 pub mod index;
 pub mod manifest;
 pub mod pack;
+pub mod roots;
 pub mod sample_key;
 pub mod shard_file;
 pub mod tar_reader;
@@ -12,4 +13,5 @@ pub mod tar_writer;
 
 pub use self::index::{ShardIndex, build_index};
 pub use self::manifest::{MANIFEST_FILE, Manifest, ManifestShard, ShardLocation, resolve_uri};
+pub use self::roots::DatasetRoots;
 pub use self::shard_file::{IndexPolicy, IndexStatus, Sample, Shard, index_path};

@@ -53,3 +53,21 @@ fn a_job_too_large_for_a_worker_is_left_to_it_and_made_by_others() {
     let seen = consume(&config, 1, 1);
     assert_in_order(&seen, 15, 1);
 }
+
+/// Issue 19: a trainer holding at most as many batches as its flow window (the least allowed)
+/// still gets every step once, in order: what the limit drops (batches of the next epoch made
+/// early, steps far ahead) is made again. Below the window it is refused up front.
+#[test]
+fn a_trainer_at_its_smallest_buffer_limit_still_gets_every_step_once() {
+    let cluster = crate::common::cluster_with(2);
+    let mut base = cluster.loader_config("train", 4);
+    base.prefetch = 2;
+    base.max_buffered_batches = Some(2);
+    let seen = consume(&base, 2, 3);
+    // 120 samples, 2 ranks of batches of 4: 15 steps an epoch each.
+    assert_in_order(&seen, 15, 3);
+    let mut tight = config_for(&base, 0, 1);
+    tight.max_buffered_batches = Some(1);
+    let error = stoker_client::Loader::attach(&tight).expect_err("below the flow window");
+    assert!(error.to_string().contains("max_buffered_batches 1 is below prefetch 2"), "{error}");
+}

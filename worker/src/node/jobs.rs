@@ -123,7 +123,8 @@ async fn dataset<A>(shared: &Shared<A>, grant: &ChunkGrant) -> Result<Arc<Datase
     let dataset = cell
         .get_or_try_init(|| async {
             let (path, version) = (std::path::PathBuf::from(&grant.manifest), grant.dataset_version);
-            let opened = tokio::task::spawn_blocking(move || Dataset::open_version(&path, version))
+            let roots = shared.config.dataset_roots.clone();
+            let opened = tokio::task::spawn_blocking(move || Dataset::open_confined(&path, version, &roots))
                 .await
                 .map_err(|error| error.to_string())?
                 .map_err(|error| error.to_string())?;

@@ -20,8 +20,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{Role, TlsConfigs, Tuning, accept_with_tuning, server_endpoint};
+use stoker_common::net::{
+    Admission, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, Role, TlsConfigs, Tuning, accept_with_tuning, server_endpoint,
+};
 use stoker_common::obs::Metrics;
+use stoker_common::shard::DatasetRoots;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -60,6 +63,13 @@ pub struct WorkerConfig {
     /// Time every sample and batch into the metrics (`stoker_worker_decode_seconds`,
     /// `stoker_worker_batch_make_seconds`); off only to measure what that costs.
     pub time_samples: bool,
+    /// Folders datasets must be in (`--dataset-root`): a job whose manifest or shards are
+    /// elsewhere fails with that said, before anything is read.
+    pub dataset_roots: DatasetRoots,
+    /// The most trainer connections open at once, handshakes included (`--max-connections`).
+    pub max_connections: usize,
+    /// The most from one IP address (`--max-connections-per-address`).
+    pub max_connections_per_address: usize,
 }
 
 impl WorkerConfig {
@@ -77,6 +87,9 @@ impl WorkerConfig {
             tuning: Tuning::default(),
             max_batch_memory: default_batch_memory(),
             time_samples: true,
+            dataset_roots: DatasetRoots::anywhere(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
         }
     }
 }
@@ -266,7 +279,14 @@ async fn accept_trainers<A>(endpoint: quinn::Endpoint, tls: TlsConfigs, shared: 
 where
     A: CoordinatorApi,
 {
+    let admission = Admission::new(shared.config.max_connections, shared.config.max_connections_per_address);
     while let Some(incoming) = endpoint.accept().await {
+        // Before the handshake: a refused connection costs one packet and no cryptography.
+        let Ok(admitted) = admission.admit(incoming.remote_address().ip()) else {
+            shared.metrics.handshakes_refused.inc();
+            incoming.refuse();
+            continue;
+        };
         let connecting = match accept_with_tuning(incoming, &tls, shared.config.tuning) {
             Ok(connecting) => connecting,
             Err(error) => {
@@ -279,7 +299,12 @@ where
         tokio::spawn(async move {
             match connecting.await {
                 Ok(connection) => match tls.peer(&connection) {
-                    Some(peer) => shared.trainers.accept(connection, peer).await,
+                    Some(peer) => {
+                        shared.trainers.accept(connection.clone(), peer).await;
+                        // The connection counts against the limits until it closes.
+                        connection.closed().await;
+                        drop(admitted);
+                    }
                     None => {
                         warn!(remote = %connection.remote_address(), "a peer passed the handshake without a readable certificate: closing");
                         connection.close(1u32.into(), b"no certificate");

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use quinn::Connection;
 use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
-use stoker_common::net::{PeerIdentity, Role, TlsConfigs};
+use stoker_common::net::{PeerIdentity, REQUEST_TIMEOUT, Role, TlsConfigs};
 use stoker_common::proto::{ErrorCode, RemoteError, TrainerHello};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use tokio::sync::Notify;
@@ -116,14 +116,23 @@ impl Trainers {
             connection.close(2u32.into(), b"only trainers may connect here");
             return;
         }
-        let (mut send, mut recv) = match connection.accept_bi().await {
-            Ok(streams) => streams,
-            Err(error) => {
+        // A peer that sends no hello, or sends it slowly, is cut off.
+        let hello_phase = async {
+            let (send, mut recv) = connection.accept_bi().await?;
+            Ok::<_, quinn::ConnectionError>((send, wire::read_frame::<TrainerHello>(&mut recv, CONTROL_FRAME_LIMIT).await))
+        };
+        let (mut send, hello) = match tokio::time::timeout(REQUEST_TIMEOUT, hello_phase).await {
+            Ok(Ok(phase)) => phase,
+            Ok(Err(error)) => {
                 debug!(%addr, %error, "trainer connection closed before its hello");
                 return;
             }
+            Err(_) => {
+                warn!(%addr, %peer, "no trainer hello within {REQUEST_TIMEOUT:?}: closing the connection (a slow or stalled sender)");
+                connection.close(4u32.into(), b"no hello within the request timeout");
+                return;
+            }
         };
-        let hello = wire::read_frame::<TrainerHello>(&mut recv, CONTROL_FRAME_LIMIT).await;
         let answer: Result<(), RemoteError> = match &hello {
             Ok(hello) => self.register(hello, peer.key(), &connection),
             Err(error) => Err(RemoteError::new(ErrorCode::InvalidArgument, format!("expected a trainer hello: {error}"))),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use stoker_common::ids::{Epoch, Rank, Step};
 use stoker_common::plan::prng::SplitMix64;
 use stoker_common::plan::{EpochPlan, PlanSpec, Shuffle, Tail};
+use stoker_common::shard::DatasetRoots;
 use stoker_common::transform::{OnError, Recipe, TransformSpec};
 use stoker_worker::{BatchRequest, Dataset, DecodeError, Pipeline, PipelineConfig, PipelineError, SampleMaker};
 use turbojpeg::Subsamp;
@@ -202,4 +203,28 @@ fn the_full_decode_floor_refuses_an_image_over_the_pixel_limit() {
     let floor = stoker_worker::floor::full_decode(&dataset, &samples, 1, std::time::Duration::from_millis(300), limit).expect("floor");
     assert!(floor.failed > 0, "the huge header is refused: {floor:?}");
     assert!(floor.images > 0, "the others decode: {floor:?}");
+}
+
+/// Issue 19: with `--dataset-root`, a worker opens a manifest and shards only inside the
+/// roots (symlinks resolved); outside them nothing is read and the error names the flag.
+#[test]
+fn a_worker_confined_to_dataset_roots_opens_nothing_outside_them() {
+    let (root, outside) = (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let inside = packed_dataset(root.path(), 1, 3, &[]);
+    let elsewhere = packed_dataset(outside.path(), 1, 3, &[]);
+    let roots = DatasetRoots::new([root.path().to_path_buf()]).expect("roots");
+    assert!(Dataset::open_confined(&inside, 0, &roots).is_ok(), "a dataset inside the root opens");
+    let error = Dataset::open_confined(&elsewhere, 0, &roots).expect_err("outside the root");
+    assert!(error.to_string().contains("outside every --dataset-root"), "{error}");
+
+    // A manifest inside the root whose shard is a link to one outside it.
+    let shards = std::fs::read_dir(elsewhere.parent().expect("folder")).expect("list").filter_map(Result::ok);
+    let shard = shards.map(|entry| entry.path()).find(|path| path.extension().is_some_and(|ext| ext == "tar")).expect("a shard");
+    let linked = root.path().join("linked");
+    std::fs::create_dir(&linked).expect("mkdir");
+    std::fs::copy(&elsewhere, linked.join("manifest.json")).expect("copy manifest");
+    std::os::unix::fs::symlink(&shard, linked.join(shard.file_name().expect("name"))).expect("symlink");
+    let error = Dataset::open_confined(&linked.join("manifest.json"), 0, &roots).expect_err("a shard linked from outside");
+    assert!(error.to_string().contains("outside every --dataset-root"), "{error}");
+    assert!(Dataset::open(&linked.join("manifest.json")).is_ok(), "unconfined, the link is followed");
 }

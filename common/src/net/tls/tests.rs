@@ -25,7 +25,7 @@ fn serve(tls: &TlsConfigs) -> std::net::SocketAddr {
     tokio::spawn(async move {
         while let Some(incoming) = endpoint.accept().await {
             let Ok(connection) = incoming.await else { continue };
-            tokio::spawn(serve_calls(connection, CONTROL_FRAME_LIMIT, |_request: ControlRequest| async {
+            tokio::spawn(serve_calls(connection, CONTROL_FRAME_LIMIT, crate::net::REQUEST_TIMEOUT, |_request: ControlRequest| async {
                 Ok::<_, RemoteError>(ControlResponse::Datasets { datasets: Vec::new() })
             }));
         }
