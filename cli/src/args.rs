@@ -325,8 +325,9 @@ pub(crate) struct WorkerArgs {
     #[arg(long, value_name = "BYTES")]
     pub(crate) max_batch_memory: Option<u64>,
     /// A folder datasets must be in (repeat for several): a job whose manifest or shards are
-    /// outside every one (after symlinks are resolved) fails, saying so, before anything of it
-    /// is read [default: anywhere this worker can read]. Shards and manifests must be regular
+    /// outside every one (after symlinks are resolved) is refused here before anything of it
+    /// is read, said in the log and reported stuck (`stoker status`), so that workers whose
+    /// roots hold it make it [default: anywhere this worker can read]. Shards and manifests must be regular
     /// files in any case (no devices, no FIFOs).
     #[arg(long = "dataset-root", value_name = "DIR")]
     pub(crate) dataset_roots: Vec<PathBuf>,

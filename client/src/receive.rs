@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
 use stoker_common::ids::{Epoch, JobId, Position, Rank, SessionId};
-use stoker_common::net::{NetError, PayloadPool, Role, call, check_peer, connect, receive_batch};
+use stoker_common::net::{DeliveryError, NetError, PayloadPool, Role, call, check_peer, connect, receive_batch};
 use stoker_common::plan::{EpochPlan, PlanSpec, ShardTable};
 use stoker_common::proto::{BatchHeader, TrainerHello, WorkerInfo};
 use stoker_common::wire::{BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
@@ -119,6 +119,10 @@ impl PlanBook {
     }
 }
 
+/// How long one batch may take to arrive, from its stream's first byte (a worker's delivery
+/// timeout is 30 s; a 154 MB f32 batch takes under a second on a 10 Gb/s link).
+const BATCH_RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// Counters of the receive side.
 #[derive(Debug, Default)]
 pub(crate) struct ReceiveStats {
@@ -161,7 +165,12 @@ pub(crate) async fn receive_loop(
                 held_opt = Some(expect.held.reserve()?);
                 Ok(())
             };
-            match receive_batch(&mut recv, &pool, check).await {
+            // A worker that trickles a batch holds its place among the batches in memory no
+            // longer than this; the step is made again.
+            let received = tokio::time::timeout(BATCH_RECEIVE_TIMEOUT, receive_batch(&mut recv, &pool, check)).await;
+            let received =
+                received.unwrap_or_else(|_| Err(DeliveryError::Unexpected(format!("not received within {BATCH_RECEIVE_TIMEOUT:?}"))));
+            match received {
                 Ok((header, payload)) => {
                     stats.received.fetch_add(1, Ordering::AcqRel);
                     let _ = batches_tx.send(ReceivedBatch { header, payload, step_offset: 0, _held: held_opt });
@@ -182,8 +191,12 @@ fn check_header(header: &BatchHeader, expect: &Expect) -> Result<(), String> {
     if header.job != expect.job || header.rank != expect.rank {
         return Err(format!("batch for {} {} reached {} {}", header.job, header.rank, expect.job, expect.rank));
     }
-    let elements: u64 = header.shape.iter().map(|&dimension| u64::from(dimension)).product();
-    let expected_len = elements.saturating_mul(header.dtype.size() as u64);
+    // Checked: a product that wraps could match a small payload_len.
+    let expected_len = header
+        .shape
+        .iter()
+        .try_fold(header.dtype.size() as u64, |bytes, &dimension| bytes.checked_mul(u64::from(dimension)))
+        .unwrap_or(u64::MAX);
     if header.payload_len != expected_len || header.payload_len > expect.max_payload || header.payload_len > BATCH_PAYLOAD_LIMIT {
         return Err(format!(
             "payload of {} bytes does not fit shape {:?} (or exceeds the job's {} bytes)",
@@ -272,6 +285,13 @@ mod tests {
             ("other rank", Box::new(|h| h.rank = Rank(1))),
             ("other job", Box::new(|h| h.job = JobId(2))),
             ("length vs shape", Box::new(|h| h.payload_len = 95)),
+            (
+                "a shape whose product wraps to the length",
+                Box::new(|h| {
+                    h.shape = [2, 1 << 31, 1 << 31, 1 << 2];
+                    h.payload_len = 0;
+                }),
+            ),
             (
                 "over the job's size",
                 Box::new(|h| {

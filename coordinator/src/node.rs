@@ -11,7 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use openraft::BasicNode;
-use stoker_common::net::{Admission, Role, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
+use stoker_common::net::{Admission, Role, ServeLimits, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
 use stoker_common::obs::Metrics;
 use stoker_common::obs::prometheus::IntCounter;
 use stoker_common::proto::{ControlRequest, ErrorCode, RemoteError};
@@ -82,7 +82,8 @@ pub async fn start(
 
     let core = Arc::new(Coordinator::replicated(config.clone(), advertised.clone())?);
     let machine = StateMachine::open(file.clone(), core.clone())?;
-    let tuning = Tuning { max_bidi_streams: config.max_streams_per_connection, ..Tuning::default() };
+    // Requests only: small windows, no unidirectional streams; large sends (Raft) still go out.
+    let tuning = Tuning { max_bidi_streams: config.max_streams_per_connection, receives_batches: false, ..Tuning::default() };
     let endpoint = server_endpoint(socket, tls, tuning)?;
     let raft_settings = raft_config("stoker").validate().map_err(|error| CoordinatorError::Config { message: error.to_string() })?;
     let isolated = Arc::new(AtomicBool::new(false));
@@ -140,7 +141,8 @@ pub async fn start(
         Err(error) => return stopped(&raft, CoordinatorError::Config { message: error.to_string() }).await,
     };
     let admission = Admission::new(config.max_connections, config.max_connections_per_address);
-    let limits = AcceptLimits { admission, request_timeout: config.request_timeout };
+    let serve = ServeLimits { request_timeout: config.request_timeout, ..ServeLimits::new(CONTROL_FRAME_LIMIT) };
+    let limits = AcceptLimits { admission, serve };
     let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.clone(), handshakes, limits));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
     info!(%addr, node = config.node_id, "coordinator listening");
@@ -229,7 +231,8 @@ fn shut_down(raft: &Raft) -> JoinHandle<()> {
 /// What the accept loop holds connections to.
 struct AcceptLimits {
     admission: Arc<Admission>,
-    request_timeout: Duration,
+    /// Shared by every connection (its memory budget is the node's).
+    serve: ServeLimits,
 }
 
 async fn accept_loop(
@@ -240,17 +243,22 @@ async fn accept_loop(
     limits: AcceptLimits,
 ) {
     let checked = tls.is_checked();
-    let request_timeout = limits.request_timeout;
     while let Some(incoming) = endpoint.accept().await {
         let remote = incoming.remote_address();
-        // Before the handshake: a refused connection costs one packet and no cryptography.
+        // A peer first proves it receives at its address (a Retry round trip), so spoofed
+        // addresses cannot take places; then, before the handshake, the limits: a refused
+        // connection costs one packet and no cryptography.
+        if !incoming.remote_address_validated() {
+            let _ = incoming.retry();
+            continue;
+        }
         let Ok(admitted) = limits.admission.admit(remote.ip()) else {
             handshakes_refused.inc();
             incoming.refuse();
             continue;
         };
         let (driver, tls) = (Arc::clone(&driver), tls.clone());
-        let handshakes_refused = handshakes_refused.clone();
+        let (handshakes_refused, serve) = (handshakes_refused.clone(), limits.serve.clone());
         tokio::spawn(async move {
             let _admitted = admitted;
             let connection = match incoming.await {
@@ -268,7 +276,7 @@ async fn accept_loop(
             };
             debug!(%remote, %caller, "connected");
             let open = connection.clone();
-            serve_calls(connection, CONTROL_FRAME_LIMIT, request_timeout, move |request: ControlRequest| {
+            serve_calls(connection, serve, move |request: ControlRequest| {
                 let (driver, caller, tls, open) = (Arc::clone(&driver), Arc::clone(&caller), tls.clone(), open.clone());
                 async move {
                     // A certificate revoked while its connection stays open is cut off here.

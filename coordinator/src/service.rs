@@ -148,6 +148,10 @@ impl std::fmt::Debug for Coordinator {
     }
 }
 
+/// The largest transform spec (JSON) a job may have. Raft sends at most 64 entries at once
+/// (`raft_config`), so even escaped six-fold they fit a control frame.
+const MAX_TRANSFORM_SPEC_BYTES: usize = 16 << 10;
+
 fn invalid(message: impl Into<String>) -> RemoteError {
     RemoteError::new(ErrorCode::InvalidArgument, message)
 }
@@ -260,7 +264,15 @@ impl Coordinator {
         inner.ranks.clear();
         inner.totals.clear();
         inner.pending.clear();
-        inner.next_session = if self.durability == Durability::Replicated { clock_millis().max(inner.next_session) } else { id_base };
+        // Above every session recorded by earlier leaders too: their clocks may run ahead of
+        // this node's, and a new session must supersede every older one.
+        let recorded =
+            inner.state.sessions.values().flat_map(BTreeMap::values).map(|(session, _)| (session.0 >> SESSION_RANDOM_BITS) + 1).max();
+        inner.next_session = if self.durability == Durability::Replicated {
+            clock_millis().max(inner.next_session).max(recorded.unwrap_or(0))
+        } else {
+            id_base
+        };
         inner.started = now;
         inner.led_term = Some(term);
         tracing::info!(term, "leading: scheduling starts afresh; workers and trainers reconnect");
@@ -991,6 +1003,17 @@ fn worker_of(request: &ControlRequest) -> Option<WorkerId> {
 fn validate_spec(spec: &JobSpec, rank: Rank) -> Result<(), RemoteError> {
     if spec.name.is_empty() || spec.name.len() > 256 {
         return Err(invalid("a job name must have 1 to 256 characters"));
+    }
+    if spec.dataset.len() > 256 {
+        return Err(invalid("a dataset name has at most 256 characters"));
+    }
+    // A spec travels in every Raft entry that creates its job, every grant and every status:
+    // bounded so that they stay far below the frame limit (a real one is under 2 KB).
+    if spec.transforms.len() > MAX_TRANSFORM_SPEC_BYTES {
+        return Err(invalid(format!(
+            "the transform spec has {} bytes, over the {MAX_TRANSFORM_SPEC_BYTES} a job may have",
+            spec.transforms.len()
+        )));
     }
     if rank.0 >= spec.plan.world_size.get() {
         return Err(invalid(format!("{rank} is outside world size {} (ranks count from 0)", spec.plan.world_size)));

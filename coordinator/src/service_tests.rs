@@ -361,6 +361,10 @@ fn world_size_prefetch_and_the_number_of_jobs_are_limited_with_the_flag_named() 
     eager.prefetch = 17;
     let error = attach_spec(&core, eager).expect_err("prefetch 17");
     assert!(error.message.contains("prefetch 17") && error.message.contains("--max-prefetch"), "{}", error.message);
+    let mut padded = spec("padded");
+    padded.transforms = format!("{}{}", padded.transforms, "\n".repeat(16 << 10));
+    let error = attach_spec(&core, padded).expect_err("a 16 KiB transform spec");
+    assert!(error.message.contains("transform spec has"), "{}", error.message);
     assert!(attach_spec(&core, spec("first")).is_ok(), "one job fits");
     let error = attach_spec(&core, spec("second")).expect_err("a second job");
     assert!(error.message.contains("--max-jobs 1") && error.message.contains("stoker job rm"), "{}", error.message);

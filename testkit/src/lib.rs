@@ -60,6 +60,8 @@ pub struct ClusterConfig {
     pub insecure: bool,
     /// Changes every coordinator's configuration after the harness set it up (limits, say).
     pub configure_coordinator: Option<fn(&mut CoordinatorConfig)>,
+    /// Every worker's [`WorkerConfig::before_dataset_open`] (a hung open, for tests).
+    pub before_dataset_open: Option<fn(&Path)>,
 }
 
 impl Default for ClusterConfig {
@@ -80,6 +82,7 @@ impl Default for ClusterConfig {
             max_batch_memory: None,
             insecure: false,
             configure_coordinator: None,
+            before_dataset_open: None,
         }
     }
 }
@@ -351,6 +354,7 @@ impl TestCluster {
         config.delivery_timeout = self.config.delivery_timeout;
         config.job_idle = self.config.job_idle;
         config.time_samples = self.config.time_samples;
+        config.before_dataset_open = self.config.before_dataset_open;
         if let Some(bytes) = self.config.max_batch_memory {
             config.max_batch_memory = bytes;
         }

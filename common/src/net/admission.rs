@@ -47,8 +47,10 @@ impl Admission {
         Arc::new(Self { total, per_address, open: Mutex::new(Open::default()) })
     }
 
-    /// Take a connection from `address`, or say which limit it is over.
+    /// Take a connection from `address`, or say which limit it is over. IPv6 addresses count
+    /// by their /64 (one host may hold a whole one).
     pub fn admit(self: &Arc<Self>, address: IpAddr) -> Result<Admitted, String> {
+        let address = counted_as(address);
         let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
         let from_address = open.by_address.get(&address).copied().unwrap_or(0);
         let refusal_opt = if open.total >= self.total {
@@ -72,6 +74,18 @@ impl Admission {
         open.total += 1;
         *open.by_address.entry(address).or_default() += 1;
         Ok(Admitted { admission: Arc::clone(self), address })
+    }
+}
+
+/// The address a connection counts under: IPv4 as it is (also when mapped into IPv6), IPv6
+/// by its /64 prefix.
+fn counted_as(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6(std::net::Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        },
+        v4 => v4,
     }
 }
 
@@ -107,5 +121,10 @@ mod tests {
         assert!(refusal.contains("--max-connections 3"), "{refusal}");
         drop(first);
         assert!(admission.admit(a).is_ok(), "a closed connection frees its place");
+        let v6 = Admission::new(10, 1);
+        let (one, other): (IpAddr, IpAddr) = ("2001:db8::1".parse().expect("v6"), "2001:db8::ffff:1".parse().expect("v6"));
+        let _held = v6.admit(one).expect("first of the /64");
+        assert!(v6.admit(other).is_err(), "another address of the same /64 counts with it");
+        assert!(v6.admit("2001:db8:0:1::1".parse().expect("v6")).is_ok(), "another /64 does not");
     }
 }

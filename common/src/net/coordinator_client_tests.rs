@@ -27,10 +27,14 @@ impl FakeNode {
             while let Some(incoming) = endpoint.accept().await {
                 let Ok(connection) = incoming.await else { continue };
                 let (rule, counter) = (Arc::clone(&rule), Arc::clone(&counter));
-                tokio::spawn(serve_calls(connection, CONTROL_FRAME_LIMIT, crate::net::REQUEST_TIMEOUT, move |_request: ControlRequest| {
-                    let answer = rule(counter.fetch_add(1, Ordering::SeqCst));
-                    async move { answer }
-                }));
+                tokio::spawn(serve_calls(
+                    connection,
+                    crate::net::ServeLimits::new(CONTROL_FRAME_LIMIT),
+                    move |_request: ControlRequest| {
+                        let answer = rule(counter.fetch_add(1, Ordering::SeqCst));
+                        async move { answer }
+                    },
+                ));
             }
         });
         Self { addr, requests }

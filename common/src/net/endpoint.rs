@@ -49,11 +49,28 @@ pub struct Tuning {
     pub socket_buffer: usize,
     /// Requests (bidirectional streams) a peer may have open at once on one connection.
     pub max_bidi_streams: u32,
+    /// Whether peers may send this endpoint batches (one unidirectional stream each, large
+    /// windows: a trainer's). Off, a peer may open no unidirectional stream and the windows it
+    /// may fill are small ([`REQUEST_STREAM_WINDOW`], [`REQUEST_CONNECTION_WINDOW`]): what a
+    /// coordinator or a worker's batch port receives is requests only, and data a peer sends
+    /// that the node does not read must not pile up.
+    pub receives_batches: bool,
 }
+
+/// Bytes a peer may send ahead on one request stream of an endpoint that receives no batches.
+pub const REQUEST_STREAM_WINDOW: u32 = 1 << 20;
+/// Bytes a peer may send ahead on one connection to an endpoint that receives no batches.
+pub const REQUEST_CONNECTION_WINDOW: u32 = 16 << 20;
 
 impl Default for Tuning {
     fn default() -> Self {
-        Self { max_udp_payload: ETHERNET_UDP_PAYLOAD, batch_windows: true, socket_buffer: SOCKET_BUFFER, max_bidi_streams: 256 }
+        Self {
+            max_udp_payload: ETHERNET_UDP_PAYLOAD,
+            batch_windows: true,
+            socket_buffer: SOCKET_BUFFER,
+            max_bidi_streams: 256,
+            receives_batches: true,
+        }
     }
 }
 
@@ -78,7 +95,13 @@ impl Tuning {
         // refuses a send over 64 KiB: with datagrams above ~6 KB every such send fails and its
         // datagrams count as lost (which also makes MTU discovery fall back to 1200 bytes).
         transport.enable_segmentation_offload(self.max_udp_payload <= GSO_MAX_DATAGRAM);
-        transport.max_concurrent_uni_streams(VarInt::from_u32(1024));
+        if self.receives_batches {
+            transport.max_concurrent_uni_streams(VarInt::from_u32(1024));
+        } else {
+            transport.max_concurrent_uni_streams(VarInt::from_u32(0));
+            transport.stream_receive_window(VarInt::from_u32(REQUEST_STREAM_WINDOW));
+            transport.receive_window(VarInt::from_u32(REQUEST_CONNECTION_WINDOW));
+        }
         transport.max_concurrent_bidi_streams(VarInt::from_u32(self.max_bidi_streams));
         transport.keep_alive_interval(Some(Duration::from_secs(1)));
         transport.max_idle_timeout(IdleTimeout::try_from(Duration::from_secs(10)).ok());

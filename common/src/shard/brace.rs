@@ -6,13 +6,18 @@
 
 use crate::error::ShardError;
 
-/// Most names one pattern may expand to.
-pub const MAX_EXPANSION: usize = 10_000_000;
+/// Most names one pattern may expand to (far more shards than any dataset has).
+pub const MAX_EXPANSION: usize = 1_000_000;
+/// Most bytes the names of one pattern may add up to. Checked before they are made: a short
+/// pattern with a long literal part would otherwise ask for gigabytes within [`MAX_EXPANSION`].
+pub const MAX_EXPANSION_BYTES: usize = 64 << 20;
 
 /// Expand `pattern` into the names it denotes, in order.
 pub fn expand(pattern: &str) -> Result<Vec<String>, ShardError> {
     let bad = |reason: &str| ShardError::BadPattern { pattern: pattern.to_string(), reason: reason.to_string() };
     let mut results = vec![String::new()];
+    // Total length of `results`, kept to check the next product before it is made.
+    let mut results_bytes = 0usize;
     let mut rest = pattern;
     while let Some(open) = rest.find('{') {
         let close = rest[open..].find('}').map(|close| open + close).ok_or_else(|| bad("'{' without a matching '}'"))?;
@@ -26,12 +31,26 @@ pub fn expand(pattern: &str) -> Result<Vec<String>, ShardError> {
             return Err(bad(&format!("expands to more than {MAX_EXPANSION} names")));
         }
         let prefix = &rest[..open];
+        let alternative_bytes = alternatives.iter().map(|alternative| prefix.len() + alternative.len()).sum::<usize>();
+        results_bytes = results_bytes
+            .checked_mul(alternatives.len())
+            .and_then(|heads| heads.checked_add(results.len().checked_mul(alternative_bytes)?))
+            .filter(|&total| total <= MAX_EXPANSION_BYTES)
+            .ok_or_else(|| bad(&format!("expands to more than {MAX_EXPANSION_BYTES} bytes of names")))?;
         results =
             results.iter().flat_map(|head| alternatives.iter().map(move |alternative| format!("{head}{prefix}{alternative}"))).collect();
         rest = &rest[close + 1..];
     }
     if rest.contains('}') {
         return Err(bad("'}' without a matching '{'"));
+    }
+    if results
+        .len()
+        .checked_mul(rest.len())
+        .and_then(|tails| tails.checked_add(results_bytes))
+        .is_none_or(|total| total > MAX_EXPANSION_BYTES)
+    {
+        return Err(bad(&format!("expands to more than {MAX_EXPANSION_BYTES} bytes of names")));
     }
     for result in &mut results {
         result.push_str(rest);
@@ -73,6 +92,19 @@ mod tests {
         let expanded = expand("{a,b}-{0..1}.tar").unwrap_or_default();
         assert_eq!(expanded, vec!["a-0.tar", "a-1.tar", "b-0.tar", "b-1.tar"]);
         assert_eq!(expand("plain.tar").ok(), Some(vec!["plain.tar".into()]));
+    }
+
+    #[test]
+    fn huge_expansions_are_refused_before_they_are_made() {
+        // A million names is the limit; a long literal part makes fewer names too many bytes.
+        assert_eq!(expand("{0..999999}").map(|names| names.len()).ok(), Some(MAX_EXPANSION));
+        let long = "x".repeat(100);
+        for pattern in
+            [format!("{long}{{0..999999}}"), format!("{{0..999999}}{long}"), format!("{{0..999}}{long}{{0..999}}"), "{0..9999999}".into()]
+        {
+            let error = expand(&pattern).expect_err("too large");
+            assert!(error.to_string().contains("more than"), "{error}");
+        }
     }
 
     #[test]

@@ -87,13 +87,8 @@ pub fn index_path(shard_path: &Path) -> PathBuf {
 impl Shard {
     /// Open the shard at `path`, with its index handled per `policy`.
     pub fn open(path: &Path, policy: IndexPolicy) -> Result<Self, ShardError> {
-        // Not opened unless it is a regular file: opening a FIFO would block, a device never end.
-        let metadata = std::fs::metadata(path).map_err(|source| ShardError::io("failed to open shard", path, source))?;
-        if !metadata.is_file() {
-            let reason = "not a regular file (a device, a FIFO or a folder): a shard is a tar file".to_owned();
-            return Err(ShardError::Confined { path: path.to_path_buf(), reason });
-        }
-        let file = File::open(path).map_err(|source| ShardError::io("failed to open shard", path, source))?;
+        // Only a regular file: opening a FIFO would block, a device never end.
+        let file = super::roots::open_regular(path).map_err(|source| ShardError::io("failed to open shard", path, source))?;
         let len = file.metadata().map_err(|source| ShardError::io("failed to stat shard", path, source))?.len();
         let bytes = if len == 0 {
             ShardBytes::Empty

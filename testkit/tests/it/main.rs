@@ -6,7 +6,6 @@ mod dataset_binding;
 mod delivery;
 mod exactly_once;
 mod faults;
-mod flood;
 mod job_removal;
 mod label_mixing;
 mod limits;

@@ -196,3 +196,20 @@ fn forged_requests_with_the_wrong_certificate_are_refused_and_the_honest_epoch_c
     assert_eq!(keys.len(), unique.len(), "no sample twice");
     drop(loader);
 }
+
+/// Found by review: the coordinator and workers' batch ports let any peer open 1,024 batch
+/// streams with 64 MiB windows that nobody reads (quinn buffers them): 256 MiB a connection.
+/// Now a peer may open no unidirectional stream there at all.
+#[test]
+fn coordinators_and_batch_ports_take_no_batch_streams_from_peers() {
+    let cluster = cluster_with(1);
+    let tls = cluster.tls(Role::Trainer);
+    for addr in [cluster.coordinator_addr(), cluster.worker(0).expect("worker").local_addr()] {
+        let opened = cluster.block_on(async {
+            let endpoint = client_endpoint(&tls, addr, Tuning::default()).expect("endpoint");
+            let connection = connect(&endpoint, addr, Duration::from_secs(5)).await.expect("connect");
+            tokio::time::timeout(Duration::from_millis(500), connection.open_uni()).await.is_ok()
+        });
+        assert!(!opened, "{addr} let a peer open a unidirectional stream");
+    }
+}

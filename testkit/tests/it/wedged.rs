@@ -3,6 +3,7 @@
 //! were renewed for as long as the worker listed them, `send_batch` waited forever, and a
 //! dataset being opened held the lock every job's pull went through.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use stoker_client::Loader;
@@ -71,19 +72,24 @@ fn a_trainer_that_stops_reading_does_not_hold_the_worker() {
     assert_eq!(steps, (0..8).collect::<Vec<_>>(), "120 samples / batch 16, partial tail");
 }
 
-/// A job whose dataset cannot be opened (a FIFO where a shard should be: opening it blocks,
-/// as an NFS hang would) and a healthy job on the same worker. The healthy job's epoch
-/// completes; the stuck job's lease expires although the worker keeps listing it.
+/// A job whose dataset open hangs (as on a hung NFS mount: the worker's open blocks, through
+/// its test hook) and a healthy job on the same worker. The healthy job's epoch completes; the
+/// stuck job's lease expires although the worker keeps listing it. (A FIFO made this hang
+/// before dataset files were opened only if regular; now a FIFO is refused at once.)
 #[test]
 fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
-    let config = ClusterConfig { workers: 1, lease_stall: Duration::from_secs(3), ..ClusterConfig::default() };
+    let config = ClusterConfig {
+        workers: 1,
+        lease_stall: Duration::from_secs(3),
+        before_dataset_open: Some(hang_while_stuck),
+        ..ClusterConfig::default()
+    };
     let cluster = TestCluster::start(config).expect("cluster");
     cluster.add_dataset("train", &dataset()).expect("dataset");
-    let dir = stoker_testkit::unique_temp_dir("stoker-it-fifo").expect("dir");
-    let fifo = dir.join("shard-000000.tar");
-    let made = std::process::Command::new("mkfifo").arg(&fifo).status().expect("mkfifo runs");
-    assert!(made.success(), "mkfifo {}", fifo.display());
-    let _unblock = Unblock(fifo.clone());
+    let dir = stoker_testkit::unique_temp_dir("stoker-it-hung-open").expect("dir");
+    std::fs::write(dir.join("shard-000000.tar"), vec![0u8; 1024]).expect("shard");
+    HUNG.store(true, Ordering::Release);
+    let _unblock = Unblock;
     let manifest = Manifest {
         version: stoker_common::shard::manifest::MANIFEST_VERSION,
         shards: vec![ManifestShard { uri: "shard-000000.tar".into(), samples: 40, bytes: 1 << 20 }],
@@ -138,22 +144,30 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
         assert_eq!(stuck_job(&status()).map(|(_, leased)| leased), Some(0), "no lease of the stuck job goes back to the stuck worker");
     }
     assert_eq!(core.chunks_failed(), failed, "nothing of the stuck job is granted to its worker to be refused");
-    info!("--- unblock the open (a writer appears and goes), so no thread is left hanging");
+    info!("--- unblock the open, so no thread is left hanging");
     drop(_unblock);
     let outcome = stuck.join().expect("stuck trainer");
     assert!(!matches!(outcome, Some(Ok(()))), "no batch of a dataset that does not exist: {outcome:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// On drop (also when the test fails), opens the FIFO for writing without blocking: a reader
-/// stuck in its open then returns (and reads end-of-file).
-struct Unblock(std::path::PathBuf);
+/// Whether opens of the "stuck" dataset hang.
+static HUNG: AtomicBool = AtomicBool::new(false);
+
+/// The worker's hook: an open of a dataset under a `stoker-it-hung-open` folder blocks while
+/// [`HUNG`] is set (at most 2 minutes).
+fn hang_while_stuck(path: &std::path::Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while path.to_string_lossy().contains("stoker-it-hung-open") && HUNG.load(Ordering::Acquire) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// On drop (also when the test fails), lets the hung open go on, so no thread is left hanging.
+struct Unblock;
 
 impl Drop for Unblock {
     fn drop(&mut self) {
-        use std::os::unix::fs::OpenOptionsExt;
-        /// Linux's `O_NONBLOCK`: with no reader waiting, the open fails at once instead.
-        const O_NONBLOCK: i32 = 0o4000;
-        let _ = std::fs::OpenOptions::new().write(true).custom_flags(O_NONBLOCK).open(&self.0);
+        HUNG.store(false, Ordering::Release);
     }
 }

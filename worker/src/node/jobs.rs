@@ -15,12 +15,13 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use stoker_common::api::CoordinatorApi;
+use stoker_common::error::ShardError;
 use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
 use stoker_common::plan::EpochPlan;
 use stoker_common::proto::ChunkGrant;
 use stoker_common::transform::TransformSpec;
 use tokio::sync::{OnceCell, mpsc};
-use tracing::info;
+use tracing::{info, warn};
 
 use super::Shared;
 use super::link::ledger;
@@ -123,15 +124,37 @@ async fn dataset<A>(shared: &Shared<A>, grant: &ChunkGrant) -> Result<Arc<Datase
     let dataset = cell
         .get_or_try_init(|| async {
             let (path, version) = (std::path::PathBuf::from(&grant.manifest), grant.dataset_version);
-            let roots = shared.config.dataset_roots.clone();
-            let opened = tokio::task::spawn_blocking(move || Dataset::open_confined(&path, version, &roots))
-                .await
-                .map_err(|error| error.to_string())?
-                .map_err(|error| error.to_string())?;
-            Ok::<_, String>(Arc::new(opened))
+            let (roots, hook) = (shared.config.dataset_roots.clone(), shared.config.before_dataset_open);
+            let opened = tokio::task::spawn_blocking(move || {
+                if let Some(hook) = hook {
+                    hook(&path);
+                }
+                Dataset::open_confined(&path, version, &roots)
+            })
+            .await
+            .map_err(|error| error.to_string())?;
+            match opened {
+                Ok(opened) => Ok::<_, String>(Arc::new(opened)),
+                Err(error) => {
+                    if is_outside_roots(&error) {
+                        // Never made here: reported stuck with every heartbeat, so that workers
+                        // whose roots hold it make it.
+                        let refused = shared.unmakeable.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(grant.chunk.job);
+                        if refused {
+                            warn!(job = %grant.chunk.job, %error, "job refused: its data is outside this worker's --dataset-root");
+                        }
+                    }
+                    Err(error.to_string())
+                }
+            }
         })
         .await?;
     Ok(Arc::clone(dataset))
+}
+
+/// Whether `error` says a manifest or shard is outside the worker's `--dataset-root`.
+fn is_outside_roots(error: &PipelineError) -> bool {
+    matches!(error, PipelineError::Shard(ShardError::Confined { reason, .. }) if reason.contains("--dataset-root"))
 }
 
 /// Release the pipelines of jobs that have nothing in flight here and either have had no work

@@ -64,12 +64,17 @@ pub struct WorkerConfig {
     /// `stoker_worker_batch_make_seconds`); off only to measure what that costs.
     pub time_samples: bool,
     /// Folders datasets must be in (`--dataset-root`): a job whose manifest or shards are
-    /// elsewhere fails with that said, before anything is read.
+    /// elsewhere is refused here (logged, reported stuck) before anything of it is read.
     pub dataset_roots: DatasetRoots,
     /// The most trainer connections open at once, handshakes included (`--max-connections`).
     pub max_connections: usize,
     /// The most from one IP address (`--max-connections-per-address`).
     pub max_connections_per_address: usize,
+    /// Called on the blocking thread just before a dataset is opened. Tests make it block, as
+    /// a hung network file system would (a FIFO no longer can: dataset files are opened only
+    /// if regular); `None` in every real worker.
+    #[doc(hidden)]
+    pub before_dataset_open: Option<fn(&std::path::Path)>,
 }
 
 impl WorkerConfig {
@@ -90,6 +95,7 @@ impl WorkerConfig {
             dataset_roots: DatasetRoots::anywhere(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            before_dataset_open: None,
         }
     }
 }
@@ -141,9 +147,10 @@ pub(crate) struct Shared<A> {
     datasets: std::sync::Mutex<HashMap<(String, u64), DatasetSlot>>,
     made_tx: mpsc::Sender<Made>,
     metrics: WorkerMetrics,
-    /// Jobs whose batches do not fit this worker's batch memory: reported stuck with every
-    /// heartbeat, so that the coordinator grants them to other workers.
-    unmakeable: std::sync::Mutex<std::collections::BTreeSet<stoker_common::ids::JobId>>,
+    /// Jobs whose batches do not fit this worker's batch memory, or whose data is outside its
+    /// `--dataset-root`: reported stuck with every heartbeat, so that the coordinator grants
+    /// them to other workers.
+    pub(crate) unmakeable: std::sync::Mutex<std::collections::BTreeSet<stoker_common::ids::JobId>>,
     /// When the coordinator last answered a registration or heartbeat (for readiness).
     heard_at: std::sync::Mutex<Option<std::time::Instant>>,
     stopping: AtomicBool,
@@ -192,7 +199,7 @@ where
     let worker_metrics = WorkerMetrics::register(metrics).map_err(|error| PipelineError::Start(error.to_string()))?;
     worker_metrics.threads.set(config.threads as i64);
     let addr = socket.local_addr().map_err(|error| PipelineError::Start(format!("socket has no address: {error}")))?;
-    let endpoint = server_endpoint(socket, tls, config.tuning).map_err(|error| PipelineError::Start(error.to_string()))?;
+    let endpoint = server_endpoint(socket, tls, batch_port(config.tuning)).map_err(|error| PipelineError::Start(error.to_string()))?;
     let (made_tx, made_rx) = mpsc::channel(config.in_flight.max(1));
     let shared = Arc::new(Shared {
         api,
@@ -273,6 +280,13 @@ where
     }
 }
 
+/// A batch port's transport: batches go out with `tuning`'s windows; what comes in is one
+/// hello per connection, so peers get small windows, a few request streams and no
+/// unidirectional ones.
+fn batch_port(tuning: Tuning) -> Tuning {
+    Tuning { receives_batches: false, max_bidi_streams: 4, ..tuning }
+}
+
 /// Accept trainer connections, each with the transport its path allows: batches to a trainer
 /// on this host go in the largest datagrams loopback carries.
 async fn accept_trainers<A>(endpoint: quinn::Endpoint, tls: TlsConfigs, shared: Arc<Shared<A>>)
@@ -281,13 +295,17 @@ where
 {
     let admission = Admission::new(shared.config.max_connections, shared.config.max_connections_per_address);
     while let Some(incoming) = endpoint.accept().await {
-        // Before the handshake: a refused connection costs one packet and no cryptography.
+        // Addresses proven first (a Retry round trip), then the limits, before the handshake.
+        if !incoming.remote_address_validated() {
+            let _ = incoming.retry();
+            continue;
+        }
         let Ok(admitted) = admission.admit(incoming.remote_address().ip()) else {
             shared.metrics.handshakes_refused.inc();
             incoming.refuse();
             continue;
         };
-        let connecting = match accept_with_tuning(incoming, &tls, shared.config.tuning) {
+        let connecting = match accept_with_tuning(incoming, &tls, batch_port(shared.config.tuning)) {
             Ok(connecting) => connecting,
             Err(error) => {
                 debug!(%error, "cannot accept a connection");

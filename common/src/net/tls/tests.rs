@@ -25,7 +25,7 @@ fn serve(tls: &TlsConfigs) -> std::net::SocketAddr {
     tokio::spawn(async move {
         while let Some(incoming) = endpoint.accept().await {
             let Ok(connection) = incoming.await else { continue };
-            tokio::spawn(serve_calls(connection, CONTROL_FRAME_LIMIT, crate::net::REQUEST_TIMEOUT, |_request: ControlRequest| async {
+            tokio::spawn(serve_calls(connection, crate::net::ServeLimits::new(CONTROL_FRAME_LIMIT), |_request: ControlRequest| async {
                 Ok::<_, RemoteError>(ControlResponse::Datasets { datasets: Vec::new() })
             }));
         }
@@ -73,7 +73,7 @@ fn a_ca_written_and_loaded_again_issues_certificates_the_first_one_trusts() {
 }
 
 #[test]
-fn the_deny_list_is_read_again_when_it_changes_and_a_broken_one_denies_everything() {
+fn the_deny_list_is_read_again_when_it_changes_and_a_broken_one_keeps_the_last_good_in_force() {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join(DENY_LIST);
     let (one, two) = (CertKey([1; 32]), CertKey([2; 32]));
@@ -81,9 +81,14 @@ fn the_deny_list_is_read_again_when_it_changes_and_a_broken_one_denies_everythin
     assert!(!list.denies(&one));
     std::fs::write(&path, format!("# revoked\n{} # a worker\n", one.hex())).expect("write");
     assert!(list.denies(&one) && !list.denies(&two));
+    // Caught half-written (review of issue 19: a broken list used to refuse every peer).
+    std::fs::write(&path, format!("{}\n{}", one.hex(), &two.hex()[..20])).expect("write");
+    assert!(list.denies(&one) && !list.denies(&two), "the last good list stays in force");
+    std::fs::write(&path, format!("{}\n{}\n", one.hex(), two.hex())).expect("write");
+    assert!(list.denies(&one) && list.denies(&two), "the mended file is read at the next check");
     std::fs::write(&path, "not a fingerprint\n").expect("write");
-    assert!(list.denies(&two), "a malformed list fails closed");
-    assert!(matches!(DenyList::at(Some(path)), Err(TlsError::Malformed { .. })), "and is refused at start");
+    assert!(list.denies(&two), "a broken file lifts no revocation");
+    assert!(matches!(DenyList::at(Some(path)), Err(TlsError::Malformed { .. })), "a broken list is refused at start");
 }
 
 #[test]

@@ -42,17 +42,19 @@ impl DenyList {
     }
 
     /// Whether `key` is denied. A list that became unreadable or malformed since it was last
-    /// read denies everything (failing open would let a revoked certificate back in).
+    /// read (caught half-copied, say) leaves the last good one in force, and is read again at
+    /// the next check: a revocation is never lifted by a broken file, and a file being written
+    /// does not cut off every peer. A list that was removed denies nothing.
     pub(crate) fn denies(&self, key: &CertKey) -> bool {
         let Some(path) = &self.path else { return false };
         let mut loaded = self.loaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let stamp = modified(path);
-        if stamp != loaded.0 || stamp.is_none() {
+        if stamp != loaded.0 {
             match path.exists().then(|| read_deny_list(path)).transpose() {
                 Ok(keys) => *loaded = (stamp, keys.unwrap_or_default()),
                 Err(failure) => {
-                    error!(%failure, "the deny list cannot be read: refusing every certificate until it is fixed");
-                    return true;
+                    // The stamp is not taken: the next check reads the file again.
+                    error!(%failure, "the deny list cannot be read: the last good one stays in force until it is fixed");
                 }
             }
         }

@@ -2,6 +2,13 @@
 //! the worst case) leave a running epoch's throughput within 10%. The coordinator refuses
 //! connections over its limits before their handshake and closes a connection whose request
 //! takes longer than `--request-timeout-ms` to arrive.
+//!
+//! A test binary of its own: cargo runs test binaries one after another, so the epochs timed
+//! here share the machine with no other test (inside one binary, tests run in parallel).
+
+#[allow(dead_code, unreachable_pub)]
+#[path = "it/common.rs"]
+mod common;
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::sync::Arc;
@@ -17,7 +24,7 @@ use stoker_coordinator::CoordinatorConfig;
 use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
 
-use crate::common::{config_for, dataset};
+use common::{config_for, dataset};
 
 /// Connections one address may hold at the coordinator in this test.
 const PER_ADDRESS: usize = 16;
@@ -172,7 +179,7 @@ fn a_connection_flood_and_slow_senders_leave_the_epoch_throughput_within_10_perc
 /// request timeout instead of holding its connection for as long as it keeps it alive.
 #[test]
 fn a_worker_closes_a_connection_that_sends_no_hello() {
-    let cluster = crate::common::cluster_with(1);
+    let cluster = common::cluster_with(1);
     let worker = cluster.worker(0).expect("worker").local_addr();
     let tls = cluster.tls(Role::Trainer);
     let reason = cluster.block_on(async {
