@@ -3,12 +3,16 @@
 #   make test   build and run every test tier that exists (installs what is missing)
 #   make bench  criterion benchmarks and the pipeline benchmark (see BENCHMARKS.md)
 #   make lint   rustfmt + clippy
+#   make fuzz   every fuzz target for FUZZ_SECONDS each (see ARCHITECTURE.md, "Fuzzing")
 
 SHELL := /bin/bash
 CARGO ?= cargo
 JOBS ?= 2
 VENV := .venv
 PYTHON := $(abspath $(VENV))/bin/python
+# Seconds per fuzz target: `make fuzz`, and the short run inside `make test`.
+FUZZ_SECONDS ?= 300
+FUZZ_SHORT_SECONDS ?= 15
 
 .PHONY: demo test bench lint deps test-deps venv wheel
 
@@ -37,6 +41,7 @@ demo: deps
 # test installs it into a fresh venv.
 test: deps test-deps venv
 	mkdir -p target; set -o pipefail; STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored 2>&1 | tee target/test.log
+	JOBS=$(JOBS) scripts/fuzz.sh $(FUZZ_SHORT_SECONDS)
 	cd python && VIRTUAL_ENV=$(abspath $(VENV)) CARGO_BUILD_JOBS=$(JOBS) $(abspath $(VENV))/bin/maturin develop --quiet
 	$(MAKE) --no-print-directory wheel
 	set -o pipefail; cd python && STOKER_BIN=$(abspath target/debug/stoker) STOKER_WHEEL=$$(ls $(abspath target/wheels)/stoker-*.whl) $(PYTHON) -m pytest -q -rs 2>&1 | tee ../target/pytest.log
@@ -55,6 +60,10 @@ bench: deps venv
 	$(CARGO) bench -j$(JOBS) -p stoker-benches
 	$(CARGO) build --release -j$(JOBS) -p stoker-cli
 	$(PYTHON) scripts/bench_pipeline.py
+
+.PHONY: fuzz
+fuzz: deps
+	JOBS=$(JOBS) scripts/fuzz.sh $(FUZZ_SECONDS)
 
 lint:
 	$(CARGO) fmt --all -- --check

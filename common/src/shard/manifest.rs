@@ -101,7 +101,8 @@ impl Manifest {
             return Err(bad(format!("{} bytes, over the {MAX_MANIFEST_BYTES} bytes a manifest may have", metadata.len())));
         }
         let mut text = String::new();
-        let file = std::fs::File::open(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+        // Checked again on the open file: it may have been swapped for a FIFO since.
+        let file = super::roots::open_regular(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
         // Bounded even if the file grows while it is read.
         std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_MANIFEST_BYTES + 1), &mut text)
             .map_err(|source| ShardError::io("failed to read manifest", path, source))?;
@@ -109,14 +110,21 @@ impl Manifest {
             return Err(bad(format!("over the {MAX_MANIFEST_BYTES} bytes a manifest may have (it grew while it was read)")));
         }
         let version = xxhash_rust::xxh3::xxh3_64(text.as_bytes()).max(1);
-        let manifest: Self = serde_json::from_str(&text).map_err(|error| bad(format!("not a valid manifest: {error}")))?;
+        Ok((Self::parse(&text, path)?, version))
+    }
+
+    /// Parse and check the text of a manifest (what [`Manifest::load`] does once it has read
+    /// the file): its JSON, its version, and every shard URI. `path` names it in errors.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ShardError> {
+        let bad = |reason: String| ShardError::BadManifest { path: path.to_path_buf(), reason };
+        let manifest: Self = serde_json::from_str(text).map_err(|error| bad(format!("not a valid manifest: {error}")))?;
         if manifest.version > MANIFEST_VERSION {
             return Err(bad(format!("version {} is newer than this build reads ({MANIFEST_VERSION}): upgrade stoker", manifest.version)));
         }
         for shard in &manifest.shards {
             parse_uri(&shard.uri).map_err(|error| bad(error.to_string()))?;
         }
-        Ok((manifest, version))
+        Ok(manifest)
     }
 
     /// Write to `path` atomically (temporary file + rename), pretty-printed.
@@ -129,14 +137,15 @@ impl Manifest {
         std::fs::rename(&temporary, path).map_err(|source| ShardError::io("failed to write manifest", path, source))
     }
 
-    /// Total samples.
+    /// Total samples, saturating at `u64::MAX` (a manifest is untrusted: its counts may add up
+    /// to more; [`Manifest::shard_table`] refuses such a dataset).
     pub fn samples(&self) -> u64 {
-        self.shards.iter().map(|shard| shard.samples).sum()
+        self.shards.iter().fold(0, |total, shard| total.saturating_add(shard.samples))
     }
 
-    /// Total bytes of all shards.
+    /// Total bytes of all shards, saturating at `u64::MAX`.
     pub fn bytes(&self) -> u64 {
-        self.shards.iter().map(|shard| shard.bytes).sum()
+        self.shards.iter().fold(0, |total, shard| total.saturating_add(shard.bytes))
     }
 
     /// The planner's view of this dataset.
@@ -191,6 +200,16 @@ mod tests {
         for bad in ["", "file://rel", "s3://bucket", "http://x/a.tar"] {
             assert!(resolve_uri(bad, dir).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn totals_of_huge_counts_saturate_instead_of_overflowing() {
+        // Reproduced with the `manifest` fuzz target: `samples()` overflowed (a panic with overflow checks).
+        let text = r#"{"version":1,"shards":[{"uri":"a.tar","samples":18446744073709551615,"bytes":1},
+            {"uri":"b.tar","samples":1,"bytes":18446744073709551615}]}"#;
+        let manifest = Manifest::parse(text, Path::new("manifest.json")).unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!((manifest.samples(), manifest.bytes()), (u64::MAX, u64::MAX));
+        assert!(manifest.shard_table().is_err());
     }
 
     #[test]

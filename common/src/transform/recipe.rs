@@ -265,7 +265,7 @@ fn check_range(transform: &'static str, name: &str, (low, high): (f64, f64), max
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transform::FloatDtype;
+    use crate::transform::{FloatDtype, Transform};
 
     fn spec(json: &str) -> TransformSpec {
         serde_json::from_str(json).unwrap_or_else(|e| panic!("{json}: {e}"))
@@ -319,6 +319,22 @@ mod tests {
             let error = Recipe::new(&spec(&format!(r#"{{"transforms": {list}}}"#))).expect_err(list).to_string();
             assert!(error.contains(expected), "{list}: {error}");
         }
+    }
+
+    #[test]
+    fn specs_parse_floats_exactly_and_round_trip_through_json() {
+        // Found by the `transform_spec` fuzz target: serde_json's default float parsing is not
+        // correctly rounded, and read the 17 digits it wrote for this ratio one ulp off, so a
+        // spec written and read again drew other crops. Its `float_roundtrip` parses exactly.
+        let json = r#"{"transforms": [{"type": "RandomResizedCrop", "size": 32, "ratio": [0.75, 1.3366666666666666]}]}"#;
+        let s = spec(json);
+        let Transform::RandomResizedCrop { ratio, .. } = s.transforms[0] else { panic!("{s:?}") };
+        assert_eq!(ratio.1, 1.3366666666666667);
+        let back = spec(&serde_json::to_string(&s).expect("serialise"));
+        assert_eq!(Recipe::new(&back).ok(), Recipe::new(&s).ok());
+        // torchvision's default ratio as Python writes it is read as exactly 4/3.
+        let default = spec(r#"{"transforms": [{"type": "RandomResizedCrop", "size": 32, "ratio": [0.75, 1.3333333333333333]}]}"#);
+        assert_eq!(default, TransformSpec::new(vec![Transform::random_resized_crop(32)]));
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 mod fallback;
 mod jpeg;
-mod restart;
+pub(crate) mod restart;
 mod transcode;
 
 use stoker_common::transform::Interpolation;

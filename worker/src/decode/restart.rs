@@ -141,6 +141,11 @@ impl Layout {
         }
     }
 
+    /// The image's width and height in pixels, at scale 1.
+    pub(crate) fn size(&self) -> (u32, u32) {
+        (self.width, self.height)
+    }
+
     /// Write into `out` the band of intervals that covers `region` (scaled by `num / 8`, given
     /// as x, y, width, height) with the context upsampling needs, and return where the band
     /// sits. `None` when the band would be the whole image, or when the entropy-coded data
