@@ -21,6 +21,8 @@ if [ "${1:-}" = "--test" ]; then
   # The observability tests scrape a real cluster with a real Prometheus and lint with promtool.
   command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
   command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+  # The multi-host tests run real processes in network namespaces (ip netns, veth).
+  command -v ip >/dev/null 2>&1 || need+=(iproute2)
   if ! command -v kubectl >/dev/null 2>&1; then
     echo "note: kubectl is not installed; the tests that render deploy/k8s with kustomize will skip (fail under CI)" >&2
   fi

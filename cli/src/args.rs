@@ -532,10 +532,18 @@ pub(crate) struct BenchDeliveryArgs {
     /// Seconds to measure each variant, after one second of warm-up.
     #[arg(long, default_value_t = 5.0)]
     pub(crate) seconds: f64,
-    /// Also measure Stoker's settings with this largest UDP payload (loopback carries 65527;
-    /// a 9000-byte jumbo-frame network 8952).
-    #[arg(long, default_value_t = 65527, value_parser = clap::value_parser!(u16).range(1200..=65527))]
-    pub(crate) max_udp_payload: u16,
+    /// Also measure Stoker's settings with this largest UDP payload [default: 65527 on
+    /// loopback; with --netns, what --mtu carries (MTU - 48: 8952 at 9000) when above 1500].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    pub(crate) max_udp_payload: Option<u16>,
+    /// Measure between two hosts instead of on loopback: the sender and the receiver each in a
+    /// network namespace of its own, joined by veth links through a router at --mtu (needs
+    /// root; the namespaces are removed afterwards).
+    #[arg(long)]
+    pub(crate) netns: bool,
+    /// The links' MTU with --netns (1500; 9000 for jumbo frames, with --max-udp-payload 8952).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(1280..=65000))]
+    pub(crate) mtu: u32,
     /// Run only the variants whose name contains this (e.g. `tcp`, `defaults`, `pool`).
     #[arg(long, value_name = "TEXT")]
     pub(crate) only: Option<String>,

@@ -3,6 +3,7 @@
 /// A randomized model of the delivery protocol: real coordinator, trainer protocol and lease
 /// ledger on a simulated clock and network, with faults.
 pub mod model;
+pub mod netns;
 /// The cluster CA and certificates of a test cluster.
 pub mod tls;
 

@@ -1,8 +1,8 @@
-//! `stoker bench delivery`: batch delivery to one trainer over one QUIC connection on
-//! loopback, through the same `send_batch`/`receive_batch` the worker and the client use.
-//! Sender and receiver each run a single-threaded runtime on their own thread, so each side's
-//! CPU time is its thread's; plain TCP over the same loopback, one thread per side, is the
-//! baseline of the same run.
+//! `stoker bench delivery`: batch delivery to one trainer over one QUIC connection, on
+//! loopback or (`--netns`) between two hosts made of network namespaces, through the same
+//! `send_batch`/`receive_batch` the worker and the client use. Sender and receiver each run a
+//! single-threaded runtime on their own thread, so each side's CPU time is its thread's; plain
+//! TCP over the same path, one thread per side, is the baseline of the same run.
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -17,12 +17,14 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use stoker_common::ids::{Epoch, JobId, Position, Rank, Step};
 use stoker_common::net::{
-    CERT_VALIDITY, ClusterCa, PayloadPool, Role, TlsConfigs, Tuning, Validity, client_endpoint, connect, mutual_tls, receive_batch,
-    send_batch, server_endpoint,
+    CERT_VALIDITY, ClusterCa, LOOPBACK_UDP_PAYLOAD, PayloadPool, Role, TlsConfigs, Tuning, Validity, client_endpoint, connect, mutual_tls,
+    receive_batch, send_batch, server_endpoint,
 };
 use stoker_common::proto::{ALPN, BatchHeader};
 use stoker_common::transform::{OutputDtype, OutputLayout};
 use stoker_common::wire::{self, BATCH_HEADER_LIMIT, PREFIX_BYTES};
+
+use stoker_testkit::netns::Lab;
 
 use crate::args::BenchDeliveryArgs;
 
@@ -60,8 +62,49 @@ struct Measured {
     gigabytes_per_sec: f64,
     send_cpu_seconds_per_gb: f64,
     receive_cpu_seconds_per_gb: f64,
+    /// The receiver's CPU per batch, in milliseconds: what a trainer spends on each.
+    receive_cpu_ms_per_batch: f64,
     batches: u64,
 }
+
+/// Where the two sides run: both on loopback, or each on a host of a lab.
+struct Place {
+    /// The lab, kept for the run (its namespaces go when it is dropped).
+    lab_opt: Option<Arc<Lab>>,
+    /// The sender's address.
+    sender_ip: Ipv4Addr,
+}
+
+impl Place {
+    fn loopback() -> Self {
+        Self { lab_opt: None, sender_ip: Ipv4Addr::LOCALHOST }
+    }
+
+    fn hosts(mtu: u32) -> anyhow::Result<Self> {
+        if let Some(reason) = stoker_testkit::netns::unavailable() {
+            bail!("--netns: {reason}");
+        }
+        let lab = Lab::new(&[SENDER_HOST, RECEIVER_HOST], mtu).map_err(anyhow::Error::msg)?;
+        let sender_ip = lab.addr(SENDER_HOST).map_err(anyhow::Error::msg)?;
+        Ok(Self { lab_opt: Some(Arc::new(lab)), sender_ip })
+    }
+
+    /// Move the calling thread (a side's own) onto `host`, if the sides run on hosts.
+    fn enter(&self, host: &str) -> anyhow::Result<()> {
+        match &self.lab_opt {
+            Some(lab) => lab.enter(host).map_err(anyhow::Error::msg),
+            None => Ok(()),
+        }
+    }
+
+    fn describe(&self, mtu: u32) -> String {
+        if self.lab_opt.is_some() { format!("between two hosts (network namespaces, MTU {mtu})") } else { "on loopback".to_owned() }
+    }
+}
+
+/// The lab hosts of `--netns`.
+const SENDER_HOST: &str = "worker";
+const RECEIVER_HOST: &str = "trainer";
 
 pub(crate) fn run(args: BenchDeliveryArgs) -> anyhow::Result<ExitCode> {
     if args.seconds <= 0.0 || args.batch_size == 0 || args.size == 0 {
@@ -74,18 +117,20 @@ pub(crate) fn run(args: BenchDeliveryArgs) -> anyhow::Result<ExitCode> {
     if variants.is_empty() {
         bail!("no variant's name contains {:?}", args.only.unwrap_or_default());
     }
+    let place = Arc::new(if args.netns { Place::hosts(args.mtu)? } else { Place::loopback() });
     let mut results = Vec::new();
     for variant in variants {
         if !args.json {
             eprintln!("{} ...", variant.name);
         }
-        let measured = measure(&variant, &header, &payload, &args).with_context(|| format!("variant {:?}", variant.name))?;
+        let measured = measure(&variant, &header, &payload, &args, &place).with_context(|| format!("variant {:?}", variant.name))?;
         results.push(measured);
     }
     if args.json {
         let tcp = results.first().map(|tcp| tcp.receive_cpu_seconds_per_gb);
         let value = serde_json::json!({
             "batch_bytes": header.payload_len,
+            "path": place.describe(args.mtu),
             "seconds_per_variant": args.seconds,
             "variants": results,
             "tcp_receive_cpu_seconds_per_gb": tcp,
@@ -96,7 +141,7 @@ pub(crate) fn run(args: BenchDeliveryArgs) -> anyhow::Result<ExitCode> {
         }
         return Ok(ExitCode::SUCCESS);
     }
-    print_table(&results, header.payload_len);
+    print_table(&results, header.payload_len, &place.describe(args.mtu));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -122,9 +167,11 @@ fn variants(args: &BenchDeliveryArgs) -> Vec<Variant> {
         quic("  + 8 MiB socket buffers (--insecure)", shipped, false, IN_FLIGHT),
         mutual("  + mutual TLS (default)", shipped),
     ];
-    if args.max_udp_payload != shipped.max_udp_payload {
-        let large = Tuning { max_udp_payload: args.max_udp_payload, ..shipped };
-        list.push(mutual(&format!("  + --max-udp-payload {}", args.max_udp_payload), large));
+    let path_carries = if args.netns { u16::try_from(args.mtu.saturating_sub(48)).unwrap_or(u16::MAX) } else { LOOPBACK_UDP_PAYLOAD };
+    let larger = args.max_udp_payload.unwrap_or(path_carries);
+    if larger != shipped.max_udp_payload {
+        let large = Tuning { max_udp_payload: larger, ..shipped };
+        list.push(mutual(&format!("  + --max-udp-payload {larger}"), large));
     }
     if let Some(only) = &args.only {
         list.retain(|variant| variant.name.contains(only.as_str()));
@@ -195,15 +242,21 @@ const SENDER: usize = 0;
 const RECEIVER: usize = 1;
 
 /// Run `variant` until one second of warm-up and `args.seconds` of measurement have passed.
-fn measure(variant: &Variant, header: &BatchHeader, payload: &Bytes, args: &BenchDeliveryArgs) -> anyhow::Result<Measured> {
+fn measure(
+    variant: &Variant,
+    header: &BatchHeader,
+    payload: &Bytes,
+    args: &BenchDeliveryArgs,
+    place: &Arc<Place>,
+) -> anyhow::Result<Measured> {
     let progress = Arc::new(Progress::default());
     let (tid_tx, tid_rx) = mpsc::channel::<TidReport>();
     let (sender, receiver) = match variant.transport {
-        Transport::Tcp => start_tcp(header, payload, &progress, tid_tx)?,
+        Transport::Tcp => start_tcp(header, payload, &progress, tid_tx, place)?,
         Transport::Quic { tuning, copy_send, pool_keep, mutual } => {
             let (sender_tls, receiver_tls) = if mutual { mutual_pair()? } else { (TlsConfigs::insecure()?, TlsConfigs::insecure()?) };
             let quic = Quic { tuning, copy_send, pool_keep, sender_tls, receiver_tls };
-            start_quic(quic, header, payload, &progress, tid_tx)?
+            start_quic(quic, header, payload, &progress, tid_tx, place)?
         }
     };
     let mut tids = [0u32; 2];
@@ -226,6 +279,7 @@ fn measure(variant: &Variant, header: &BatchHeader, payload: &Bytes, args: &Benc
         gigabytes_per_sec: gigabytes / seconds,
         send_cpu_seconds_per_gb: send_cpu / gigabytes,
         receive_cpu_seconds_per_gb: receive_cpu / gigabytes,
+        receive_cpu_ms_per_batch: if batches == 0 { f64::NAN } else { receive_cpu * 1e3 / batches as f64 },
         batches,
     })
 }
@@ -274,13 +328,21 @@ fn thread_cpu_seconds(tid: u32) -> anyhow::Result<f64> {
 
 type Sides = (JoinHandle<anyhow::Result<()>>, JoinHandle<anyhow::Result<()>>);
 
-fn start_tcp(header: &BatchHeader, payload: &Bytes, progress: &Arc<Progress>, tids: mpsc::Sender<TidReport>) -> anyhow::Result<Sides> {
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot listen on loopback")?;
-    let addr = listener.local_addr()?;
+fn start_tcp(
+    header: &BatchHeader,
+    payload: &Bytes,
+    progress: &Arc<Progress>,
+    tids: mpsc::Sender<TidReport>,
+    place: &Arc<Place>,
+) -> anyhow::Result<Sides> {
     let frame = wire::encode(header, BATCH_HEADER_LIMIT)?;
-    let (payload, sender_progress, sender_tids) = (payload.clone(), Arc::clone(progress), tids.clone());
+    let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
+    let (payload, sender_progress, sender_tids, sender_place) = (payload.clone(), Arc::clone(progress), tids.clone(), Arc::clone(place));
     let sender = spawn_side("bench-send", move || -> anyhow::Result<()> {
         let _ = sender_tids.send((SENDER, current_tid()));
+        sender_place.enter(SENDER_HOST)?;
+        let listener = TcpListener::bind((sender_place.sender_ip, 0)).context("cannot listen")?;
+        let _ = addr_tx.send(listener.local_addr()?);
         let (mut stream, _) = listener.accept()?;
         let result = (|| {
             while !sender_progress.stop.load(Ordering::Acquire) {
@@ -291,9 +353,11 @@ fn start_tcp(header: &BatchHeader, payload: &Bytes, progress: &Arc<Progress>, ti
         })();
         sender_progress.finish(result)
     })?;
-    let receiver_progress = Arc::clone(progress);
+    let (receiver_progress, receiver_place) = (Arc::clone(progress), Arc::clone(place));
     let receiver = spawn_side("bench-recv", move || -> anyhow::Result<()> {
         let _ = tids.send((RECEIVER, current_tid()));
+        receiver_place.enter(RECEIVER_HOST)?;
+        let addr = addr_rx.recv_timeout(Duration::from_secs(10)).context("the sender did not listen")?;
         let mut stream = TcpStream::connect(addr)?;
         let pool = PayloadPool::new(IN_FLIGHT);
         let result = (|| {
@@ -353,14 +417,17 @@ fn start_quic(
     payload: &Bytes,
     progress: &Arc<Progress>,
     tids: mpsc::Sender<TidReport>,
+    place: &Arc<Place>,
 ) -> anyhow::Result<Sides> {
     let Quic { tuning, copy_send, pool_keep, sender_tls, receiver_tls: tls } = quic;
-    let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).context("cannot bind a UDP socket on loopback")?;
-    let addr: SocketAddr = socket.local_addr()?;
-    let (header, payload, sender_progress, sender_tids, sender_tls) =
-        (header.clone(), payload.clone(), Arc::clone(progress), tids.clone(), sender_tls);
+    let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
+    let (header, payload, sender_progress, sender_tids, sender_tls, sender_place) =
+        (header.clone(), payload.clone(), Arc::clone(progress), tids.clone(), sender_tls, Arc::clone(place));
     let sender = spawn_side("bench-send", move || -> anyhow::Result<()> {
         let _ = sender_tids.send((SENDER, current_tid()));
+        sender_place.enter(SENDER_HOST)?;
+        let socket = UdpSocket::bind((sender_place.sender_ip, 0)).context("cannot bind a UDP socket")?;
+        let _ = addr_tx.send(socket.local_addr()?);
         single_thread_runtime()?.block_on(async move {
             let endpoint = server_endpoint(socket, &sender_tls, tuning)?;
             let incoming = endpoint.accept().await.context("endpoint closed")?;
@@ -387,9 +454,11 @@ fn start_quic(
             sender_progress.finish(result)
         })
     })?;
-    let receiver_progress = Arc::clone(progress);
+    let (receiver_progress, receiver_place) = (Arc::clone(progress), Arc::clone(place));
     let receiver = spawn_side("bench-recv", move || -> anyhow::Result<()> {
         let _ = tids.send((RECEIVER, current_tid()));
+        receiver_place.enter(RECEIVER_HOST)?;
+        let addr = addr_rx.recv_timeout(Duration::from_secs(10)).context("the sender did not bind")?;
         single_thread_runtime()?.block_on(async move {
             let endpoint = client_endpoint(&tls, addr, tuning)?;
             let connection = connect(&endpoint, addr, Duration::from_secs(5)).await?;
@@ -412,16 +481,21 @@ fn start_quic(
     Ok((sender, receiver))
 }
 
-fn print_table(results: &[Measured], batch_bytes: u64) {
+fn print_table(results: &[Measured], batch_bytes: u64, path: &str) {
     let tcp_opt = results.first();
     eprintln!();
-    eprintln!("batches of {:.1} MB, one connection on loopback; CPU-s/GB is each side's thread", batch_bytes as f64 / 1e6);
-    eprintln!("{:<48} {:>7} {:>10} {:>10} {:>9}", "variant", "GB/s", "send s/GB", "recv s/GB", "recv/tcp");
+    eprintln!("batches of {:.1} MB, one connection {path}; CPU is each side's thread", batch_bytes as f64 / 1e6);
+    eprintln!("{:<48} {:>7} {:>10} {:>10} {:>9} {:>13}", "variant", "GB/s", "send s/GB", "recv s/GB", "recv/tcp", "recv ms/batch");
     for result in results {
         let ratio = tcp_opt.map(|tcp| result.receive_cpu_seconds_per_gb / tcp.receive_cpu_seconds_per_gb).unwrap_or(f64::NAN);
         eprintln!(
-            "{:<48} {:>7.2} {:>10.3} {:>10.3} {:>8.2}x",
-            result.name, result.gigabytes_per_sec, result.send_cpu_seconds_per_gb, result.receive_cpu_seconds_per_gb, ratio
+            "{:<48} {:>7.2} {:>10.3} {:>10.3} {:>8.2}x {:>13.2}",
+            result.name,
+            result.gigabytes_per_sec,
+            result.send_cpu_seconds_per_gb,
+            result.receive_cpu_seconds_per_gb,
+            ratio,
+            result.receive_cpu_ms_per_batch
         );
     }
 }

@@ -3,6 +3,7 @@
 mod bench_delivery;
 mod bench_pipeline;
 mod jobs;
+mod netns;
 mod pack_inspect;
 mod process_faults;
 mod raft_processes;
