@@ -465,7 +465,8 @@ pub(crate) struct ConsumeArgs {
     /// Consume at most this many batches per second (simulates a training step).
     #[arg(long)]
     pub(crate) rate: Option<f64>,
-    /// Write one line per sample: `epoch step key`.
+    /// Write one line per sample as it is consumed: `epoch step key` (flushed after every
+    /// batch, so the file shows the rank's progress while it runs).
     #[arg(long, value_name = "FILE")]
     pub(crate) keys_out: Option<PathBuf>,
     /// Print one JSON object.

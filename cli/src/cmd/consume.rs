@@ -1,6 +1,5 @@
 //! `stoker consume`: one trainer rank without a model.
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -8,7 +7,7 @@ use stoker_client::LoaderConfig;
 use stoker_common::obs::MetricsListen;
 use stoker_common::transform::TransformSpec;
 
-use super::ranks::consume;
+use super::ranks::{Keys, consume};
 use super::remote::resolve_coordinators;
 use crate::args::ConsumeArgs;
 
@@ -34,16 +33,17 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
         MetricsListen::On(addr) => Some(addr),
         MetricsListen::Off => None,
     };
-    let report = consume(&config, args.first_epoch, args.epochs, args.rate, args.keys_out.is_some(), metrics_listen)?;
-    if let Some(path) = &args.keys_out {
-        let mut out = std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?);
-        for (epoch, step, keys) in &report.keys {
-            for key in keys {
-                writeln!(out, "{epoch} {step} {key}")?;
-            }
+    let mut keys_file = match &args.keys_out {
+        Some(path) => {
+            Some(std::io::BufWriter::new(std::fs::File::create(path).with_context(|| format!("cannot create {}", path.display()))?))
         }
-        out.flush()?;
-    }
+        None => None,
+    };
+    let keys = match &mut keys_file {
+        Some(file) => Keys::Write(file),
+        None => Keys::Drop,
+    };
+    let report = consume(&config, args.first_epoch, args.epochs, args.rate, keys, metrics_listen)?;
     let rate = report.images as f64 / report.seconds.max(1e-9);
     if args.json {
         let value = serde_json::json!({

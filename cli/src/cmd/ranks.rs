@@ -1,6 +1,7 @@
 //! A trainer rank without a model: attach, consume epochs, account for every key. Used by
 //! `consume`, `demo` and `bench cluster`.
 
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -32,6 +33,14 @@ impl RankReport {
     }
 }
 
+/// Where a rank's keys go: kept in its report, or written as they come (`epoch step key`
+/// lines, flushed after every batch, so that others can watch its progress).
+pub(crate) enum Keys<'a> {
+    Drop,
+    Keep,
+    Write(&'a mut dyn Write),
+}
+
 /// Consume `epochs` epochs from `first_epoch`, at most `rate` batches/s, serving the rank's
 /// metrics on `metrics_listen` if given.
 pub(crate) fn consume(
@@ -39,7 +48,7 @@ pub(crate) fn consume(
     first_epoch: u64,
     epochs: u64,
     rate: Option<f64>,
-    keep_keys: bool,
+    mut keys: Keys<'_>,
     metrics_listen: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<RankReport> {
     let attached_at = Instant::now();
@@ -62,8 +71,15 @@ pub(crate) fn consume(
             });
             report.images += batch.len() as u64;
             report.batches += 1;
-            if keep_keys {
-                report.keys.push((epoch, batch.step().0, batch.keys().to_vec()));
+            match &mut keys {
+                Keys::Drop => {}
+                Keys::Keep => report.keys.push((epoch, batch.step().0, batch.keys().to_vec())),
+                Keys::Write(out) => {
+                    for key in batch.keys() {
+                        writeln!(out, "{epoch} {} {key}", batch.step().0)?;
+                    }
+                    out.flush()?;
+                }
             }
             if let Some(pace) = pace {
                 let due = started + pace * report.batches as u32;
@@ -86,7 +102,7 @@ pub(crate) fn consume_ranks(base: &LoaderConfig, world_size: u32, epochs: u64, k
             let mut config = base.clone();
             config.rank = Some(rank);
             config.world_size = Some(world_size);
-            std::thread::spawn(move || consume(&config, 0, epochs, None, keep_keys, None))
+            std::thread::spawn(move || consume(&config, 0, epochs, None, if keep_keys { Keys::Keep } else { Keys::Drop }, None))
         })
         .collect();
     let mut reports = Vec::new();

@@ -17,7 +17,7 @@ use stoker_common::net::{QuicCoordinator, Role};
 use stoker_common::proto::{ClusterStatus, ControlRequest, ControlResponse};
 use stoker_testkit::netns::{Impairment, Lab};
 
-use crate::support::{assert_two_ranks_saw_every_key_once, local_ca, local_tls, path_str};
+use crate::support::{assert_two_ranks_saw_every_key_once_in, local_ca, local_tls, path_str};
 
 /// The coordinator's port on its host (every host has its own ports).
 const COORDINATOR_PORT: u16 = 7000;
@@ -111,16 +111,18 @@ impl NetCluster {
         }
     }
 
-    /// Rank 0 on `trainer-0` and rank 1 on `trainer-1` consume 2 epochs of batches of 4 at
-    /// `rate` batches a second, writing their keys for [`assert_two_ranks_saw_every_key_once`].
-    fn consumers(&self, rate: &str) -> Vec<Child> {
+    /// Rank 0 on `trainer-0` and rank 1 on `trainer-1` consume `epochs` epochs of 15 batches
+    /// of 4 at `rate` batches a second, writing their keys as they go (for
+    /// [`Self::keys_seen`] and [`assert_two_ranks_saw_every_key_once_in`]).
+    fn consumers(&self, rate: &str, epochs: u32) -> Vec<Child> {
         (0..2)
             .map(|rank| {
                 let keys = self.dir.join(format!("keys-{rank}.txt"));
                 let mut command = self.stoker(&format!("trainer-{rank}"));
                 command
                     .args(["consume", "--coordinator", &self.coordinator, "--dataset", "train", "--world-size", "2", "--batch-size", "4"])
-                    .args(["--rank", &rank.to_string(), "--epochs", "2", "--size", "32", "--tail", "partial", "--shuffle", "full"])
+                    .args(["--rank", &rank.to_string(), "--epochs", &epochs.to_string(), "--size", "32", "--tail", "partial"])
+                    .args(["--shuffle", "full"])
                     .args(["--prefetch", "4", "--rate", rate, "--keys-out", path_str(&keys)])
                     .stdout(Stdio::null())
                     .stderr(Stdio::piped());
@@ -129,9 +131,10 @@ impl NetCluster {
             .collect()
     }
 
-    /// Wait (at most `timeout`) for the consumers to finish, each with success (the same
-    /// process throughout: a consumer never restarts), then check what they saw.
-    fn finish(&self, consumers: Vec<Child>, timeout: Duration) {
+    /// Wait (at most `timeout`) for the consumers of `epochs` epochs to finish, each with
+    /// success (the same process throughout: a consumer never restarts), then check what they
+    /// saw.
+    fn finish(&self, consumers: Vec<Child>, epochs: u64, timeout: Duration) {
         let deadline = Instant::now() + timeout;
         for mut consumer in consumers {
             let status = loop {
@@ -148,7 +151,7 @@ impl NetCluster {
             let _ = std::io::Read::read_to_string(&mut consumer.stderr.take().expect("stderr"), &mut stderr);
             assert!(status.success(), "a trainer failed: {stderr}");
         }
-        assert_two_ranks_saw_every_key_once(&self.dir);
+        assert_two_ranks_saw_every_key_once_in(&self.dir, epochs);
     }
 
     /// A client of the coordinator on the coordinator's host, as an operator's would be.
@@ -176,6 +179,18 @@ impl NetCluster {
             self.keys_seen(0) >= keys && self.keys_seen(1) >= keys
         })
         .expect("progress");
+    }
+
+    /// Keys each rank has seen so far.
+    fn progress(&self) -> [usize; 2] {
+        [self.keys_seen(0), self.keys_seen(1)]
+    }
+}
+
+/// The fault must have struck while training ran: every consumer is still running.
+fn assert_still_running(consumers: &mut [Child], when: &str) {
+    for consumer in consumers {
+        assert!(consumer.try_wait().expect("wait").is_none(), "training had ended {when}: the fault struck nothing");
     }
 }
 
@@ -220,8 +235,8 @@ fn two_epochs_cross_links_with_a_5_ms_round_trip_and_1_percent_loss() {
     // 1.25 ms on each host's link: 2.5 ms each way between two hosts, a 5 ms round trip.
     let lossy = Impairment { delay: Duration::from_micros(1250), loss_percent: 1.0, ..Impairment::default() };
     cluster.lab.impair_all(lossy).expect("impair");
-    let consumers = cluster.consumers("1000");
-    cluster.finish(consumers, Duration::from_secs(120));
+    let consumers = cluster.consumers("1000", 2);
+    cluster.finish(consumers, 2, Duration::from_secs(120));
     let (dropped, forwarded) = cluster.lab.delay_line_counts();
     eprintln!("delay line: {forwarded} packets forwarded, {dropped} dropped");
     assert!(dropped > 0 && forwarded > 100 * dropped / 4, "the links lost {dropped} of {forwarded} packets: not ~1% per link");
@@ -232,13 +247,21 @@ fn a_worker_host_cut_off_for_10_s_is_replaced_and_gets_work_again_after_healing(
     let Some(cluster) = NetCluster::start("stoker-netns-cutoff", 2, 2) else { return };
     let probe = cluster.probe();
     let victim = format!("{}:{WORKER_PORT}", cluster.lab.addr("worker-0").expect("address"));
-    // 2 epochs of 15 steps at 3 batches a second: about 10 s, the cut-off's length.
-    let consumers = cluster.consumers("3");
+    // 3 epochs of 15 steps at 2 batches a second: ~22 s, longer than the cut-off.
+    let mut consumers = cluster.consumers("2", 3);
     cluster.wait_until_both_ranks_saw(4);
+    let at_cut = cluster.progress();
     cluster.lab.set_link("worker-0", false).expect("cut off");
     std::thread::sleep(Duration::from_secs(10));
+    let at_heal = cluster.progress();
+    assert_still_running(&mut consumers, "before the link came back");
+    // The cut-off worker's leases expired (TTL 1.5 s) and the other worker made its steps:
+    // both ranks went on while it was away (10 s at 2 batches a second is 80 keys).
+    for rank in 0..2 {
+        assert!(at_heal[rank] >= at_cut[rank] + 24, "rank {rank} stalled while worker-0 was cut off: {at_cut:?} -> {at_heal:?}");
+    }
     cluster.lab.set_link("worker-0", true).expect("heal");
-    cluster.finish(consumers, Duration::from_secs(120));
+    cluster.finish(consumers, 3, Duration::from_secs(120));
     // Healed, the worker registers again and is granted chunks when there is work.
     let healed = Instant::now();
     let alive = |status: &ClusterStatus| status.workers.iter().any(|worker| worker.info.addr.to_string() == victim && worker.alive);
@@ -247,7 +270,7 @@ fn a_worker_host_cut_off_for_10_s_is_replaced_and_gets_work_again_after_healing(
     })
     .expect("rejoined");
     eprintln!("the healed worker was alive again {:.1} s after the link came up", healed.elapsed().as_secs_f64());
-    let more = cluster.consumers("5");
+    let more = cluster.consumers("5", 2);
     let mut held = 0;
     let deadline = Instant::now() + Duration::from_secs(60);
     while held == 0 && Instant::now() < deadline {
@@ -264,37 +287,52 @@ fn a_worker_host_cut_off_for_10_s_is_replaced_and_gets_work_again_after_healing(
 #[test]
 fn a_trainer_host_whose_link_goes_down_for_3_s_resumes_without_loss_or_repeat() {
     let Some(cluster) = NetCluster::start("stoker-netns-trainer-link", 2, 2) else { return };
-    let consumers = cluster.consumers("5");
+    // 3 epochs at 5 batches a second: 9 s.
+    let mut consumers = cluster.consumers("5", 3);
     cluster.wait_until_both_ranks_saw(8);
     cluster.lab.set_link("trainer-0", false).expect("down");
     std::thread::sleep(Duration::from_secs(3));
+    assert_still_running(&mut consumers, "before the trainer's link came back");
+    let at_up = cluster.progress();
     cluster.lab.set_link("trainer-0", true).expect("up");
+    stoker_testkit::netns::wait_for(Duration::from_secs(60), "rank 0 receives again", || cluster.keys_seen(0) > at_up[0]).expect("resumed");
     // `finish` requires each consumer to be the same process throughout and to succeed.
-    cluster.finish(consumers, Duration::from_secs(120));
+    cluster.finish(consumers, 3, Duration::from_secs(120));
 }
 
 #[test]
-fn workers_killed_every_5_s_through_two_epochs_while_new_ones_start_lose_and_repeat_nothing() {
+fn workers_killed_every_5_s_through_three_epochs_while_new_ones_start_lose_and_repeat_nothing() {
     let Some(mut cluster) = NetCluster::start("stoker-netns-churn", 2, 2) else { return };
-    // 2 epochs of 15 steps at 2 batches a second: ~15 s, three kills.
-    let consumers = cluster.consumers("2");
+    // 3 epochs of 15 steps at 2 batches a second: ~22 s, four kills 5 s apart.
+    let mut consumers = cluster.consumers("2", 3);
     cluster.wait_until_both_ranks_saw(4);
-    for round in 0..3 {
+    for round in 0..4 {
         let index = round % 2;
+        assert_still_running(&mut consumers, &format!("before kill {round}"));
         cluster.kill_worker(index);
         cluster.start_worker(index);
         std::thread::sleep(Duration::from_secs(5));
     }
-    cluster.finish(consumers, Duration::from_secs(120));
+    cluster.finish(consumers, 3, Duration::from_secs(120));
 }
 
 #[test]
 fn a_coordinator_cut_off_for_5_s_pauses_training_which_resumes_by_itself() {
     let Some(cluster) = NetCluster::start("stoker-netns-coordinator-cut", 2, 2) else { return };
-    let consumers = cluster.consumers("4");
+    // 3 epochs at 4 batches a second: ~11 s.
+    let mut consumers = cluster.consumers("4", 3);
     cluster.wait_until_both_ranks_saw(8);
+    let at_cut = cluster.progress();
     cluster.lab.set_link("coordinator", false).expect("cut off");
     std::thread::sleep(Duration::from_secs(5));
+    let at_heal = cluster.progress();
+    assert_still_running(&mut consumers, "before the coordinator came back");
+    // Paused: without the coordinator nothing new is granted; a rank consumes at most what its
+    // window had granted (prefetch 4 steps, one chunk more in flight) of the 20 batches 5 s
+    // at 4 a second would be.
+    for rank in 0..2 {
+        assert!(at_heal[rank] <= at_cut[rank] + 4 * 8, "rank {rank} did not pause without the coordinator: {at_cut:?} -> {at_heal:?}");
+    }
     cluster.lab.set_link("coordinator", true).expect("heal");
-    cluster.finish(consumers, Duration::from_secs(120));
+    cluster.finish(consumers, 3, Duration::from_secs(120));
 }

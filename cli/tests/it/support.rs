@@ -77,7 +77,9 @@ pub(crate) fn start_node(args: &[&str]) -> (Node, String) {
 /// The `--keys-out` file of `stoker consume`: (epoch, step, key) per line.
 pub(crate) fn read_keys(path: &Path) -> Vec<(u64, u64, String)> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
-    text.lines()
+    // Whole lines only: the file is written while it is read.
+    text.split_inclusive('\n')
+        .filter_map(|line| line.strip_suffix('\n'))
         .filter_map(|line| {
             let mut parts = line.splitn(3, ' ');
             Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?, parts.next()?.to_owned()))
@@ -103,10 +105,15 @@ pub(crate) fn wait_for_consumers(consumers: Vec<(Node, std::path::PathBuf)>, tim
 /// The 2 ranks' `keys-RANK.txt` in `dir` over 2 epochs of the 120-sample test dataset (batch
 /// 4): every step once and in order per rank, every key once per epoch.
 pub(crate) fn assert_two_ranks_saw_every_key_once(dir: &Path) {
+    assert_two_ranks_saw_every_key_once_in(dir, 2);
+}
+
+/// [`assert_two_ranks_saw_every_key_once`] for `epochs` epochs.
+pub(crate) fn assert_two_ranks_saw_every_key_once_in(dir: &Path, epochs: u64) {
     let mut per_epoch: std::collections::BTreeMap<u64, Vec<String>> = std::collections::BTreeMap::new();
     for rank in 0..2 {
         let records = read_keys(&dir.join(format!("keys-{rank}.txt")));
-        for epoch in 0..2 {
+        for epoch in 0..epochs {
             let mut steps: Vec<u64> = records.iter().filter(|r| r.0 == epoch).map(|r| r.1).collect();
             steps.dedup();
             assert_eq!(steps, (0..15).collect::<Vec<_>>(), "rank {rank} epoch {epoch}: 120 samples / (2 ranks x 4) = 15 steps");
@@ -115,6 +122,7 @@ pub(crate) fn assert_two_ranks_saw_every_key_once(dir: &Path) {
             per_epoch.entry(epoch).or_default().push(key);
         }
     }
+    assert_eq!(per_epoch.len() as u64, epochs, "epochs seen");
     for (epoch, mut keys) in per_epoch {
         keys.sort();
         let total = keys.len();

@@ -145,7 +145,11 @@ fn only_a_confirmed_leader_reports_itself_leader_and_ready() {
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("a leader");
     let leads = |index: usize| value_of(&cluster.coordinator_metrics_text(index).unwrap_or_default(), "stoker_raft_leader ", "");
     stoker_testkit::wait_until(Duration::from_secs(5), "the leader confirmed", || leads(leader) == Some(1.0)).expect("confirmed");
-    assert!((0..3).all(|index| cluster.coordinator_ready(index).is_ok()), "every coordinator ready");
+    // A follower is ready once it has heard from the leader (under load, a moment later).
+    stoker_testkit::wait_until(Duration::from_secs(5), "every coordinator ready", || {
+        (0..3).all(|index| cluster.coordinator_ready(index).is_ok())
+    })
+    .expect("every coordinator ready");
     assert_eq!((0..3).filter(|index| leads(*index) == Some(1.0)).count(), 1, "one leader");
 
     // Cut off from the others, it keeps openraft's Leader state but not its majority.
