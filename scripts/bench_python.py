@@ -8,6 +8,12 @@ count. Release builds: `cargo build --release -p stoker-cli` and `maturin develo
 
 Data: $STOKER_BENCH_DATA (a manifest or its folder), default
 ~/.cache/stoker-data/imagenet-like-10000/wds (../shared/tools/imagenet-like/make.sh).
+
+Cross-host (STOKER_BENCH_NETNS=1, as root): the coordinator and workers run on one host and the
+trainers on another, network namespaces joined by a veth pair at MTU $STOKER_BENCH_MTU (1500);
+each trainer, Rust and Python, then runs once with batches over a bulk connection (TLS over
+TCP, the default) and once over QUIC, and the table gives each one's CPU per batch: the figure
+a GPU node's CPUs pay. The namespaces are removed at the end.
 """
 import json
 import os
@@ -44,8 +50,8 @@ print(json.dumps({"next_us_median": statistics.median(costs) * 1e6, "next_us_max
 
 PYTHON_TRAINER = """
 import json, sys, time, stoker
-coordinator, job, batch, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-loader = stoker.Loader(coordinator, "bench", batch_size=batch, job_name=job, rank=0, world_size=1)
+coordinator, job, batch, epochs, transport = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+loader = stoker.Loader(coordinator, "bench", batch_size=batch, job_name=job, rank=0, world_size=1, batch_transport=transport)
 started, images = time.perf_counter(), 0
 for epoch in range(epochs):
     loader.set_epoch(epoch)
@@ -56,8 +62,36 @@ print(json.dumps({"images": images, "seconds": elapsed, "images_per_sec": images
 """
 
 
-def start(args, log):
-    process = subprocess.Popen([STOKER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+NETNS = os.environ.get("STOKER_BENCH_NETNS") == "1"
+MTU = os.environ.get("STOKER_BENCH_MTU", "1500")
+# The two hosts of the cross-host mode: namespaces, and their addresses on the veth pair.
+HOSTS = {"cluster": (f"stkpy-{os.getpid()}-c", "10.78.0.1"), "trainer": (f"stkpy-{os.getpid()}-t", "10.78.0.2")}
+
+
+def on(host):
+    """The command prefix that runs a program on `host` (nothing on loopback)."""
+    return ["ip", "netns", "exec", HOSTS[host][0]] if NETNS else []
+
+
+def make_hosts():
+    (cluster_ns, cluster_ip), (trainer_ns, trainer_ip) = HOSTS["cluster"], HOSTS["trainer"]
+    run = lambda *args: subprocess.run(["ip", *args], check=True)  # noqa: E731
+    run("netns", "add", cluster_ns)
+    run("netns", "add", trainer_ns)
+    run("link", "add", "eth0", "netns", cluster_ns, "type", "veth", "peer", "name", "eth0", "netns", trainer_ns)
+    for namespace, ip in ((cluster_ns, cluster_ip), (trainer_ns, trainer_ip)):
+        run("-n", namespace, "link", "set", "lo", "up")
+        run("-n", namespace, "link", "set", "eth0", "mtu", MTU, "up")
+        run("-n", namespace, "addr", "add", f"{ip}/24", "dev", "eth0")
+
+
+def remove_hosts():
+    for namespace, _ in HOSTS.values():
+        subprocess.run(["ip", "netns", "del", namespace], check=False, stderr=subprocess.DEVNULL)
+
+
+def start(args, log, host="cluster"):
+    process = subprocess.Popen([*on(host), STOKER, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     found = threading.Event()
     addr = []
 
@@ -89,14 +123,14 @@ def child_cpu(cmd):
     return report, cpu
 
 
-def rust(coordinator, job, epochs):
-    cmd = [STOKER, "consume", "--coordinator", coordinator, "--dataset", "bench", "--batch-size", str(BATCH), "--epochs", str(epochs),
-           "--job", job, "--rank", "0", "--world-size", "1", "--json"]
+def rust(coordinator, job, epochs, transport="tcp"):
+    cmd = [*on("trainer"), STOKER, "consume", "--coordinator", coordinator, "--dataset", "bench", "--batch-size", str(BATCH),
+           "--epochs", str(epochs), "--job", job, "--rank", "0", "--world-size", "1", "--json", "--batch-transport", transport]
     return child_cpu(cmd)
 
 
-def python(coordinator, job, epochs):
-    return child_cpu([sys.executable, "-c", PYTHON_TRAINER, coordinator, job, str(BATCH), str(epochs)])
+def python(coordinator, job, epochs, transport="tcp"):
+    return child_cpu([*on("trainer"), sys.executable, "-c", PYTHON_TRAINER, coordinator, job, str(BATCH), str(epochs), transport])
 
 
 def main():
@@ -107,13 +141,20 @@ def main():
     work = Path(tempfile.mkdtemp(prefix="stoker-bench-python-"))
     nodes = []
     try:
-        coordinator_process, coordinator = start(["coordinator", "--listen", "127.0.0.1:0", "--data-dir", str(work / "coordinator")], work / "coordinator.log")
+        if NETNS:
+            make_hosts()
+        ip = HOSTS["cluster"][1] if NETNS else "127.0.0.1"
+        coordinator_process, coordinator = start(["coordinator", "--listen", f"{ip}:0", "--data-dir", str(work / "coordinator")], work / "coordinator.log")
         nodes.append(coordinator_process)
-        subprocess.run([STOKER, "dataset", "add", "bench", str(manifest), "--coordinator", coordinator], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run([*on("cluster"), STOKER, "dataset", "add", "bench", str(manifest), "--coordinator", coordinator], check=True, stdout=subprocess.DEVNULL)
         for index in range(2):
-            worker, _ = start(["worker", "--coordinator", coordinator, "--listen", f"127.0.0.{2 + index}:0", "--threads", "1"], work / f"worker{index}.log")
+            listen = f"{ip}:0" if NETNS else f"127.0.0.{2 + index}:0"
+            worker, _ = start(["worker", "--coordinator", coordinator, "--listen", listen, "--threads", "1"], work / f"worker{index}.log")
             nodes.append(worker)
         time.sleep(1)
+        if NETNS:
+            cross_host(coordinator)
+            return
         _, rust_start = rust(coordinator, "startup-rust", 0)
         _, python_start = python(coordinator, "startup-python", 0)
         rows = {"rust": [], "python": []}
@@ -151,6 +192,29 @@ def main():
         for node in nodes:
             node.kill()
             node.wait()
+        if NETNS:
+            remove_hosts()
+
+
+def cross_host(coordinator):
+    """Each trainer, Rust and Python, over a bulk connection and over QUIC, alternately."""
+    starts = {name: run(coordinator, f"startup-{name}", 0)[1] for name, run in (("rust", rust), ("python", python))}
+    rows = {}
+    for round_ in range(ROUNDS):
+        for transport in ("tcp", "quic"):
+            for name, run in (("rust", rust), ("python", python)):
+                report, cpu = run(coordinator, f"{name}-{transport}-{round_}", EPOCHS, transport)
+                batches = report["images"] / BATCH
+                per_batch = (cpu - starts[name]) / batches
+                rows.setdefault((name, transport), []).append((report["images_per_sec"], per_batch))
+                print(f"{name:>6} {transport:>4} round {round_}: {report['images_per_sec']:7.0f} img/s, trainer CPU {per_batch * 1e3:6.1f} ms/batch",
+                      file=sys.stderr)
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    summary = {"mtu": int(MTU), "batch_size": BATCH, "epochs": EPOCHS, "rounds": ROUNDS, "batch_mb": BATCH * 224 * 224 * 3 / 1e6}
+    for (name, transport), values in rows.items():
+        summary[f"{name}_{transport}_images_per_sec"] = mean([images for images, _ in values])
+        summary[f"{name}_{transport}_cpu_ms_per_batch"] = mean([cpu for _, cpu in values]) * 1e3
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use stoker_common::net::bulk::BatchTransport;
 use stoker_common::obs::MetricsListen;
 use stoker_common::plan::Shuffle;
 
@@ -148,9 +149,11 @@ pub(crate) enum BenchCommand {
     /// on loopback) over a dataset and report images/s, per-rank wait, first-batch latency and
     /// peak memory.
     Cluster(BenchClusterArgs),
-    /// Move batches to one trainer over one QUIC connection on loopback, through the same
-    /// send and receive code as workers and trainers, and report GB/s and CPU-seconds per GB
-    /// on each side: plain TCP (the baseline), quinn's defaults, and Stoker's settings.
+    /// Move batches to one trainer over one connection, on loopback or between two hosts
+    /// (--netns), through the same send and receive code as workers and trainers, and report
+    /// GB/s, CPU-seconds per GB on each side and for the machine, and the trainer's CPU per
+    /// batch: plain TCP (the baseline), rustls's TLS stream, bulk connections (the default),
+    /// and QUIC from quinn's defaults to Stoker's settings.
     Delivery(BenchDeliveryArgs),
 }
 
@@ -287,9 +290,16 @@ pub(crate) struct WorkerArgs {
     /// as HOST:PORT,HOST:PORT,... (the worker follows the leader among them).
     #[arg(long, env = "STOKER_COORDINATOR", default_value = "127.0.0.1:7400")]
     pub(crate) coordinator: String,
-    /// Address to listen on for trainers (UDP, QUIC).
+    /// Address to listen on for trainers: UDP (QUIC), and with --batch-transport tcp the same
+    /// port on TCP too (bulk connections).
     #[arg(long, default_value = "0.0.0.0:7500")]
     pub(crate) listen: String,
+    /// How batches go to trainers: `tcp` sends them on each trainer's bulk connection (TLS
+    /// 1.3 over TCP at --listen's port, about half QUIC's CPU per GB across hosts) and over
+    /// QUIC to trainers without one; `quic` listens on UDP only and sends every batch over
+    /// QUIC.
+    #[arg(long, env = "STOKER_BATCH_TRANSPORT", default_value = "tcp", value_name = "tcp|quic")]
+    pub(crate) batch_transport: BatchTransport,
     /// Address trainers use to reach this worker [default: --listen; required when it is 0.0.0.0].
     #[arg(long)]
     pub(crate) advertise: Option<String>,
@@ -477,6 +487,10 @@ pub(crate) struct ConsumeArgs {
     /// wait without this.
     #[arg(long, default_value = "off", value_name = "ADDR|off")]
     pub(crate) metrics_listen: MetricsListen,
+    /// How batches arrive: `tcp` makes a bulk connection (TLS over TCP) to every worker that
+    /// takes one and receives over QUIC from the rest; `quic` receives over QUIC only.
+    #[arg(long, env = "STOKER_BATCH_TRANSPORT", default_value = "tcp", value_name = "tcp|quic")]
+    pub(crate) batch_transport: BatchTransport,
 }
 
 #[derive(Debug, Args)]
@@ -545,7 +559,7 @@ pub(crate) struct BenchDeliveryArgs {
     /// The links' MTU with --netns (1500; 9000 for jumbo frames, with --max-udp-payload 8952).
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(1280..=65000))]
     pub(crate) mtu: u32,
-    /// Run only the variants whose name contains this (e.g. `tcp`, `defaults`, `pool`).
+    /// Run only the variants whose name contains this (e.g. `bulk`, `tcp`, `rustls`, `defaults`, `pool`).
     #[arg(long, value_name = "TEXT")]
     pub(crate) only: Option<String>,
     /// Print one JSON object.

@@ -6,6 +6,7 @@ use std::time::Duration;
 use stoker_common::ids::Rank;
 use stoker_common::net::CoordinatorAddrs;
 use stoker_common::net::TlsSource;
+use stoker_common::net::bulk::BatchTransport;
 use stoker_common::plan::{PlanSpec, Shuffle, Tail};
 use stoker_common::proto::JobSpec;
 use stoker_common::transform::{Recipe, TransformSpec};
@@ -59,6 +60,9 @@ pub struct LoaderConfig {
     /// ahead is dropped and made again later, so a worker sending far ahead (a bug, or a
     /// hostile one) cannot fill the trainer's memory; as many more may be arriving at once.
     pub max_buffered_batches: Option<u32>,
+    /// How batches arrive [default: a bulk connection (TLS over TCP) to every worker that
+    /// takes one, QUIC from the rest]; [`BatchTransport::Quic`] receives over QUIC only.
+    pub batch_transport: BatchTransport,
 }
 
 impl LoaderConfig {
@@ -83,6 +87,7 @@ impl LoaderConfig {
             nack_after: Duration::from_secs(1),
             tls: TlsSource::Local,
             max_buffered_batches: None,
+            batch_transport: BatchTransport::Tcp,
         }
     }
 

@@ -12,6 +12,7 @@ use stoker_common::api::CoordinatorApi;
 use stoker_common::error::ObsError;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, JobId, Rank, SessionId, Step, WorkerId};
+use stoker_common::net::bulk::BatchTransport;
 use stoker_common::net::{NetError, PayloadPool, QuicCoordinator, Role, TlsConfigs, Tuning, client_endpoint};
 use stoker_common::obs::{Metrics, MetricsServer};
 use stoker_common::plan::{Checkpoint, EpochPlan, Layout, ShardTable};
@@ -26,7 +27,7 @@ use crate::config::LoaderConfig;
 use crate::error::ClientError;
 use crate::metrics::LoaderCounters;
 use crate::protocol::{Offered, Open, TrainerProtocol};
-use crate::receive::{Expect, HeldCount, PlanBook, ReceiveStats, connect_worker, receive_loop};
+use crate::receive::{Expect, HeldCount, PlanBook, ReceiveStats, bulk_loop, connect_worker, receive_loop};
 use crate::session::{Progress, Session, report_progress};
 
 /// Where a trainer stands, for its checkpoint: the job's name and the position consumed.
@@ -47,6 +48,8 @@ const WAIT_REPORT_STEP: Duration = Duration::from_millis(500);
 /// Dials workers as they appear.
 struct Connector {
     endpoint: Endpoint,
+    /// For bulk connections; `None` receives over QUIC only.
+    bulk_tls: Option<TlsConfigs>,
     expect: Expect,
     /// Workers dialled: `None` while the dial is under way.
     connected: Mutex<HashMap<WorkerId, Option<Connection>>>,
@@ -68,13 +71,24 @@ impl Connector {
             let this = Arc::clone(self);
             let worker = *worker;
             tokio::spawn(async move {
-                match connect_worker(&this.endpoint, worker, &this.expect).await {
+                match connect_worker(&this.endpoint, worker, &this.expect, this.bulk_tls.is_some()).await {
                     Ok(connection) => {
                         debug!(worker = %worker.id, addr = %worker.addr, "connected to worker");
                         this.connected
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
                             .insert(worker.id, Some(connection.clone()));
+                        if let Some(tls) = &this.bulk_tls {
+                            tokio::spawn(bulk_loop(
+                                connection.clone(),
+                                worker,
+                                tls.clone(),
+                                this.expect.clone(),
+                                this.batches_tx.clone(),
+                                Arc::clone(&this.stats),
+                                this.pool.clone(),
+                            ));
+                        }
                         receive_loop(connection, this.expect.clone(), this.batches_tx.clone(), Arc::clone(&this.stats), this.pool.clone())
                             .await;
                     }
@@ -239,6 +253,7 @@ where
         let stats = Arc::new(ReceiveStats::default());
         let connector = Arc::new(Connector {
             endpoint: client_endpoint(tls, config.coordinator.first(), Tuning::default())?,
+            bulk_tls: (config.batch_transport == BatchTransport::Tcp).then(|| tls.clone()),
             expect,
             connected: Mutex::new(HashMap::new()),
             batches_tx,

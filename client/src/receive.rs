@@ -8,12 +8,13 @@ use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
 use stoker_common::ids::{Epoch, JobId, Position, Rank, SessionId};
-use stoker_common::net::{DeliveryError, NetError, PayloadPool, Role, call, check_peer, connect, receive_batch};
+use stoker_common::net::bulk::{self, Received};
+use stoker_common::net::{DeliveryError, NetError, PayloadPool, PeerIdentity, Role, TlsConfigs, call, check_peer, connect, receive_batch};
 use stoker_common::plan::{EpochPlan, PlanSpec, ShardTable};
-use stoker_common::proto::{BatchHeader, TrainerHello, WorkerInfo};
+use stoker_common::proto::{BatchHeader, BatchReply, RemoteError, TrainerHello, WorkerInfo};
 use stoker_common::wire::{BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
 use tokio::sync::mpsc;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::batch::ReceivedBatch;
 
@@ -130,12 +131,12 @@ pub(crate) struct ReceiveStats {
     pub(crate) rejected: AtomicU64,
 }
 
-/// Dial `worker` and introduce ourselves.
-pub(crate) async fn connect_worker(endpoint: &Endpoint, worker: WorkerInfo, expect: &Expect) -> Result<Connection, NetError> {
+/// Dial `worker` and introduce ourselves, saying whether a bulk connection follows.
+pub(crate) async fn connect_worker(endpoint: &Endpoint, worker: WorkerInfo, expect: &Expect, bulk: bool) -> Result<Connection, NetError> {
     let connection = connect(endpoint, worker.addr, Duration::from_secs(5)).await?;
     // Batches only from the worker the coordinator named: its role and its very certificate.
     check_peer(&connection, Role::Worker, worker.key)?;
-    let hello = TrainerHello { job: expect.job, rank: expect.rank, session: expect.session };
+    let hello = TrainerHello { job: expect.job, rank: expect.rank, session: expect.session, bulk };
     call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await?;
     Ok(connection)
 }
@@ -182,6 +183,108 @@ pub(crate) async fn receive_loop(
                 }
             }
         });
+    }
+}
+
+/// How long a bulk connection waits before it is made again after it failed, at most.
+const BULK_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Keep a bulk connection to `worker` while `connection` (its QUIC connection, whose hello
+/// was answered) lasts: batches the worker sends on it are received like those on QUIC. When
+/// it fails it is made again, waiting longer each time (1 s, doubling to 30 s); the worker
+/// sends over QUIC meanwhile.
+pub(crate) async fn bulk_loop(
+    connection: Connection,
+    worker: WorkerInfo,
+    tls: TlsConfigs,
+    expect: Expect,
+    batches_tx: mpsc::UnboundedSender<ReceivedBatch>,
+    stats: Arc<ReceiveStats>,
+    pool: PayloadPool,
+) {
+    let mut wait = Duration::from_secs(1);
+    let mut told = false;
+    loop {
+        let outcome = tokio::select! {
+            _ = connection.closed() => return,
+            outcome = bulk_session(worker, &tls, &expect, &batches_tx, &stats, &pool) => outcome,
+        };
+        match outcome {
+            // It carried batches and then ended: make it again at once.
+            Ok((error, batches)) if batches > 0 => {
+                debug!(worker = %worker.id, %error, batches, "bulk connection ended");
+                wait = Duration::from_secs(1);
+                continue;
+            }
+            // Made, but it ended before any batch: as if it had not been made (a worker that
+            // answers and hangs up must not make this trainer dial in a loop).
+            Ok((error, _)) | Err(error) => {
+                if !told {
+                    info!(worker = %worker.id, addr = %worker.addr, %error, "no bulk connection to this worker: its batches come over QUIC");
+                    told = true;
+                }
+            }
+        }
+        tokio::select! {
+            _ = connection.closed() => return,
+            _ = tokio::time::sleep(wait) => {}
+        }
+        wait = (wait * 2).min(BULK_RETRY_MAX);
+    }
+}
+
+/// Make a bulk connection to `worker` and receive on it until it fails: `Err` when it could
+/// not be made, `Ok` with why it ended and how many batches it carried otherwise.
+async fn bulk_session(
+    worker: WorkerInfo,
+    tls: &TlsConfigs,
+    expect: &Expect,
+    batches_tx: &mpsc::UnboundedSender<ReceivedBatch>,
+    stats: &ReceiveStats,
+    pool: &PayloadPool,
+) -> Result<(String, u64), String> {
+    let mut bulk = bulk::connect(worker.addr, tls, Duration::from_secs(5)).await.map_err(|error| error.to_string())?;
+    // Batches only from the worker the coordinator named, as on QUIC.
+    if let PeerIdentity::Certified(peer) = &bulk.peer {
+        if peer.role != Role::Worker || !worker.key.admits(&peer.key) {
+            return Err(format!("it presents {peer}, not the worker certificate {} the coordinator named", worker.key));
+        }
+    }
+    let hello = TrainerHello { job: expect.job, rank: expect.rank, session: expect.session, bulk: true };
+    bulk.writer.write_frame(&hello, CONTROL_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
+    let answer: Result<(), RemoteError> = bulk.reader.read_frame(CONTROL_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
+    answer.map_err(|error| format!("the worker refused the bulk connection: {error}"))?;
+    debug!(worker = %worker.id, "bulk connection made");
+    let mut batches = 0;
+    loop {
+        let mut held_opt = None;
+        let check = |header: &BatchHeader| {
+            check_header(header, expect)?;
+            held_opt = Some(expect.held.reserve()?);
+            Ok(())
+        };
+        // Waiting for a batch takes as long as it takes (the QUIC connection's end ends it);
+        // one that trickles holds its place no longer than the timeout, and is made again.
+        let received = match bulk.reader.receive_batch(pool, check, expect.max_payload, BATCH_RECEIVE_TIMEOUT).await {
+            Ok(received) => received,
+            Err(error) => return Ok((error.to_string(), batches)),
+        };
+        let reply = match received {
+            Received::Batch(header, payload) => {
+                stats.received.fetch_add(1, Ordering::AcqRel);
+                batches += 1;
+                let _ = batches_tx.send(ReceivedBatch { header, payload, step_offset: 0, _held: held_opt });
+                BatchReply::Received
+            }
+            Received::Refused(reason) => {
+                stats.rejected.fetch_add(1, Ordering::AcqRel);
+                warn!(addr = %worker.addr, %reason, "batch rejected");
+                BatchReply::Refused { reason }
+            }
+        };
+        if let Err(error) = bulk.writer.reply(&reply).await {
+            return Ok((error.to_string(), batches));
+        }
     }
 }
 

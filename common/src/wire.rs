@@ -157,7 +157,8 @@ mod tests {
             assert!(decode_body::<ControlRequest>(body).is_err(), "{body:?}");
         }
         let mut frame =
-            encode(&TrainerHello { job: crate::ids::JobId(1), rank: Rank(0), session: crate::ids::SessionId(1) }, 64).expect("encodes");
+            encode(&TrainerHello { job: crate::ids::JobId(1), rank: Rank(0), session: crate::ids::SessionId(1), bulk: false }, 64)
+                .expect("encodes");
         frame.push(0);
         assert!(matches!(decode_body::<TrainerHello>(&frame[4..]), Err(WireError::Malformed { .. })));
     }

@@ -44,7 +44,7 @@ pub(crate) struct NativeLoader {
 #[pymethods]
 impl NativeLoader {
     #[new]
-    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0, metrics_port=None, tls_dir=None, insecure=false, max_buffered_batches=None))]
+    #[pyo3(signature = (coordinator, dataset, batch_size, transforms_json, *, seed, shuffle, tail, prefetch, rank=None, world_size=None, job_name=None, run_id=None, timeout=300.0, metrics_port=None, tls_dir=None, insecure=false, max_buffered_batches=None, batch_transport="tcp"))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -65,6 +65,7 @@ impl NativeLoader {
         tls_dir: Option<std::path::PathBuf>,
         insecure: bool,
         max_buffered_batches: Option<u32>,
+        batch_transport: &str,
     ) -> PyResult<Self> {
         let mut config = LoaderConfig::new(resolve(coordinator)?, dataset, batch_size);
         config.transforms = serde_json::from_str::<TransformSpec>(transforms_json).map_err(errors::config)?;
@@ -78,6 +79,7 @@ impl NativeLoader {
         config.run_id = run_id;
         config.tls = TlsSource::from_flags(tls_dir, insecure).map_err(errors::config)?;
         config.max_buffered_batches = max_buffered_batches;
+        config.batch_transport = batch_transport.parse().map_err(ConfigError::new_err)?;
         config.batch_timeout = match timeout {
             None => FOREVER,
             Some(seconds) => {

@@ -46,6 +46,10 @@ class NativeLoader:
         run_id: Optional[str] = None,
         timeout: Optional[float] = 300.0,
         metrics_port: Optional[int] = None,
+        tls_dir: Optional[str] = None,
+        insecure: bool = False,
+        max_buffered_batches: Optional[int] = None,
+        batch_transport: str = "tcp",
     ) -> None: ...
     @property
     def metrics_address(self) -> Optional[str]: ...

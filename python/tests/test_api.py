@@ -141,3 +141,13 @@ def test_steps_iterates_by_global_step_across_epochs(cluster, job_name) -> None:
         assert (state["checkpoint"]["epoch"], state["checkpoint"]["position"]) == (2, 3 * 8)
     with pytest.raises(stoker.ConfigError, match="start"):
         next(make(cluster, job_name + "-bad").steps(start=-1))
+
+
+def test_batches_arrive_over_tcp_or_quic_alike_and_a_bad_transport_says_so(cluster, job_name) -> None:
+    seen = {}
+    for transport in ("tcp", "quic"):
+        with make(cluster, f"{job_name}-{transport}", batch_transport=transport) as loader:
+            seen[transport] = [list(batch.keys) for batch in loader]
+    assert seen["tcp"] == seen["quic"] and seen["tcp"], "the same batches, whichever way they came"
+    with pytest.raises(stoker.ConfigError, match="batch_transport"):
+        make(cluster, job_name, batch_transport="udp")

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use stoker_client::LoaderConfig;
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
+use stoker_common::net::bulk::BatchTransport;
 use stoker_common::net::{ClusterCa, CoordinatorAddrs, QuicCoordinator, Role, TlsConfigs, TlsSource};
 use stoker_common::obs::Metrics;
 use stoker_common::proto::{ControlRequest, DatasetInfo};
@@ -63,6 +64,8 @@ pub struct ClusterConfig {
     pub configure_coordinator: Option<fn(&mut CoordinatorConfig)>,
     /// Every worker's [`WorkerConfig::before_dataset_open`] (a hung open, for tests).
     pub before_dataset_open: Option<fn(&Path)>,
+    /// How every worker sends batches (bulk connections where trainers make them, by default).
+    pub batch_transport: BatchTransport,
 }
 
 impl Default for ClusterConfig {
@@ -84,6 +87,7 @@ impl Default for ClusterConfig {
             insecure: false,
             configure_coordinator: None,
             before_dataset_open: None,
+            batch_transport: BatchTransport::Tcp,
         }
     }
 }
@@ -347,7 +351,8 @@ impl TestCluster {
     pub fn add_worker(&mut self) -> Result<usize, TestkitError> {
         let ip = Ipv4Addr::new(127, 0, 0, self.next_worker_ip);
         self.next_worker_ip = self.next_worker_ip.checked_add(1).ok_or("too many workers")?;
-        let socket = bind(ip, 0)?;
+        let socket =
+            stoker_worker::bind_socket(SocketAddr::from((ip, 0)), self.config.batch_transport).map_err(|error| error.to_string())?;
         let _guard = self.runtime.enter();
         let tls = self.tls.configs(Role::Worker);
         let api = QuicCoordinator::with_addrs(self.coordinator_list(), &tls).map_err(|error| error.to_string())?;
@@ -356,6 +361,7 @@ impl TestCluster {
         config.job_idle = self.config.job_idle;
         config.time_samples = self.config.time_samples;
         config.before_dataset_open = self.config.before_dataset_open;
+        config.batch_transport = self.config.batch_transport;
         if let Some(bytes) = self.config.max_batch_memory {
             config.max_batch_memory = bytes;
         }

@@ -17,7 +17,7 @@ pub use self::batch::Batch;
 pub use self::dataset::Dataset;
 pub use self::decode::{make_seekable, make_seekable_for_pack};
 pub use self::error::{DecodeError, PipelineError};
-pub use self::node::{WorkerConfig, WorkerHandle, start};
+pub use self::node::{WorkerConfig, WorkerHandle, bind_socket, start};
 pub use self::pipeline::{BatchRequest, Pipeline, PipelineConfig, PipelineStats};
 pub use self::sample::{SampleMaker, SampleReport};
 

@@ -65,6 +65,8 @@ pub struct WorkerMetrics {
     pub(crate) delivering: IntGauge,
     pub(crate) threads: IntGauge,
     pub(crate) trainer_connections: IntGauge,
+    pub(crate) bulk_connections: IntGauge,
+    pub(crate) bulk_batches: IntCounter,
     pub(crate) registered: IntGauge,
 }
 
@@ -86,7 +88,7 @@ impl WorkerMetrics {
                 .counter("stoker_worker_chunks_failed_total", "Chunks reported failed (the coordinator grants them again).")?,
             handshakes_refused: metrics.counter(
                 "stoker_handshakes_refused_total",
-                "Connections refused or failed at the QUIC handshake (wrong protocol version, bad TLS).",
+                "Connections refused or failed at the handshake, QUIC or bulk (over a limit, wrong protocol version, bad TLS).",
             )?,
             queue_depth: metrics.gauge_vec(
                 "stoker_worker_queue_depth",
@@ -98,6 +100,12 @@ impl WorkerMetrics {
             delivering: IntGauge::new("stoker_worker_delivering", "unregistered")?,
             threads: metrics.gauge("stoker_worker_threads", "Decode threads per job pipeline.")?,
             trainer_connections: metrics.gauge("stoker_worker_trainer_connections", "Trainer connections open.")?,
+            bulk_connections: metrics
+                .gauge("stoker_worker_bulk_connections", "Trainers' bulk connections (batches over TLS on TCP) open.")?,
+            bulk_batches: metrics.counter(
+                "stoker_worker_bulk_batches_total",
+                "Batches delivered on bulk connections (TLS over TCP); the rest of stoker_worker_batches_total went over QUIC.",
+            )?,
             registered: metrics.gauge(
                 "stoker_worker_registered",
                 "1 while the worker is registered with the coordinator and the coordinator answered it within three heartbeats.",

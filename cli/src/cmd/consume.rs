@@ -21,6 +21,7 @@ pub(crate) fn run(args: ConsumeArgs) -> anyhow::Result<ExitCode> {
     config.prefetch = args.prefetch;
     config.job_name = args.job.clone();
     config.tls = args.coordinator.tls.source()?;
+    config.batch_transport = args.batch_transport;
     config.transforms = match &args.transforms {
         Some(json) => serde_json::from_str::<TransformSpec>(json).context("--transforms is not a valid TransformSpec")?,
         None => TransformSpec::imagenet_train(args.size),

@@ -117,10 +117,11 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     if advertise.is_none() && listen.ip().is_unspecified() {
         anyhow::bail!("--listen {listen} is not an address trainers can dial: give --advertise HOST:PORT");
     }
-    let socket = UdpSocket::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let socket = stoker_worker::bind_socket(listen, args.batch_transport).with_context(|| format!("cannot listen on {listen}"))?;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
     let mut config = WorkerConfig::new(threads);
     config.advertise = advertise;
+    config.batch_transport = args.batch_transport;
     config.tuning.max_udp_payload = args.max_udp_payload;
     if let Some(in_flight) = args.in_flight {
         config.in_flight = in_flight.max(1);

@@ -15,10 +15,17 @@ fn bench_delivery_measures_every_variant_and_refuses_an_empty_selection() {
     assert_eq!(report["batch_bytes"], 4 * 128 * 128 * 3);
     let variants = report["variants"].as_array().expect("variants");
     let names: Vec<&str> = variants.iter().filter_map(|variant| variant["name"].as_str()).collect();
-    assert_eq!(names.len(), 8, "{names:?}");
-    assert!(names[0].starts_with("tcp") && names[6].contains("mutual TLS") && names[7].contains("--max-udp-payload 65527"), "{names:?}");
+    assert_eq!(names.len(), 10, "{names:?}");
+    assert!(names[0].starts_with("tcp") && names[1].contains("rustls") && names[2].starts_with("bulk"), "{names:?}");
+    assert!(names[8].contains("mutual TLS") && names[9].contains("--max-udp-payload 65527"), "{names:?}");
     for variant in variants {
-        for key in ["gigabytes_per_sec", "send_cpu_seconds_per_gb", "receive_cpu_seconds_per_gb", "receive_cpu_ms_per_batch"] {
+        for key in [
+            "gigabytes_per_sec",
+            "send_cpu_seconds_per_gb",
+            "receive_cpu_seconds_per_gb",
+            "receive_cpu_ms_per_batch",
+            "machine_cpu_seconds_per_gb",
+        ] {
             let value = variant[key].as_f64().unwrap_or(0.0);
             assert!(value > 0.0 && value.is_finite(), "{}: {key} = {value}", variant["name"]);
         }

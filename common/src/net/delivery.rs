@@ -30,6 +30,12 @@ pub enum DeliveryError {
     /// The trainer stopped the stream instead of acknowledging it.
     #[error("the trainer refused the batch (code {0})")]
     Refused(quinn::VarInt),
+    /// The trainer refused the batch on a bulk connection, saying why.
+    #[error("the trainer refused the batch: {0}")]
+    Declined(String),
+    /// The bulk connection failed while the batch was on it.
+    #[error("{0}")]
+    Bulk(#[source] super::bulk::BulkError),
     /// The trainer did not acknowledge the whole batch in time (it stopped reading, or the
     /// path is too slow): the stream was reset.
     #[error("the trainer did not acknowledge the batch within {seconds:.0} s")]

@@ -2,6 +2,7 @@
 //! stream. Knows streams and bytes, not what the requests mean.
 
 mod admission;
+pub mod bulk;
 mod coordinator_addrs;
 mod coordinator_client;
 mod delivery;

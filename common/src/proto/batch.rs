@@ -16,6 +16,20 @@ pub struct TrainerHello {
     pub rank: Rank,
     /// The session its `Attach` got.
     pub session: SessionId,
+    /// It will make a bulk connection next (its first batches wait a moment for it).
+    pub bulk: bool,
+}
+
+/// A trainer's answer to each batch on a bulk connection, in the order the batches came.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BatchReply {
+    /// Received whole, verified and queued: delivered.
+    Received,
+    /// Not taken (its payload was read and dropped); the step is made again.
+    Refused {
+        /// Why, for the worker's log.
+        reason: String,
+    },
 }
 
 /// Header of one batch stream. `payload_len` raw bytes follow it: the image tensor of

@@ -13,7 +13,7 @@ pub mod batch;
 pub mod control;
 pub mod error_code;
 
-pub use self::batch::{BatchHeader, TrainerHello};
+pub use self::batch::{BatchHeader, BatchReply, TrainerHello};
 pub use self::control::{
     Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, JobSpec, JobStatus, LeaseProgress,
     RaftKind, RankStatus, WorkerInfo, WorkerStatus,
@@ -38,10 +38,19 @@ pub use self::error_code::{ErrorCode, RemoteError};
 ///   them as metrics).
 /// * 6: mutual TLS with roles: `WorkerInfo.key` (the worker's certificate), `ChunkGrant.trainer`
 ///   (the certificate of the session's owner), `ErrorCode::Forbidden`.
-pub const PROTOCOL_VERSION: u32 = 6;
+/// * 7: bulk connections: batches over TLS 1.3 on TCP at a worker's batch port
+///   ([`BULK_ALPN`]: a [`TrainerHello`], its answer, then batches each answered by a
+///   [`BatchReply`]).
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/6";
+pub const ALPN_TEXT: &str = "stoker/7";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();
+
+/// The ALPN of bulk connections (TLS over TCP) that goes with the QUIC ALPN `alpn`: the
+/// version is in both, so peers of two versions meet on neither.
+pub fn bulk_alpn(alpn: &[u8]) -> Vec<u8> {
+    [alpn, b"+bulk"].concat()
+}

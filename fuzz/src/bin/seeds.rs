@@ -201,7 +201,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
         Err(RemoteError::new(ErrorCode::NotLeader { leader_hint: Some(addr("10.0.0.1:7000")) }, "ask the leader")),
         Err(RemoteError::new(ErrorCode::Forbidden, "not your session")),
     ];
-    let hello = TrainerHello { job: JobId(1), rank: Rank(1), session: SessionId(5) };
+    let hello = TrainerHello { job: JobId(1), rank: Rank(1), session: SessionId(5), bulk: true };
     let header = BatchHeader {
         job: JobId(1),
         epoch: Epoch(2),

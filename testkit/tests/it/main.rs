@@ -1,6 +1,7 @@
 //! Whole-cluster tests: a coordinator, workers and trainer ranks on loopback.
 
 mod bad_data;
+mod bulk;
 mod common;
 mod dataset_binding;
 mod delivery;

@@ -215,7 +215,7 @@ fn batches_granted_for_a_new_session_wait_for_it_rather_than_go_to_the_old_train
     let tls = cluster.tls(Role::Trainer);
     let received: BTreeSet<u64> = cluster.block_on(async {
         let endpoint = client_endpoint(&tls, worker, Tuning::default()).expect("endpoint");
-        let (connection, answer) = trainer_hello(&endpoint, worker, TrainerHello { job, rank: Rank(0), session }).await;
+        let (connection, answer) = trainer_hello(&endpoint, worker, TrainerHello { job, rank: Rank(0), session, bulk: false }).await;
         assert_eq!(answer, Ok(()), "the new session is served");
         let pool = PayloadPool::new(2);
         let mut received = BTreeSet::new();

@@ -46,9 +46,28 @@ fn worker_refusal(cluster: &TestCluster, tls: &TlsConfigs) -> Option<String> {
             Ok(connection) => connection,
             Err(error) => return Some(error.to_string()),
         };
-        let hello = TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(1) };
+        let hello = TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(1), bulk: false };
         let answer = stoker_common::net::call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await;
         answer.err().map(|error: NetError| error.to_string())
+    })
+}
+
+/// What worker 0's bulk port (TLS over TCP) answers `tls` saying hello (the error, if refused).
+fn bulk_refusal(cluster: &TestCluster, tls: &TlsConfigs) -> Option<String> {
+    let worker = cluster.worker(0).expect("worker").local_addr();
+    cluster.block_on(async {
+        let mut connection = match stoker_common::net::bulk::connect(worker, tls, Duration::from_secs(5)).await {
+            Ok(connection) => connection,
+            Err(error) => return Some(error.to_string()),
+        };
+        let hello = TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(1), bulk: false };
+        if let Err(error) = connection.writer.write_frame(&hello, CONTROL_FRAME_LIMIT).await {
+            return Some(error.to_string());
+        }
+        match connection.reader.read_frame::<Result<(), RemoteError>>(CONTROL_FRAME_LIMIT).await {
+            Ok(answer) => answer.err().map(|error| error.to_string()),
+            Err(error) => Some(error.to_string()),
+        }
     })
 }
 
@@ -66,6 +85,7 @@ fn every_endpoint_refuses_peers_without_a_valid_certificate_of_the_cluster() {
     info!("--- a valid trainer certificate reaches both endpoints");
     assert_eq!(coordinator_refusal(&cluster, &revoked), None);
     assert_eq!(worker_refusal(&cluster, &revoked), None);
+    assert!(bulk_refusal(&cluster, &revoked).is_some_and(|refusal| refusal.contains("joins one")), "no QUIC session: the hello is refused");
     let addrs = cluster.coordinator_list();
     let open = cluster.block_on(async { QuicCoordinator::with_addrs(addrs, &revoked).expect("client") });
     assert!(cluster.block_on(open.call(ControlRequest::Status)).is_ok(), "connected before the revocation");
@@ -76,17 +96,23 @@ fn every_endpoint_refuses_peers_without_a_valid_certificate_of_the_cluster() {
     open.close();
 
     let cases = [
-        ("no certificate", &none, "no certificate was presented"),
-        ("another CA", &foreign, "not signed by a trusted cluster CA"),
-        ("expired", &expired, "has expired"),
-        ("revoked", &revoked, "revoked"),
+        ("no certificate", &none, "no certificate was presented", "certificate_required"),
+        // The trainer does not trust the worker's CA, and refuses it first.
+        ("another CA", &foreign, "not signed by a trusted cluster CA", "UnknownIssuer"),
+        ("expired", &expired, "has expired", "certificate_expired"),
+        ("revoked", &revoked, "revoked", "certificate_revoked"),
     ];
-    for (what, tls, reason) in cases {
+    for (what, tls, reason, bulk_alert) in cases {
         info!(what, "--- refused at the handshake");
         let at_coordinator = coordinator_refusal(&cluster, tls).unwrap_or_else(|| panic!("the coordinator served a peer with {what}"));
         assert!(at_coordinator.contains(reason), "{what} at the coordinator: {at_coordinator}");
         let at_worker = worker_refusal(&cluster, tls).unwrap_or_else(|| panic!("the worker served a peer with {what}"));
         assert!(at_worker.contains(reason), "{what} at the worker: {at_worker}");
+        // The bulk port refuses in its TLS handshake too (the worker logs the reason; the
+        // peer gets the alert).
+        let at_bulk = bulk_refusal(&cluster, tls).unwrap_or_else(|| panic!("the bulk port served a peer with {what}"));
+        eprintln!("{what} at the bulk port: {at_bulk}");
+        assert!(at_bulk.contains(bulk_alert), "{what} at the bulk port: {at_bulk}");
     }
     info!("--- a valid certificate of another role than trainer cannot take batches");
     let at_worker = worker_refusal(&cluster, &cluster.tls(Role::Admin)).expect("an admin at the batch port");
@@ -167,7 +193,8 @@ fn forged_requests_with_the_wrong_certificate_are_refused_and_the_honest_epoch_c
         let mut connections = Vec::new();
         for claimed in [session, SessionId(session.0 + 1), SessionId(u64::MAX)] {
             let (connection, answer) =
-                crate::common::trainer_hello(&endpoint, worker_addr, TrainerHello { job, rank: Rank(0), session: claimed }).await;
+                crate::common::trainer_hello(&endpoint, worker_addr, TrainerHello { job, rank: Rank(0), session: claimed, bulk: false })
+                    .await;
             info!(%claimed, ?answer, "mallory's hello");
             connections.push(connection);
         }

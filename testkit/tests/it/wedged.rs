@@ -58,7 +58,7 @@ fn a_trainer_that_stops_reading_does_not_hold_the_worker() {
     cluster.call(open).expect("open");
     let (_endpoint, silent) = cluster.block_on(async {
         let endpoint = client_endpoint(&tls, worker_addr, Tuning { batch_windows: false, ..Tuning::default() }).expect("endpoint");
-        let (connection, answer) = trainer_hello(&endpoint, worker_addr, TrainerHello { job, rank: Rank(0), session }).await;
+        let (connection, answer) = trainer_hello(&endpoint, worker_addr, TrainerHello { job, rank: Rank(0), session, bulk: false }).await;
         assert_eq!(answer, Ok(()));
         (endpoint, connection)
     });

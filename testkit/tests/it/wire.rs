@@ -116,7 +116,7 @@ fn a_worker_refuses_a_malformed_trainer_hello() {
 
 /// Say hello to `worker` as rank 0 of job 1 in `session`.
 async fn hello(endpoint: &quinn::Endpoint, worker: std::net::SocketAddr, session: u64) -> (quinn::Connection, Result<(), RemoteError>) {
-    trainer_hello(endpoint, worker, TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(session) }).await
+    trainer_hello(endpoint, worker, TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(session), bulk: false }).await
 }
 
 #[test]

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::Shared;
+use super::bulk_link::Sent;
 use super::jobs::{Made, Meta, job_pipeline, release_idle};
 use super::ledger::{Ending, Failure, LeaseLedger};
 use crate::PipelineError;
@@ -292,9 +293,9 @@ where
     A: CoordinatorApi,
 {
     let awaiting = Occupied::new(&shared.metrics.awaiting_trainer);
-    let connection = shared.trainers.wait_for(meta.job, batch.rank, meta.session, meta.trainer, shared.config.trainer_patience).await;
+    let trainer = shared.trainers.wait_for(meta.job, batch.rank, meta.session, meta.trainer, shared.config.trainer_patience).await;
     drop(awaiting);
-    let Some(connection) = connection else {
+    let Some(trainer) = trainer else {
         return Err(format!(
             "no trainer of {} {} ({} or newer, certificate {}) connected within {:?}",
             meta.job, batch.rank, meta.session, meta.trainer, shared.config.trainer_patience
@@ -321,9 +322,26 @@ where
     let bytes = batch.images().len() as u64;
     let delivering = Occupied::new(&shared.metrics.delivering);
     let started = Instant::now();
-    send_batch(&connection, &header, Bytes::from_owner(Images(batch)), shared.config.delivery_timeout)
-        .await
-        .map_err(|error| error.to_string())?;
+    let payload = Bytes::from_owner(Images(batch));
+    let timeout = shared.config.delivery_timeout;
+    let deadline = Instant::now() + timeout;
+    let sent = match &trainer.bulk {
+        Some(bulk) => bulk.send(header.clone(), payload.clone(), timeout).await,
+        None => Sent::NotSent,
+    };
+    match sent {
+        Sent::Delivered => shared.metrics.bulk_batches.inc(),
+        Sent::Failed(error) => return Err(error.to_string()),
+        // No bulk connection (yet, or any more): QUIC carries it, within what is left of the
+        // batch's time.
+        Sent::NotSent => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(format!("not delivered within {timeout:?}"));
+            }
+            send_batch(&trainer.connection, &header, payload, left).await.map_err(|error| error.to_string())?;
+        }
+    }
     drop(delivering);
     shared.metrics.delivery_seconds.observe(started.elapsed().as_secs_f64());
     shared.metrics.batches.inc();

@@ -1,13 +1,16 @@
 //! The worker service (DESIGN §5): registers with the coordinator, pulls chunks when it has
-//! room, makes their batches with the pipeline, pushes each batch to its trainer as one QUIC
-//! stream (`stoker_common::net::send_batch`), and reports each chunk done once every stream is
+//! room, makes their batches with the pipeline, pushes each batch to its trainer on the
+//! trainer's bulk connection (TLS over TCP, [`bulk_link`]) or as one QUIC stream
+//! (`stoker_common::net::send_batch`), and reports each chunk done once every batch is
 //! acknowledged.
 //!
 //! * [`trainers`]: trainer connections by (job, rank).
+//! * [`bulk_link`]: sending on a trainer's bulk connection.
 //! * [`jobs`]: one pipeline per job, made and released without holding locks across IO.
 //! * [`ledger`]: the pure lease bookkeeping (what each lease owes, one report per lease).
 //! * [`link`]: registration, heartbeats, pulls and reports; dispatch of finished batches.
 
+mod bulk_link;
 mod jobs;
 pub mod ledger;
 mod link;
@@ -20,11 +23,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use stoker_common::api::CoordinatorApi;
+use stoker_common::net::bulk::{self, BatchTransport};
 use stoker_common::net::{
     Admission, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, Role, TlsConfigs, Tuning, accept_with_tuning, server_endpoint,
 };
 use stoker_common::obs::Metrics;
+use stoker_common::proto::TrainerHello;
 use stoker_common::shard::DatasetRoots;
+use stoker_common::wire::CONTROL_FRAME_LIMIT;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -75,6 +81,9 @@ pub struct WorkerConfig {
     /// if regular); `None` in every real worker.
     #[doc(hidden)]
     pub before_dataset_open: Option<fn(&std::path::Path)>,
+    /// How batches go out (`--batch-transport`): with [`BatchTransport::Tcp`] the worker also
+    /// listens on TCP at its address's port for trainers' bulk connections.
+    pub batch_transport: BatchTransport,
 }
 
 impl WorkerConfig {
@@ -96,6 +105,7 @@ impl WorkerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             before_dataset_open: None,
+            batch_transport: BatchTransport::Tcp,
         }
     }
 }
@@ -199,6 +209,10 @@ where
     let worker_metrics = WorkerMetrics::register(metrics).map_err(|error| PipelineError::Start(error.to_string()))?;
     worker_metrics.threads.set(config.threads as i64);
     let addr = socket.local_addr().map_err(|error| PipelineError::Start(format!("socket has no address: {error}")))?;
+    let bulk_listener = match config.batch_transport {
+        BatchTransport::Tcp => Some(bulk_listener(addr)?),
+        BatchTransport::Quic => None,
+    };
     let endpoint = server_endpoint(socket, tls, batch_port(config.tuning)).map_err(|error| PipelineError::Start(error.to_string()))?;
     let (made_tx, made_rx) = mpsc::channel(config.in_flight.max(1));
     let shared = Arc::new(Shared {
@@ -213,7 +227,7 @@ where
         register_attempts: AtomicU64::new(0),
         heartbeat_millis: AtomicU64::new(500),
         stuck_after_millis: AtomicU64::new(30_000),
-        trainers: Trainers::new(tls.clone()),
+        trainers: Trainers::new(tls.clone(), bulk_listener.is_some()),
         ledger: std::sync::Mutex::new(LeaseLedger::default()),
         room: Notify::new(),
         jobs: std::sync::Mutex::new(HashMap::new()),
@@ -225,12 +239,17 @@ where
         stopping: AtomicBool::new(false),
     });
     observe(&shared, metrics);
-    let tasks = vec![
-        tokio::spawn(accept_trainers(endpoint.clone(), tls.clone(), Arc::clone(&shared))),
+    // QUIC and bulk connections count against the same limits.
+    let admission = Admission::new(shared.config.max_connections, shared.config.max_connections_per_address);
+    let mut tasks = vec![
+        tokio::spawn(accept_trainers(endpoint.clone(), tls.clone(), Arc::clone(&shared), Arc::clone(&admission))),
         tokio::spawn(link::pull_loop(Arc::clone(&shared))),
         tokio::spawn(link::heartbeat_loop(Arc::clone(&shared))),
         tokio::spawn(link::dispatch_loop(Arc::clone(&shared), made_rx)),
     ];
+    if let Some(listener) = bulk_listener {
+        tasks.push(tokio::spawn(accept_bulk(listener, tls.clone(), Arc::clone(&shared), admission)));
+    }
     info!(%addr, advertised = %shared.advertised, threads = shared.config.threads, "worker listening");
     Ok(WorkerHandle { addr, endpoint, shared, tasks })
 }
@@ -258,6 +277,7 @@ where
         depth("delivering", delivering);
         depth("free_slots", shared.config.in_flight.saturating_sub(outstanding) as i64);
         observed.trainer_connections.set(shared.trainers.open() as i64);
+        observed.bulk_connections.set(shared.trainers.bulk_open() as i64);
         observed.registered.set(i64::from(linked(&shared).is_ok()));
     });
     let weak = Arc::downgrade(shared);
@@ -289,11 +309,10 @@ fn batch_port(tuning: Tuning) -> Tuning {
 
 /// Accept trainer connections, each with the transport its path allows: batches to a trainer
 /// on this host go in the largest datagrams loopback carries.
-async fn accept_trainers<A>(endpoint: quinn::Endpoint, tls: TlsConfigs, shared: Arc<Shared<A>>)
+async fn accept_trainers<A>(endpoint: quinn::Endpoint, tls: TlsConfigs, shared: Arc<Shared<A>>, admission: Arc<Admission>)
 where
     A: CoordinatorApi,
 {
-    let admission = Admission::new(shared.config.max_connections, shared.config.max_connections_per_address);
     while let Some(incoming) = endpoint.accept().await {
         // Addresses proven first (a Retry round trip), then the limits, before the handshake.
         if !incoming.remote_address_validated() {
@@ -321,6 +340,7 @@ where
                         shared.trainers.accept(connection.clone(), peer).await;
                         // The connection counts against the limits until it closes.
                         connection.closed().await;
+                        shared.trainers.closed(&connection);
                         drop(admitted);
                     }
                     None => {
@@ -335,6 +355,116 @@ where
             }
         });
     }
+}
+
+/// The UDP socket a worker serves trainers on, at `listen`. With `port 0` and bulk connections
+/// (`BatchTransport::Tcp`), a port whose number is free on TCP too, where the worker will
+/// listen for them.
+pub fn bind_socket(listen: SocketAddr, transport: BatchTransport) -> std::io::Result<UdpSocket> {
+    if listen.port() != 0 || transport == BatchTransport::Quic {
+        return UdpSocket::bind(listen);
+    }
+    for _ in 0..100 {
+        let socket = UdpSocket::bind(listen)?;
+        let port = socket.local_addr()?.port();
+        if std::net::TcpListener::bind(SocketAddr::new(listen.ip(), port)).is_ok() {
+            return Ok(socket);
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("no port on {} is free on both UDP and TCP", listen.ip())))
+}
+
+/// The TCP listener of bulk connections, at the port of the QUIC socket.
+fn bulk_listener(addr: SocketAddr) -> Result<tokio::net::TcpListener, PipelineError> {
+    let refused = |error: std::io::Error| {
+        PipelineError::Start(format!(
+            "cannot listen on TCP {addr} for trainers' bulk connections: {error} (free that TCP port, or send batches over QUIC \
+             only with --batch-transport quic)"
+        ))
+    };
+    let listener = std::net::TcpListener::bind(addr).map_err(refused)?;
+    listener.set_nonblocking(true).map_err(refused)?;
+    tokio::net::TcpListener::from_std(listener).map_err(refused)
+}
+
+/// Bulk connections in their TLS handshake and hello at once: before its certificate is
+/// checked, a TCP connection costs only this many places, not the node's connection slots.
+const BULK_HANDSHAKES: usize = 256;
+/// How long a bulk connection may take to finish its handshake and hello.
+const BULK_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Accept trainers' bulk connections: within the connection limits and [`BULK_HANDSHAKES`], a
+/// TLS handshake and a hello within [`BULK_HANDSHAKE_TIMEOUT`], from a trainer certificate that
+/// holds a QUIC connection of the same (job, rank) and session here.
+async fn accept_bulk<A>(listener: tokio::net::TcpListener, tls: TlsConfigs, shared: Arc<Shared<A>>, admission: Arc<Admission>)
+where
+    A: CoordinatorApi,
+{
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(BULK_HANDSHAKES));
+    loop {
+        let (stream, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of file descriptors, say: wait instead of spinning.
+                warn!(%error, "cannot accept a bulk connection");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(handshake) = Arc::clone(&handshakes).try_acquire_owned() else {
+            shared.metrics.handshakes_refused.inc();
+            continue;
+        };
+        let Ok(admitted) = admission.admit(remote.ip()) else {
+            shared.metrics.handshakes_refused.inc();
+            continue;
+        };
+        let (shared, tls) = (Arc::clone(&shared), tls.clone());
+        tokio::spawn(async move {
+            let attached = tokio::time::timeout(BULK_HANDSHAKE_TIMEOUT, attach_bulk(stream, &tls, &shared)).await;
+            drop(handshake);
+            let link = match attached {
+                Ok(Ok(link)) => link,
+                Ok(Err(error)) => {
+                    debug!(%remote, %error, "bulk connection refused");
+                    shared.metrics.handshakes_refused.inc();
+                    return;
+                }
+                Err(_) => {
+                    warn!(%remote, "no bulk handshake and hello within {BULK_HANDSHAKE_TIMEOUT:?}: closing (a slow or stalled peer)");
+                    shared.metrics.handshakes_refused.inc();
+                    return;
+                }
+            };
+            // Counts against the limits until it closes.
+            link.closed().await;
+            drop(admitted);
+        });
+    }
+}
+
+/// Handshake, hello, answer: the link, joined to its trainer's QUIC connection.
+async fn attach_bulk<A>(stream: tokio::net::TcpStream, tls: &TlsConfigs, shared: &Shared<A>) -> Result<Arc<bulk_link::BulkLink>, String>
+where
+    A: CoordinatorApi,
+{
+    let mut connection = bulk::accept(stream, tls).await.map_err(|error| error.to_string())?;
+    if !connection.peer.is(Role::Trainer) {
+        return Err(format!("{} is not a trainer: only trainer certificates may receive batches", connection.peer));
+    }
+    let hello: TrainerHello = connection.reader.read_frame(CONTROL_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
+    let (key, peer) = (connection.peer.key(), connection.peer.to_string());
+    // The link starts only once the hello is answered: nothing else may precede the answer.
+    let (answer, link_result) = match shared.trainers.can_attach_bulk(&hello, key) {
+        Ok(()) => (Ok(()), Ok(())),
+        Err(error) => (Err(error.clone()), Err(error.to_string())),
+    };
+    connection.writer.write_frame(&answer, CONTROL_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
+    link_result?;
+    let link = bulk_link::BulkLink::start(connection);
+    shared.trainers.attach_bulk(&hello, key, &link).map_err(|error| error.to_string())?;
+    info!(job = %hello.job, rank = %hello.rank, session = %hello.session, %peer, "trainer bulk connection");
+    Ok(link)
 }
 
 impl<A> WorkerHandle<A>
@@ -359,6 +489,22 @@ where
     /// Batches pushed and acknowledged so far.
     pub fn batches_pushed(&self) -> u64 {
         self.shared.metrics.batches.get()
+    }
+
+    /// Of [`Self::batches_pushed`], those delivered on bulk connections.
+    pub fn bulk_batches_pushed(&self) -> u64 {
+        self.shared.metrics.bulk_batches.get()
+    }
+
+    /// Bulk connections open now.
+    pub fn bulk_connections(&self) -> usize {
+        self.shared.trainers.bulk_open()
+    }
+
+    /// Close every bulk connection at once, as a network fault would (for fault tests).
+    #[doc(hidden)]
+    pub fn break_bulk_connections(&self) {
+        self.shared.trainers.close_all_bulk("broken on purpose (a fault test)");
     }
 
     /// Trainer connections open now.

@@ -10,7 +10,7 @@
 //! that claims the rank's session, or a newer one, is kept apart and gets nothing of it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::Connection;
@@ -20,6 +20,8 @@ use stoker_common::proto::{ErrorCode, RemoteError, TrainerHello};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
+
+use super::bulk_link::BulkLink;
 
 /// Connections kept per (job, rank): one per certificate, so that a trainer certificate cannot
 /// crowd out another by dialling many times.
@@ -31,11 +33,43 @@ struct Entry {
     session: SessionId,
     key: CertKey,
     connection: Connection,
+    /// The same trainer's bulk connection, once it made one.
+    bulk: Option<Arc<BulkLink>>,
+    /// The trainer said a bulk connection follows: until then (or until this instant passes)
+    /// its batches wait for it.
+    bulk_expected_until: Option<tokio::time::Instant>,
+}
+
+/// How long a trainer's first batches wait for the bulk connection its hello announced
+/// (it is made right after the hello: milliseconds); then they go over QUIC.
+const BULK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// What [`Trainers::live`] found.
+enum Lookup {
+    Ready(TrainerLink),
+    /// The trainer is connected; its bulk connection is due by then.
+    BulkDue(tokio::time::Instant),
+    Absent,
+}
+
+/// Where a rank's batches go: its QUIC connection, and its bulk connection if it has one.
+#[derive(Debug)]
+pub(crate) struct TrainerLink {
+    pub(crate) connection: Connection,
+    pub(crate) bulk: Option<Arc<BulkLink>>,
 }
 
 impl Entry {
     fn is_open(&self) -> bool {
         self.connection.close_reason().is_none()
+    }
+
+    /// Close its bulk connection (the entry is going); `false`, for `retain`.
+    fn close_bulk(&self, why: &str) -> bool {
+        if let Some(bulk) = &self.bulk {
+            bulk.close(why);
+        }
+        false
     }
 }
 
@@ -50,26 +84,42 @@ pub(crate) struct Trainers {
     changed: Notify,
     /// For the deny list: a certificate revoked while connected gets no more batches.
     tls: TlsConfigs,
+    /// Whether this worker takes bulk connections (`--batch-transport tcp`): if not, a
+    /// trainer's announced one is never waited for.
+    takes_bulk: bool,
 }
 
 impl Trainers {
     /// No trainers yet; `tls` is the worker's (its deny list is asked before every batch).
-    pub(crate) fn new(tls: TlsConfigs) -> Self {
-        Self { connections: Mutex::default(), changed: Notify::new(), tls }
+    pub(crate) fn new(tls: TlsConfigs, takes_bulk: bool) -> Self {
+        Self { connections: Mutex::default(), changed: Notify::new(), tls, takes_bulk }
     }
 
-    fn live(&self, job: JobId, rank: Rank, oldest: SessionId, owner: CertKey) -> Option<Connection> {
+    /// The rank's connection; with `patient`, not yet if its announced bulk connection is due.
+    fn live(&self, job: JobId, rank: Rank, oldest: SessionId, owner: CertKey, patient: bool) -> Lookup {
         let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let entries = connections.get(&(job, rank))?;
+        let Some(entries) = connections.get(&(job, rank)) else { return Lookup::Absent };
         for entry in entries.iter().filter(|entry| entry.is_open() && self.tls.is_denied(&entry.key)) {
             warn!(key = %entry.key, "closing a trainer connection: its certificate was revoked since it connected");
             entry.connection.close(3u32.into(), b"certificate revoked");
+            if let Some(bulk) = &entry.bulk {
+                bulk.close("its certificate was revoked");
+            }
         }
-        entries
+        let newest = entries
             .iter()
             .filter(|entry| entry.session >= oldest && owner.admits(&entry.key) && entry.is_open())
-            .max_by_key(|entry| entry.session)
-            .map(|entry| entry.connection.clone())
+            .max_by_key(|entry| entry.session);
+        match newest {
+            None => Lookup::Absent,
+            Some(entry) => match (&entry.bulk, entry.bulk_expected_until) {
+                (None, Some(due)) if patient && due > tokio::time::Instant::now() => Lookup::BulkDue(due),
+                (bulk, _) => Lookup::Ready(TrainerLink {
+                    connection: entry.connection.clone(),
+                    bulk: bulk.as_ref().filter(|bulk| bulk.is_open()).cloned(),
+                }),
+            },
+        }
     }
 
     /// The connection of (job, rank) of session `oldest` or a newer one, made with `owner`'s
@@ -83,15 +133,21 @@ impl Trainers {
         oldest: SessionId,
         owner: CertKey,
         patience: Duration,
-    ) -> Option<Connection> {
+    ) -> Option<TrainerLink> {
         let deadline = tokio::time::Instant::now() + patience;
         loop {
             let changed = self.changed.notified();
-            if let Some(connection) = self.live(job, rank, oldest, owner) {
-                return Some(connection);
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return None;
+            let wake = match self.live(job, rank, oldest, owner, true) {
+                Lookup::Ready(link) => return Some(link),
+                Lookup::BulkDue(due) => due.min(deadline),
+                Lookup::Absent => deadline,
+            };
+            if tokio::time::timeout_at(wake, changed).await.is_err() && tokio::time::Instant::now() >= deadline {
+                // Out of patience: a trainer whose bulk connection is still due takes QUIC.
+                return match self.live(job, rank, oldest, owner, false) {
+                    Lookup::Ready(link) => Some(link),
+                    Lookup::BulkDue(_) | Lookup::Absent => None,
+                };
             }
         }
     }
@@ -101,6 +157,20 @@ impl Trainers {
     pub(crate) fn open(&self) -> usize {
         let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         connections.values().flatten().filter(|entry| entry.is_open()).count()
+    }
+
+    /// Bulk connections open now.
+    pub(crate) fn bulk_open(&self) -> usize {
+        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        connections.values().flatten().filter(|entry| entry.bulk.as_ref().is_some_and(|bulk| bulk.is_open())).count()
+    }
+
+    /// Close every bulk connection (see `WorkerHandle::break_bulk_connections`).
+    pub(crate) fn close_all_bulk(&self, why: &str) {
+        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for bulk in connections.values().flatten().filter_map(|entry| entry.bulk.as_ref()) {
+            bulk.close(why);
+        }
     }
 
     /// Trainers connected now.
@@ -159,9 +229,10 @@ impl Trainers {
     /// replaces its old one.
     fn register(&self, hello: &TrainerHello, key: CertKey, connection: &Connection) -> Result<(), RemoteError> {
         let mut connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        // Closed connections go, every rank's; and one certificate holds a bounded number.
+        // Closed connections go, every rank's (their bulk connections with them); and one
+        // certificate holds a bounded number.
         connections.retain(|_, entries| {
-            entries.retain(Entry::is_open);
+            entries.retain(|entry| entry.is_open() || entry.close_bulk("its trainer's QUIC connection closed"));
             !entries.is_empty()
         });
         let held = connections.values().flatten().filter(|entry| entry.key == key).count();
@@ -181,14 +252,59 @@ impl Trainers {
                 ),
             ));
         }
-        entries.retain(|entry| entry.key != key && entry.is_open());
+        entries.retain(|entry| (entry.key != key && entry.is_open()) || entry.close_bulk("replaced by a newer connection of its trainer"));
         if entries.len() >= CONNECTIONS_PER_RANK {
             return Err(RemoteError::new(
                 ErrorCode::Unavailable,
                 format!("{} trainer certificates are connected for {} of {} already", entries.len(), hello.rank, hello.job),
             ));
         }
-        entries.push(Entry { session: hello.session, key, connection: connection.clone() });
+        let bulk_expected_until = (hello.bulk && self.takes_bulk).then(|| tokio::time::Instant::now() + BULK_PATIENCE);
+        entries.push(Entry { session: hello.session, key, connection: connection.clone(), bulk: None, bulk_expected_until });
         Ok(())
+    }
+
+    /// Whether a bulk connection of `key` for `hello` may join a QUIC connection here: an open
+    /// one of the same (job, rank), session and certificate.
+    pub(crate) fn can_attach_bulk(&self, hello: &TrainerHello, key: CertKey) -> Result<(), RemoteError> {
+        self.with_entry(hello, key, |_| ())
+    }
+
+    /// Join `link` to its trainer's QUIC connection (see [`Self::can_attach_bulk`]), replacing
+    /// an earlier bulk connection of it.
+    pub(crate) fn attach_bulk(&self, hello: &TrainerHello, key: CertKey, link: &Arc<BulkLink>) -> Result<(), RemoteError> {
+        let old = self.with_entry(hello, key, |entry| entry.bulk.replace(Arc::clone(link)))?;
+        if let Some(old) = old {
+            old.close("the trainer made a new bulk connection");
+        }
+        self.changed.notify_waiters();
+        Ok(())
+    }
+
+    fn with_entry<T>(&self, hello: &TrainerHello, key: CertKey, act: impl FnOnce(&mut Entry) -> T) -> Result<T, RemoteError> {
+        let mut connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = connections
+            .get_mut(&(hello.job, hello.rank))
+            .and_then(|entries| entries.iter_mut().find(|entry| entry.key == key && entry.session == hello.session && entry.is_open()));
+        match entry {
+            Some(entry) => Ok(act(entry)),
+            None => Err(RemoteError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "no QUIC connection of {} of {} ({}) with this certificate here: a bulk connection joins one",
+                    hello.rank, hello.job, hello.session
+                ),
+            )),
+        }
+    }
+
+    /// `connection` closed: close its bulk connection too.
+    pub(crate) fn closed(&self, connection: &Connection) {
+        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for entry in connections.values().flatten().filter(|entry| entry.connection.stable_id() == connection.stable_id()) {
+            if let Some(bulk) = &entry.bulk {
+                bulk.close("its trainer's QUIC connection closed");
+            }
+        }
     }
 }

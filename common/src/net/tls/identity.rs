@@ -176,6 +176,13 @@ pub fn peer_identity(connection: &Connection, checked: bool) -> Option<PeerIdent
     }
     let any = connection.peer_identity()?;
     let chain = any.downcast::<Vec<CertificateDer<'static>>>().ok()?;
-    let first = chain.first()?;
-    describe(first).ok().map(PeerIdentity::Certified)
+    chain_identity(&chain, checked)
+}
+
+/// What a certificate chain the handshake verified proves (see [`peer_identity`]).
+pub(crate) fn chain_identity(chain: &[CertificateDer<'static>], checked: bool) -> Option<PeerIdentity> {
+    if !checked {
+        return Some(PeerIdentity::Unchecked);
+    }
+    describe(chain.first()?).ok().map(PeerIdentity::Certified)
 }

@@ -24,6 +24,7 @@ pub use self::ca::{
     CA_CERT, CA_KEY, CA_VALIDITY, CERT_VALIDITY, ClusterCa, DENY_LIST, Issued, NODE_CERT, NODE_KEY, Validity, ensure_local, local_ca_dir,
     random_u64,
 };
+pub(crate) use self::identity::chain_identity;
 pub use self::identity::{Peer, PeerIdentity, Role, cert_key, describe, peer_identity};
 pub use self::inspect::{CertSummary, summarize_pem};
 pub use self::source::TlsSource;
@@ -86,6 +87,10 @@ pub struct TlsConfigs {
     pub server: Arc<QuicServerConfig>,
     /// For making connections.
     pub client: Arc<QuicClientConfig>,
+    /// The same for bulk connections (TLS over TCP, [`crate::net::bulk`]).
+    bulk_server: Arc<rustls::ServerConfig>,
+    bulk_client: Arc<rustls::ClientConfig>,
+    bulk_alpn: Vec<u8>,
     own: Option<Peer>,
     deny: Option<Arc<DenyList>>,
 }
@@ -118,9 +123,13 @@ pub fn insecure_tls(alpn: &[u8]) -> Result<TlsConfigs, NetError> {
         .with_custom_certificate_verifier(Arc::new(AcceptAnyServer::new(provider())))
         .with_no_client_auth();
     client.alpn_protocols = vec![alpn.to_vec()];
+    let (bulk_server, bulk_client) = bulk_configs(&server, &client, alpn);
     Ok(TlsConfigs {
         server: Arc::new(QuicServerConfig::try_from(server).map_err(setup)?),
         client: Arc::new(QuicClientConfig::try_from(client).map_err(setup)?),
+        bulk_server,
+        bulk_client,
+        bulk_alpn: crate::proto::bulk_alpn(alpn),
         own: None,
         deny: None,
     })
@@ -172,12 +181,33 @@ pub fn mutual_tls(trusted: &str, cert_pem: &str, key_pem: &str, deny_list: Optio
     client.alpn_protocols = vec![alpn.to_vec()];
     client.resumption = rustls::client::Resumption::disabled();
     let quic = |error: quinn::crypto::rustls::NoInitialCipherSuite| TlsError::BadCertificate { message: error.to_string() };
+    let (bulk_server, bulk_client) = bulk_configs(&server, &client, alpn);
     Ok(TlsConfigs {
         server: Arc::new(QuicServerConfig::try_from(server).map_err(quic)?),
         client: Arc::new(QuicClientConfig::try_from(client).map_err(quic)?),
+        bulk_server,
+        bulk_client,
+        bulk_alpn: crate::proto::bulk_alpn(alpn),
         own: Some(own),
         deny: Some(deny_list),
     })
+}
+
+/// The configs of bulk connections: those of QUIC with the bulk ALPN, and the traffic
+/// secrets handed to our own record layer after the handshake.
+fn bulk_configs(
+    server: &rustls::ServerConfig,
+    client: &rustls::ClientConfig,
+    alpn: &[u8],
+) -> (Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>) {
+    let (mut server, mut client) = (server.clone(), client.clone());
+    server.alpn_protocols = vec![crate::proto::bulk_alpn(alpn)];
+    client.alpn_protocols = vec![crate::proto::bulk_alpn(alpn)];
+    server.enable_secret_extraction = true;
+    client.enable_secret_extraction = true;
+    // The record layer drops tickets; none are sent (or kept) at all.
+    server.send_tls13_tickets = 0;
+    (Arc::new(server), Arc::new(client))
 }
 
 impl std::fmt::Debug for TlsConfigs {
@@ -206,6 +236,21 @@ impl TlsConfigs {
             other => other,
         };
         mutual_tls(&trusted, &cert, &key, Some(dir.join(DENY_LIST)), ALPN).map_err(in_dir)
+    }
+
+    /// The server config of bulk connections.
+    pub fn bulk_server(&self) -> Arc<rustls::ServerConfig> {
+        Arc::clone(&self.bulk_server)
+    }
+
+    /// The client config of bulk connections.
+    pub fn bulk_client(&self) -> Arc<rustls::ClientConfig> {
+        Arc::clone(&self.bulk_client)
+    }
+
+    /// The ALPN of bulk connections.
+    pub fn bulk_alpn(&self) -> Vec<u8> {
+        self.bulk_alpn.clone()
     }
 
     /// Whether peers are checked (mutual TLS), rather than `--insecure`.

@@ -1,11 +1,19 @@
-//! `stoker bench delivery`: batch delivery to one trainer over one QUIC connection, on
-//! loopback or (`--netns`) between two hosts made of network namespaces, through the same
-//! `send_batch`/`receive_batch` the worker and the client use. Sender and receiver each run a
-//! single-threaded runtime on their own thread, so each side's CPU time is its thread's; plain
-//! TCP over the same path, one thread per side, is the baseline of the same run.
+//! `stoker bench delivery`: batch delivery to one trainer over one connection, on loopback or
+//! (`--netns`) between two hosts made of network namespaces: over bulk connections (TLS over
+//! TCP) and QUIC through the same functions the worker and the client use, and over rustls's
+//! own TLS stream to show why bulk connections do their own records. Sender and receiver each
+//! run on a thread of their own (a single-threaded runtime where async), so each side's CPU
+//! time is its thread's; plain TCP over the same path, one thread per side, is the baseline of
+//! the same run. Machine CPU (all cores, from `/proc/stat`) is reported too: on one machine the
+//! kernel's receive work for a packet often runs on the sending thread.
+//!
+//! * [`tcp`]: plain TCP, rustls's stream, bulk connections.
+//! * [`quic`]: QUIC, from quinn's defaults to what Stoker ships.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+mod quic;
+mod tcp;
+
+use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,13 +24,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use bytes::Bytes;
 use stoker_common::ids::{Epoch, JobId, Position, Rank, Step};
-use stoker_common::net::{
-    CERT_VALIDITY, ClusterCa, LOOPBACK_UDP_PAYLOAD, PayloadPool, Role, TlsConfigs, Tuning, Validity, client_endpoint, connect, mutual_tls,
-    receive_batch, send_batch, server_endpoint,
-};
+use stoker_common::net::{CERT_VALIDITY, ClusterCa, LOOPBACK_UDP_PAYLOAD, Role, TlsConfigs, Tuning, Validity, mutual_tls};
 use stoker_common::proto::{ALPN, BatchHeader};
 use stoker_common::transform::{OutputDtype, OutputLayout};
-use stoker_common::wire::{self, BATCH_HEADER_LIMIT, PREFIX_BYTES};
 
 use stoker_testkit::netns::Lab;
 
@@ -43,6 +47,10 @@ struct Variant {
 #[derive(Clone, Copy, Debug)]
 enum Transport {
     Tcp,
+    /// rustls's own TLS stream over TCP (`rustls::StreamOwned`), mutual TLS.
+    RustlsTcp,
+    /// A bulk connection (`stoker_common::net::bulk`): what workers and trainers use.
+    Bulk,
     Quic {
         tuning: Tuning,
         /// Copy each payload into a fresh buffer before sending (what `write_all` of a slice
@@ -64,6 +72,8 @@ struct Measured {
     receive_cpu_seconds_per_gb: f64,
     /// The receiver's CPU per batch, in milliseconds: what a trainer spends on each.
     receive_cpu_ms_per_batch: f64,
+    /// CPU of the whole machine (every core, kernel work included) per GB.
+    machine_cpu_seconds_per_gb: f64,
     batches: u64,
 }
 
@@ -95,6 +105,21 @@ impl Place {
             Some(lab) => lab.enter(host).map_err(anyhow::Error::msg),
             None => Ok(()),
         }
+    }
+
+    /// The start of a sender's thread: reports the thread (for its CPU time) and enters the
+    /// sender's host.
+    fn enter_sender(&self, tids: &mpsc::Sender<TidReport>) -> anyhow::Result<()> {
+        let _ = tids.send((SENDER, current_tid()));
+        self.enter(SENDER_HOST)
+    }
+
+    /// The start of a receiver's thread: reports the thread, enters the receiver's host and
+    /// waits for the address the sender listens on.
+    fn enter_receiver(&self, tids: &mpsc::Sender<TidReport>, sender_addr: &mpsc::Receiver<SocketAddr>) -> anyhow::Result<SocketAddr> {
+        let _ = tids.send((RECEIVER, current_tid()));
+        self.enter(RECEIVER_HOST)?;
+        sender_addr.recv_timeout(Duration::from_secs(10)).context("the sender did not listen")
     }
 
     fn describe(&self, mtu: u32) -> String {
@@ -160,12 +185,14 @@ fn variants(args: &BenchDeliveryArgs) -> Vec<Variant> {
     };
     let mut list = vec![
         Variant { name: "tcp (baseline)".into(), transport: Transport::Tcp },
+        Variant { name: "tls over tcp, rustls's stream".into(), transport: Transport::RustlsTcp },
+        Variant { name: "bulk: tls over tcp, own records (default)".into(), transport: Transport::Bulk },
         quic("quic, quinn defaults", quinn_defaults, true, 0),
         quic("  + batch windows", windows, true, 0),
         quic("  + zero-copy send", windows, false, 0),
         quic("  + payload pool", windows, false, IN_FLIGHT),
         quic("  + 8 MiB socket buffers (--insecure)", shipped, false, IN_FLIGHT),
-        mutual("  + mutual TLS (default)", shipped),
+        mutual("  + mutual TLS (--batch-transport quic)", shipped),
     ];
     let path_carries = if args.netns { u16::try_from(args.mtu.saturating_sub(48)).unwrap_or(u16::MAX) } else { LOOPBACK_UDP_PAYLOAD };
     let larger = args.max_udp_payload.unwrap_or(path_carries);
@@ -252,11 +279,13 @@ fn measure(
     let progress = Arc::new(Progress::default());
     let (tid_tx, tid_rx) = mpsc::channel::<TidReport>();
     let (sender, receiver) = match variant.transport {
-        Transport::Tcp => start_tcp(header, payload, &progress, tid_tx, place)?,
+        Transport::Tcp => tcp::start_plain(header, payload, &progress, tid_tx, place)?,
+        Transport::RustlsTcp => tcp::start_rustls(header, payload, &progress, tid_tx, place)?,
+        Transport::Bulk => tcp::start_bulk(header, payload, &progress, tid_tx, place)?,
         Transport::Quic { tuning, copy_send, pool_keep, mutual } => {
             let (sender_tls, receiver_tls) = if mutual { mutual_pair()? } else { (TlsConfigs::insecure()?, TlsConfigs::insecure()?) };
-            let quic = Quic { tuning, copy_send, pool_keep, sender_tls, receiver_tls };
-            start_quic(quic, header, payload, &progress, tid_tx, place)?
+            let quic = quic::Quic { tuning, copy_send, pool_keep, sender_tls, receiver_tls };
+            quic::start(quic, header, payload, &progress, tid_tx, place)?
         }
     };
     let mut tids = [0u32; 2];
@@ -273,20 +302,32 @@ fn measure(
             Err(_) => bail!("{side} panicked"),
         }
     }
-    let (gigabytes, seconds, send_cpu, receive_cpu, batches) = outcome?;
+    let Interval { gigabytes, seconds, send_cpu, receive_cpu, machine_cpu, batches } = outcome?;
     Ok(Measured {
         name: variant.name.clone(),
         gigabytes_per_sec: gigabytes / seconds,
         send_cpu_seconds_per_gb: send_cpu / gigabytes,
         receive_cpu_seconds_per_gb: receive_cpu / gigabytes,
         receive_cpu_ms_per_batch: if batches == 0 { f64::NAN } else { receive_cpu * 1e3 / batches as f64 },
+        machine_cpu_seconds_per_gb: machine_cpu / gigabytes,
         batches,
     })
 }
 
-/// (GB, seconds, sender CPU-s, receiver CPU-s, batches) over the measured interval. `tids`
-/// are the sender's and the receiver's thread ids.
-fn measure_running(progress: &Progress, tids: &[u32; 2], seconds: f64) -> anyhow::Result<(f64, f64, f64, f64, u64)> {
+/// What the measured interval saw.
+struct Interval {
+    gigabytes: f64,
+    seconds: f64,
+    /// CPU-seconds of the sender's and the receiver's threads, and of the whole machine.
+    send_cpu: f64,
+    receive_cpu: f64,
+    machine_cpu: f64,
+    batches: u64,
+}
+
+/// Measure `seconds` after a second of warm-up; `tids` are the sender's and the receiver's
+/// thread ids.
+fn measure_running(progress: &Progress, tids: &[u32; 2], seconds: f64) -> anyhow::Result<Interval> {
     let warm_up = Instant::now() + Duration::from_secs(1);
     while Instant::now() < warm_up {
         std::thread::sleep(Duration::from_millis(20));
@@ -295,9 +336,9 @@ fn measure_running(progress: &Progress, tids: &[u32; 2], seconds: f64) -> anyhow
         bail!("no batch arrived within the first second");
     }
     let start = (Instant::now(), progress.bytes.load(Ordering::Acquire), progress.batches.load(Ordering::Acquire));
-    let cpu_start = [thread_cpu_seconds(tids[0])?, thread_cpu_seconds(tids[1])?];
+    let cpu_start = [thread_cpu_seconds(tids[0])?, thread_cpu_seconds(tids[1])?, machine_cpu_seconds()?];
     std::thread::sleep(Duration::from_secs_f64(seconds));
-    let cpu_end = [thread_cpu_seconds(tids[0])?, thread_cpu_seconds(tids[1])?];
+    let cpu_end = [thread_cpu_seconds(tids[0])?, thread_cpu_seconds(tids[1])?, machine_cpu_seconds()?];
     let (bytes, batches) = (progress.bytes.load(Ordering::Acquire), progress.batches.load(Ordering::Acquire));
     let failed = progress.failed.load(Ordering::Acquire);
     if failed > 0 {
@@ -308,7 +349,25 @@ fn measure_running(progress: &Progress, tids: &[u32; 2], seconds: f64) -> anyhow
     if gigabytes <= 0.0 {
         bail!("nothing was delivered in {elapsed:.1} s");
     }
-    Ok((gigabytes, elapsed, cpu_end[0] - cpu_start[0], cpu_end[1] - cpu_start[1], batches - start.2))
+    Ok(Interval {
+        gigabytes,
+        seconds: elapsed,
+        send_cpu: cpu_end[0] - cpu_start[0],
+        receive_cpu: cpu_end[1] - cpu_start[1],
+        machine_cpu: cpu_end[2] - cpu_start[2],
+        batches: batches - start.2,
+    })
+}
+
+/// CPU-seconds the whole machine has been busy (every core; user, system, interrupts), from
+/// `/proc/stat` (in USER_HZ ticks: 100 a second on Linux).
+fn machine_cpu_seconds() -> anyhow::Result<f64> {
+    let text = std::fs::read_to_string("/proc/stat").context("cannot read /proc/stat")?;
+    let line = text.lines().find(|line| line.starts_with("cpu ")).context("no cpu line in /proc/stat")?;
+    let ticks: Vec<u64> = line.split_whitespace().skip(1).filter_map(|field| field.parse().ok()).collect();
+    // user nice system idle iowait irq softirq steal: all but idle and iowait.
+    let busy: u64 = ticks.iter().take(8).enumerate().filter(|(index, _)| *index != 3 && *index != 4).map(|(_, ticks)| ticks).sum();
+    Ok(busy as f64 / 100.0)
 }
 
 /// The calling thread's id, for [`thread_cpu_seconds`].
@@ -327,59 +386,6 @@ fn thread_cpu_seconds(tid: u32) -> anyhow::Result<f64> {
 }
 
 type Sides = (JoinHandle<anyhow::Result<()>>, JoinHandle<anyhow::Result<()>>);
-
-fn start_tcp(
-    header: &BatchHeader,
-    payload: &Bytes,
-    progress: &Arc<Progress>,
-    tids: mpsc::Sender<TidReport>,
-    place: &Arc<Place>,
-) -> anyhow::Result<Sides> {
-    let frame = wire::encode(header, BATCH_HEADER_LIMIT)?;
-    let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
-    let (payload, sender_progress, sender_tids, sender_place) = (payload.clone(), Arc::clone(progress), tids.clone(), Arc::clone(place));
-    let sender = spawn_side("bench-send", move || -> anyhow::Result<()> {
-        let _ = sender_tids.send((SENDER, current_tid()));
-        sender_place.enter(SENDER_HOST)?;
-        let listener = TcpListener::bind((sender_place.sender_ip, 0)).context("cannot listen")?;
-        let _ = addr_tx.send(listener.local_addr()?);
-        let (mut stream, _) = listener.accept()?;
-        let result = (|| {
-            while !sender_progress.stop.load(Ordering::Acquire) {
-                stream.write_all(&frame)?;
-                stream.write_all(&payload)?;
-            }
-            Ok(())
-        })();
-        sender_progress.finish(result)
-    })?;
-    let (receiver_progress, receiver_place) = (Arc::clone(progress), Arc::clone(place));
-    let receiver = spawn_side("bench-recv", move || -> anyhow::Result<()> {
-        let _ = tids.send((RECEIVER, current_tid()));
-        receiver_place.enter(RECEIVER_HOST)?;
-        let addr = addr_rx.recv_timeout(Duration::from_secs(10)).context("the sender did not listen")?;
-        let mut stream = TcpStream::connect(addr)?;
-        let pool = PayloadPool::new(IN_FLIGHT);
-        let result = (|| {
-            while !receiver_progress.stop.load(Ordering::Acquire) {
-                let mut prefix = [0u8; PREFIX_BYTES];
-                stream.read_exact(&mut prefix)?;
-                let mut body = vec![0u8; wire::body_len(prefix, BATCH_HEADER_LIMIT)?];
-                stream.read_exact(&mut body)?;
-                let header: BatchHeader = wire::decode_body(&body)?;
-                let mut payload = pool.take(header.payload_len as usize);
-                stream.read_exact(&mut payload)?;
-                if xxhash_rust::xxh3::xxh3_64(&payload) != header.checksum {
-                    bail!("checksum mismatch over TCP");
-                }
-                receiver_progress.arrived(payload.len());
-            }
-            Ok(())
-        })();
-        receiver_progress.finish(result)
-    })?;
-    Ok((sender, receiver))
-}
 
 fn spawn_side<F>(name: &str, side: F) -> anyhow::Result<JoinHandle<anyhow::Result<()>>>
 where
@@ -402,100 +408,25 @@ fn mutual_pair() -> anyhow::Result<(TlsConfigs, TlsConfigs)> {
     Ok((configs(Role::Worker)?, configs(Role::Trainer)?))
 }
 
-/// One QUIC variant's settings.
-struct Quic {
-    tuning: Tuning,
-    copy_send: bool,
-    pool_keep: usize,
-    sender_tls: TlsConfigs,
-    receiver_tls: TlsConfigs,
-}
-
-fn start_quic(
-    quic: Quic,
-    header: &BatchHeader,
-    payload: &Bytes,
-    progress: &Arc<Progress>,
-    tids: mpsc::Sender<TidReport>,
-    place: &Arc<Place>,
-) -> anyhow::Result<Sides> {
-    let Quic { tuning, copy_send, pool_keep, sender_tls, receiver_tls: tls } = quic;
-    let (addr_tx, addr_rx) = mpsc::channel::<SocketAddr>();
-    let (header, payload, sender_progress, sender_tids, sender_tls, sender_place) =
-        (header.clone(), payload.clone(), Arc::clone(progress), tids.clone(), sender_tls, Arc::clone(place));
-    let sender = spawn_side("bench-send", move || -> anyhow::Result<()> {
-        let _ = sender_tids.send((SENDER, current_tid()));
-        sender_place.enter(SENDER_HOST)?;
-        let socket = UdpSocket::bind((sender_place.sender_ip, 0)).context("cannot bind a UDP socket")?;
-        let _ = addr_tx.send(socket.local_addr()?);
-        single_thread_runtime()?.block_on(async move {
-            let endpoint = server_endpoint(socket, &sender_tls, tuning)?;
-            let incoming = endpoint.accept().await.context("endpoint closed")?;
-            let connection = incoming.await?;
-            let mut pushes = tokio::task::JoinSet::new();
-            let result = async {
-                while !sender_progress.stop.load(Ordering::Acquire) {
-                    while pushes.len() < IN_FLIGHT {
-                        let (connection, header) = (connection.clone(), header.clone());
-                        let payload = if copy_send { Bytes::copy_from_slice(&payload) } else { payload.clone() };
-                        pushes.spawn(async move { send_batch(&connection, &header, payload, SEND_TIMEOUT).await });
-                    }
-                    if let Some(result) = pushes.join_next().await {
-                        result??;
-                    }
-                }
-                Ok(())
-            }
-            .await;
-            pushes.abort_all();
-            connection.close(0u32.into(), b"done");
-            // Let the close reach the receiver, which otherwise waits for the idle timeout.
-            let _ = tokio::time::timeout(Duration::from_secs(2), endpoint.wait_idle()).await;
-            sender_progress.finish(result)
-        })
-    })?;
-    let (receiver_progress, receiver_place) = (Arc::clone(progress), Arc::clone(place));
-    let receiver = spawn_side("bench-recv", move || -> anyhow::Result<()> {
-        let _ = tids.send((RECEIVER, current_tid()));
-        receiver_place.enter(RECEIVER_HOST)?;
-        let addr = addr_rx.recv_timeout(Duration::from_secs(10)).context("the sender did not bind")?;
-        single_thread_runtime()?.block_on(async move {
-            let endpoint = client_endpoint(&tls, addr, tuning)?;
-            let connection = connect(&endpoint, addr, Duration::from_secs(5)).await?;
-            let pool = PayloadPool::new(pool_keep);
-            while let Ok(mut recv) = connection.accept_uni().await {
-                let (progress, pool) = (Arc::clone(&receiver_progress), pool.clone());
-                tokio::spawn(async move {
-                    match receive_batch(&mut recv, &pool, |_| Ok(())).await {
-                        Ok((_, payload)) => progress.arrived(payload.len()),
-                        Err(_) if progress.stop.load(Ordering::Acquire) => {}
-                        Err(_) => {
-                            progress.failed.fetch_add(1, Ordering::AcqRel);
-                        }
-                    }
-                });
-            }
-            Ok(())
-        })
-    })?;
-    Ok((sender, receiver))
-}
-
 fn print_table(results: &[Measured], batch_bytes: u64, path: &str) {
     let tcp_opt = results.first();
     eprintln!();
     eprintln!("batches of {:.1} MB, one connection {path}; CPU is each side's thread", batch_bytes as f64 / 1e6);
-    eprintln!("{:<48} {:>7} {:>10} {:>10} {:>9} {:>13}", "variant", "GB/s", "send s/GB", "recv s/GB", "recv/tcp", "recv ms/batch");
+    eprintln!(
+        "{:<48} {:>7} {:>10} {:>10} {:>9} {:>13} {:>12}",
+        "variant", "GB/s", "send s/GB", "recv s/GB", "recv/tcp", "recv ms/batch", "machine s/GB"
+    );
     for result in results {
         let ratio = tcp_opt.map(|tcp| result.receive_cpu_seconds_per_gb / tcp.receive_cpu_seconds_per_gb).unwrap_or(f64::NAN);
         eprintln!(
-            "{:<48} {:>7.2} {:>10.3} {:>10.3} {:>8.2}x {:>13.2}",
+            "{:<48} {:>7.2} {:>10.3} {:>10.3} {:>8.2}x {:>13.2} {:>12.3}",
             result.name,
             result.gigabytes_per_sec,
             result.send_cpu_seconds_per_gb,
             result.receive_cpu_seconds_per_gb,
             ratio,
-            result.receive_cpu_ms_per_batch
+            result.receive_cpu_ms_per_batch,
+            result.machine_cpu_seconds_per_gb
         );
     }
 }
