@@ -4,7 +4,8 @@ trainer CPU per batch. The difference in CPU per batch is the Python layer's ove
 
 Each trainer is a child process; its CPU is getrusage(RUSAGE_CHILDREN) around it, less the
 same trainer's start-up (attach and exit, no epochs), so interpreter and import time do not
-count. Release builds: `cargo build --release -p stoker-cli` and `maturin develop --release`.
+count. Release builds: `cargo build --release -p stoker-cli`, and the package from `make wheel`
+(pip install target/wheels/stoker-*.whl) or `maturin develop --release`.
 
 Data: $STOKER_BENCH_DATA (a manifest or its folder), default
 ~/.cache/stoker-data/imagenet-like-10000/wds (../shared/tools/imagenet-like/make.sh).
@@ -51,13 +52,16 @@ print(json.dumps({"next_us_median": statistics.median(costs) * 1e6, "next_us_max
 PYTHON_TRAINER = """
 import json, sys, time, stoker
 coordinator, job, batch, epochs, transport = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-loader = stoker.Loader(coordinator, "bench", batch_size=batch, job_name=job, rank=0, world_size=1, batch_transport=transport)
-started, images = time.perf_counter(), 0
+loader = stoker.Loader(coordinator, "bench", batch_size=batch, job_name=job, rank=0, world_size=1, batch_transport=transport,
+                       transforms=[stoker.RandomResizedCrop(224), stoker.RandomHorizontalFlip()])
+# Timed from the first batch to the last, as `stoker consume` reports it.
+started, images = None, 0
 for epoch in range(epochs):
     loader.set_epoch(epoch)
     for images_, labels in loader:
+        started = started or time.perf_counter()
         images += len(labels)
-elapsed = time.perf_counter() - started
+elapsed = time.perf_counter() - started if started else 0.0
 print(json.dumps({"images": images, "seconds": elapsed, "images_per_sec": images / elapsed if elapsed else 0.0}))
 """
 
@@ -144,12 +148,12 @@ def main():
         if NETNS:
             make_hosts()
         ip = HOSTS["cluster"][1] if NETNS else "127.0.0.1"
-        coordinator_process, coordinator = start(["coordinator", "--listen", f"{ip}:0", "--data-dir", str(work / "coordinator")], work / "coordinator.log")
+        coordinator_process, coordinator = start(["coordinator", "--listen", f"{ip}:0", "--data-dir", str(work / "coordinator"), "--metrics-listen", "off"], work / "coordinator.log")
         nodes.append(coordinator_process)
         subprocess.run([*on("cluster"), STOKER, "dataset", "add", "bench", str(manifest), "--coordinator", coordinator], check=True, stdout=subprocess.DEVNULL)
         for index in range(2):
             listen = f"{ip}:0" if NETNS else f"127.0.0.{2 + index}:0"
-            worker, _ = start(["worker", "--coordinator", coordinator, "--listen", listen, "--threads", "1"], work / f"worker{index}.log")
+            worker, _ = start(["worker", "--coordinator", coordinator, "--listen", listen, "--threads", "1", "--metrics-listen", "off"], work / f"worker{index}.log")
             nodes.append(worker)
         time.sleep(1)
         if NETNS:
