@@ -1,7 +1,7 @@
 //! Issue 20: real `stoker` processes on separate hosts (network namespaces joined by a
 //! router, `stoker_testkit::netns`), with faults on the wire: delay and loss on every link, a
 //! worker host cut off, a trainer host's link down, workers killed over and over, the
-//! coordinator cut off. In each, two trainer ranks on two hosts see every step once and in
+//! coordinator cut off, and the leader of three coordinators cut off (a minority). In each, two trainer ranks on two hosts see every step once and in
 //! order and every key once per epoch.
 //!
 //! They need root (network namespaces). Without it they say why and skip, except under CI
@@ -24,44 +24,69 @@ const COORDINATOR_PORT: u16 = 7000;
 /// Each worker's batch port on its host.
 const WORKER_PORT: u16 = 7100;
 
-/// A lab of `coordinator`, `worker-N` and `trainer-N` hosts, or `None` (said why) where this
+/// The coordinator hosts of a cluster of `count` coordinators: `coordinator`, or
+/// `coordinator-1` to `coordinator-N` for a replicated one (N = their Raft node ids).
+fn coordinator_hosts(count: usize) -> Vec<String> {
+    if count == 1 { vec!["coordinator".to_owned()] } else { (1..=count).map(|id| format!("coordinator-{id}")).collect() }
+}
+
+/// A lab of coordinator, `worker-N` and `trainer-N` hosts, or `None` (said why) where this
 /// machine cannot make one.
-fn lab_or_skip(workers: usize, trainers: usize) -> Option<Lab> {
+fn lab_or_skip(coordinators: usize, workers: usize, trainers: usize) -> Option<Lab> {
     if let Some(reason) = stoker_testkit::netns::unavailable() {
         assert!(std::env::var("CI").as_deref() != Ok("true"), "the network-namespace tests cannot run under CI: {reason}");
         eprintln!("skipped: {reason}");
         return None;
     }
-    let mut names = vec!["coordinator".to_owned()];
+    let mut names = coordinator_hosts(coordinators);
     names.extend((0..workers).map(|i| format!("worker-{i}")));
     names.extend((0..trainers).map(|i| format!("trainer-{i}")));
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     Some(Lab::new(&names, 1500).expect("lab"))
 }
 
-/// A cluster on a lab: the coordinator on its host, a worker on each worker host.
+/// A cluster on a lab: the coordinator (or each of a replicated cluster's) on its host, a
+/// worker on each worker host.
 struct NetCluster {
     lab: Lab,
     dir: PathBuf,
+    /// The coordinators' addresses, comma-separated (as `--coordinator` takes them).
     coordinator: String,
+    /// The coordinator hosts.
+    coordinator_hosts: Vec<String>,
     /// Each worker host's running process.
     workers: Vec<Option<u32>>,
 }
 
 impl NetCluster {
     fn start(name: &str, workers: usize, trainers: usize) -> Option<Self> {
-        let lab = lab_or_skip(workers, trainers)?;
+        Self::start_with(name, 1, workers, trainers)
+    }
+
+    /// With `coordinators` > 1, a Raft cluster of that many coordinators, one per host.
+    fn start_with(name: &str, coordinators: usize, workers: usize, trainers: usize) -> Option<Self> {
+        let lab = lab_or_skip(coordinators, workers, trainers)?;
         let dir = stoker_testkit::unique_temp_dir(name).expect("temp dir");
         let manifest = stoker_testkit::sample_dataset(&dir, 6, 20, 64 << 10).expect("dataset");
-        let coordinator = format!("{}:{COORDINATOR_PORT}", lab.addr("coordinator").expect("address"));
-        let data_dir = dir.join("coordinator");
-        let mut cluster = Self { lab, dir, coordinator, workers: vec![None; workers] };
-        cluster.start_node(
-            "coordinator",
-            &["coordinator", "--listen", &cluster.coordinator.clone(), "--data-dir", path_str(&data_dir), "--lease-ttl-ms", "1500"],
-        );
+        let coordinator_hosts = coordinator_hosts(coordinators);
+        let addrs: Vec<String> =
+            coordinator_hosts.iter().map(|host| format!("{}:{COORDINATOR_PORT}", lab.addr(host).expect("address"))).collect();
+        let peers: Vec<String> = addrs.iter().enumerate().map(|(index, addr)| format!("{}={addr}", index + 1)).collect();
+        let mut cluster = Self { lab, dir, coordinator: addrs.join(","), coordinator_hosts, workers: vec![None; workers] };
+        for (index, host) in cluster.coordinator_hosts.clone().iter().enumerate() {
+            let data_dir = cluster.dir.join(host);
+            let mut args = vec!["coordinator", "--listen", &addrs[index], "--data-dir", path_str(&data_dir), "--lease-ttl-ms", "1500"];
+            let (id, peers) = ((index + 1).to_string(), peers.join(","));
+            if coordinators > 1 {
+                args.extend(["--node-id", &id, "--peers", &peers]);
+            }
+            cluster.start_node(host, &args);
+        }
+        if coordinators > 1 {
+            stoker_testkit::netns::wait_for(Duration::from_secs(20), "a leader", || cluster.leader().is_some()).expect("a leader");
+        }
         let added = cluster
-            .stoker("coordinator")
+            .stoker(&cluster.coordinator_hosts[0])
             .args(["dataset", "add", "train", path_str(&manifest), "--coordinator", &cluster.coordinator])
             .output()
             .expect("dataset add");
@@ -167,6 +192,31 @@ impl NetCluster {
                 Probe { runtime, client }
             })
             .expect("probe")
+    }
+
+    /// The Raft role coordinator host `host` reports of itself (asked from `trainer-0`, whose
+    /// link the tests that use this leave up), or `None` when it does not answer within 2 s.
+    fn role_of(&self, host: &str) -> Option<String> {
+        let addr = format!("{}:{COORDINATOR_PORT}", self.lab.addr(host).ok()?).parse().ok()?;
+        self.lab
+            .on_host("trainer-0", move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                let _guard = runtime.enter();
+                let client = QuicCoordinator::new(addr, &local_tls(Role::Admin)).ok()?;
+                let answer = runtime.block_on(tokio::time::timeout(Duration::from_secs(2), client.call(ControlRequest::NodeStatus)));
+                client.close();
+                match answer {
+                    Ok(Ok(ControlResponse::NodeStatus { node })) => Some(node.role),
+                    _ => None,
+                }
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// The coordinator host that says it leads, if one does.
+    fn leader(&self) -> Option<String> {
+        self.coordinator_hosts.iter().find(|host| self.role_of(host).as_deref() == Some("leader")).cloned()
     }
 
     /// Keys seen so far by rank `rank` (lines of its keys file).
@@ -335,4 +385,44 @@ fn a_coordinator_cut_off_for_5_s_pauses_training_which_resumes_by_itself() {
     }
     cluster.lab.set_link("coordinator", true).expect("heal");
     cluster.finish(consumers, 3, Duration::from_secs(120));
+}
+
+#[test]
+fn the_leader_of_three_coordinators_cut_off_is_a_minority_and_training_goes_on() {
+    let Some(cluster) = NetCluster::start_with("stoker-netns-raft-minority", 3, 2, 2) else { return };
+    // 4 epochs at 3 batches a second: ~20 s.
+    let mut consumers = cluster.consumers("3", 4);
+    cluster.wait_until_both_ranks_saw(8);
+    let old_leader = cluster.leader().expect("a leader");
+    let at_cut = cluster.progress();
+    let cut = Instant::now();
+    cluster.lab.set_link(&old_leader, false).expect("cut off");
+    // The other two are a majority: one of them leads, and workers and trainers move to it.
+    let others: Vec<&String> = cluster.coordinator_hosts.iter().filter(|host| **host != old_leader).collect();
+    stoker_testkit::netns::wait_for(Duration::from_secs(10), "a leader among the majority", || {
+        others.iter().any(|host| cluster.role_of(host).as_deref() == Some("leader"))
+    })
+    .expect("a new leader");
+    let elected = cut.elapsed();
+    // Training goes on while the old leader is still cut off: past what the ranks' windows held
+    // at the cut (prefetch 4 steps and a chunk in flight: 32 keys), which without a coordinator
+    // is where they pause (the single-coordinator test).
+    stoker_testkit::netns::wait_for(Duration::from_secs(20), "both ranks past their windows without the old leader", || {
+        let now = cluster.progress();
+        (0..2).all(|rank| now[rank] > at_cut[rank] + 4 * 8 + 8)
+    })
+    .expect("training went on");
+    eprintln!(
+        "a new leader {:.1} s after the cut; training past the windows {:.1} s after it",
+        elected.as_secs_f64(),
+        cut.elapsed().as_secs_f64()
+    );
+    assert_still_running(&mut consumers, "before the old leader came back");
+    cluster.lab.set_link(&old_leader, true).expect("heal");
+    // Healed, the old leader learns the new term and follows.
+    stoker_testkit::netns::wait_for(Duration::from_secs(30), "the old leader follows", || {
+        cluster.role_of(&old_leader).as_deref() == Some("follower")
+    })
+    .expect("the old leader follows");
+    cluster.finish(consumers, 4, Duration::from_secs(120));
 }

@@ -46,7 +46,9 @@ pub fn unavailable() -> Option<String> {
     if Command::new("ip").arg("-V").stdout(Stdio::null()).stderr(Stdio::null()).status().is_err() {
         return Some("iproute2 (`ip`) is not installed: `make test` installs it (apt-get install iproute2)".to_owned());
     }
-    let probe = format!("{PREFIX}{}-probe", std::process::id());
+    // One name per call: tests of one process ask at the same time.
+    static PROBES: AtomicU32 = AtomicU32::new(0);
+    let probe = format!("{PREFIX}{}-probe{}", std::process::id(), PROBES.fetch_add(1, Ordering::Relaxed));
     match run("ip", ["netns", "add", probe.as_str()]) {
         Ok(()) => {
             let _ = run("ip", ["netns", "del", probe.as_str()]);
