@@ -188,6 +188,8 @@ pub(crate) async fn receive_loop(
 
 /// How long a bulk connection waits before it is made again after it failed, at most.
 const BULK_RETRY_MAX: Duration = Duration::from_secs(30);
+/// How long a trainer waits for a worker to answer its bulk hello.
+const BULK_HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Keep a bulk connection to `worker` while `connection` (its QUIC connection, whose hello
 /// was answered) lasts: batches the worker sends on it are received like those on QUIC. When
@@ -245,14 +247,20 @@ async fn bulk_session(
 ) -> Result<(String, u64), String> {
     let mut bulk = bulk::connect(worker.addr, tls, Duration::from_secs(5)).await.map_err(|error| error.to_string())?;
     // Batches only from the worker the coordinator named, as on QUIC.
-    if let PeerIdentity::Certified(peer) = &bulk.peer {
-        if peer.role != Role::Worker || !worker.key.admits(&peer.key) {
-            return Err(format!("it presents {peer}, not the worker certificate {} the coordinator named", worker.key));
-        }
+    if let PeerIdentity::Certified(peer) = &bulk.peer
+        && (peer.role != Role::Worker || !worker.key.admits(&peer.key))
+    {
+        return Err(format!("it presents {peer}, not the worker certificate {} the coordinator named", worker.key));
     }
     let hello = TrainerHello { job: expect.job, rank: expect.rank, session: expect.session, bulk: true };
-    bulk.writer.write_frame(&hello, CONTROL_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
-    let answer: Result<(), RemoteError> = bulk.reader.read_frame(CONTROL_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
+    let greeting = async {
+        bulk.writer.write_frame(&hello, bulk::HELLO_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
+        bulk.reader.read_frame::<Result<(), RemoteError>>(bulk::HELLO_FRAME_LIMIT).await.map_err(|error| error.to_string())
+    };
+    // The worker answers at once (it gives a hello 5 s from accept in all).
+    let answer = tokio::time::timeout(BULK_HELLO_TIMEOUT, greeting)
+        .await
+        .map_err(|_| format!("the worker did not answer the bulk hello within {BULK_HELLO_TIMEOUT:?}"))??;
     answer.map_err(|error| format!("the worker refused the bulk connection: {error}"))?;
     debug!(worker = %worker.id, "bulk connection made");
     let mut batches = 0;

@@ -70,3 +70,29 @@ pub struct BatchHeader {
     /// xxh3-64 of the payload.
     pub checksum: u64,
 }
+
+impl BatchHeader {
+    /// The header of `payload` as one sample of opaque bytes (shape `[1, 1, len, 1]`, `u8`, key
+    /// `k{step}`) for step `step` of rank 0 of job 1: for tools and tests that move bytes, not
+    /// images.
+    pub fn opaque(step: Step, payload: &[u8]) -> Self {
+        Self {
+            job: JobId(1),
+            epoch: Epoch(0),
+            start: Position(0),
+            rank: Rank(0),
+            step,
+            shape: [1, 1, u32::try_from(payload.len()).unwrap_or(u32::MAX), 1],
+            dtype: OutputDtype::U8,
+            layout: OutputLayout::Nhwc,
+            labels: vec![0],
+            keys: vec![format!("k{}", step.0)],
+            replaced: Vec::new(),
+            corrupt: Vec::new(),
+            dataset_version: 0,
+            plan_digest: 0,
+            payload_len: payload.len() as u64,
+            checksum: xxhash_rust::xxh3::xxh3_64(payload),
+        }
+    }
+}

@@ -106,7 +106,10 @@ fn bulk_connections_broken_again_and_again_mid_epoch_lose_and_repeat_nothing() {
     let (all, bulk) = pushed(&cluster, 2);
     eprintln!("{broken} bulk connections broken; {bulk} of {all} batches over them");
     assert!(broken >= 2, "the test broke {broken} bulk connections");
-    assert!(bulk > 0 && bulk < all, "some batches over bulk connections ({bulk}), the rest over QUIC ({all})");
+    // Each batch went over a bulk connection or, while none was there, over QUIC: how many took
+    // which depends on how soon each trainer dialed again (usually within the worker's 2 s of
+    // patience, so often all of them).
+    assert!(bulk > 0 && bulk <= all, "batches over bulk connections: {bulk} of {all}");
 }
 
 #[test]

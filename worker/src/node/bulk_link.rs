@@ -2,13 +2,15 @@
 //! it one after another, and the trainer answers each in order. One task writes, one reads the
 //! answers; a batch is delivered when its answer says so.
 //!
-//! A batch half-written cannot be taken back from a TCP stream: when one is not answered in
-//! time, or either direction fails, the whole connection is closed and every batch on it
-//! fails (and is made again, as on QUIC). Batches that never reached the writer are handed
-//! back unsent, for QUIC to carry.
+//! A batch half-written cannot be taken back from a TCP stream: when one that went out is not
+//! answered in time, or either direction fails, the whole connection is closed and every batch
+//! on it fails (and is made again, as on QUIC). A batch whose time runs out while it still
+//! waits its turn is withdrawn alone (the writer skips it), so a backlog on a slow link fails
+//! only the batches it held back, not those going out. Batches that never reached the writer
+//! when the connection closed are handed back unsent, for QUIC to carry.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -29,7 +31,7 @@ pub(crate) enum Sent {
     /// The trainer received it.
     Delivered,
     /// It never reached the connection (closed before): send it another way.
-    NotSent,
+    Unsent,
     /// It failed on the connection (refused, not answered in time, the connection broke).
     Failed(DeliveryError),
 }
@@ -39,10 +41,17 @@ type Answer = oneshot::Sender<Result<(), DeliveryError>>;
 /// Answers owed on one link, in order; `None` once the link closed.
 type Owed = Mutex<Option<VecDeque<Answer>>>;
 
+/// A queued batch waits its turn; then the writer takes it, unless its sender gave up on it first.
+const WAITING: u8 = 0;
+const TAKEN: u8 = 1;
+const WITHDRAWN: u8 = 2;
+
 struct Outgoing {
     header: BatchHeader,
     payload: Bytes,
     answer: Answer,
+    /// [`WAITING`], then [`TAKEN`] or [`WITHDRAWN`], whichever side gets there first.
+    turn: Arc<AtomicU8>,
 }
 
 /// The worker's end of one trainer's bulk connection.
@@ -103,13 +112,15 @@ impl BulkLink {
     /// Send one batch and wait (within `timeout`, from now) for the trainer's answer.
     pub(crate) async fn send(&self, header: BatchHeader, payload: Bytes, timeout: Duration) -> Sent {
         if !self.is_open() {
-            return Sent::NotSent;
+            return Sent::Unsent;
         }
         let (answer, answered) = oneshot::channel();
+        let turn = Arc::new(AtomicU8::new(WAITING));
         let deadline = tokio::time::Instant::now() + timeout;
-        match tokio::time::timeout_at(deadline, self.queue.send(Outgoing { header, payload, answer })).await {
+        let outgoing = Outgoing { header, payload, answer, turn: Arc::clone(&turn) };
+        match tokio::time::timeout_at(deadline, self.queue.send(outgoing)).await {
             Ok(Ok(())) => {}
-            Ok(Err(_)) => return Sent::NotSent,
+            Ok(Err(_)) => return Sent::Unsent,
             Err(_) => {
                 self.close("the queue did not move");
                 return Sent::Failed(DeliveryError::TimedOut { seconds: timeout.as_secs_f64() });
@@ -119,9 +130,13 @@ impl BulkLink {
             Ok(Ok(Ok(()))) => Sent::Delivered,
             Ok(Ok(Err(error))) => Sent::Failed(error),
             // The writer dropped it unsent (the connection closed before its turn).
-            Ok(Err(_)) => Sent::NotSent,
+            Ok(Err(_)) => Sent::Unsent,
             Err(_) => {
-                self.close("a batch was not answered in time");
+                // Still waiting its turn: withdrawn, it fails alone. Gone out: the connection
+                // does not move, and closes.
+                if turn.compare_exchange(WAITING, WITHDRAWN, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    self.close("a batch was not answered in time");
+                }
                 Sent::Failed(DeliveryError::TimedOut { seconds: timeout.as_secs_f64() })
             }
         }
@@ -157,7 +172,11 @@ fn fail_owed(owed: &Owed, error: &BulkError) {
 /// Send queued batches one after another; the answer each is owed is filed before its bytes go.
 /// (The link holds this task's handle: the task holds only a weak reference to the link.)
 async fn write_loop(mut writer: BulkWriter, mut queued: mpsc::Receiver<Outgoing>, owed: Arc<Owed>, link: Weak<BulkLink>) {
-    while let Some(Outgoing { header, payload, answer }) = queued.recv().await {
+    while let Some(Outgoing { header, payload, answer, turn }) = queued.recv().await {
+        // Its sender gave up on it while it waited (and counted it failed): it does not go.
+        if turn.compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            continue;
+        }
         match owed.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
             Some(owed) => owed.push_back(answer),
             // Closed: the batch goes back unsent (its answer is dropped).
@@ -194,5 +213,71 @@ async fn read_loop(mut reader: BulkReader, owed: Arc<Owed>, link: Weak<BulkLink>
     fail_owed(&owed, &error);
     if let Some(link) = link.upgrade() {
         link.close("the answers stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use stoker_common::ids::Step;
+    use stoker_common::net::bulk::{self, Received};
+    use stoker_common::net::{PayloadPool, TlsConfigs};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    fn header(step: u64, payload: &[u8]) -> BatchHeader {
+        BatchHeader::opaque(Step(step), payload)
+    }
+
+    /// A batch whose time runs out behind a large one that a slow trainer is still taking is
+    /// withdrawn alone: the large one is delivered, the link stays open, and the withdrawn one
+    /// never goes out (the next batch the trainer reads is the one sent after it).
+    #[test]
+    fn a_batch_timed_out_in_the_queue_is_withdrawn_and_the_link_goes_on() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let tls = TlsConfigs::insecure().expect("tls");
+            let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+            let addr = listener.local_addr().expect("address");
+            let worker_tls = tls.clone();
+            let accepted = tokio::spawn(async move {
+                let (socket, _) = listener.accept().await.expect("accept");
+                bulk::accept(socket, &worker_tls).await.expect("handshake")
+            });
+            let mut trainer = bulk::connect(addr, &tls, Duration::from_secs(5)).await.expect("handshake");
+            let link = BulkLink::start(accepted.await.expect("worker"));
+            // 64 MiB: far more than the socket buffers hold, so it is still going out while
+            // the trainer does not read.
+            let large = Bytes::from(vec![1u8; 64 << 20]);
+            let small = Bytes::from(vec![2u8; 1024]);
+            let (first, second) = {
+                let link = Arc::clone(&link);
+                let (large_header, small_header) = (header(0, &large), header(1, &small));
+                let first = tokio::spawn({
+                    let link = Arc::clone(&link);
+                    async move { link.send(large_header, large, Duration::from_secs(60)).await }
+                });
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let second = link.send(small_header, small, Duration::from_millis(300)).await;
+                (first, second)
+            };
+            assert!(matches!(second, Sent::Failed(DeliveryError::TimedOut { .. })), "{second:?}");
+            assert!(link.is_open(), "a batch withdrawn from the queue closed the link");
+            let third = {
+                let link = Arc::clone(&link);
+                let small = Bytes::from(vec![3u8; 1024]);
+                tokio::spawn(async move { link.send(header(2, &small), small, Duration::from_secs(60)).await })
+            };
+            let pool = PayloadPool::new(2);
+            for expected in [0, 2] {
+                match trainer.reader.receive_batch(&pool, |_| Ok(()), 0, Duration::from_secs(30)).await.expect("a batch") {
+                    Received::Batch(header, _) => assert_eq!(header.step, Step(expected), "the withdrawn batch went out"),
+                    Received::Refused(reason) => panic!("refused: {reason}"),
+                }
+                trainer.writer.reply(&BatchReply::Received).await.expect("answer");
+            }
+            assert!(matches!(first.await.expect("first"), Sent::Delivered));
+            assert!(matches!(third.await.expect("third"), Sent::Delivered));
+        });
     }
 }

@@ -327,14 +327,14 @@ where
     let deadline = Instant::now() + timeout;
     let sent = match &trainer.bulk {
         Some(bulk) => bulk.send(header.clone(), payload.clone(), timeout).await,
-        None => Sent::NotSent,
+        None => Sent::Unsent,
     };
     match sent {
         Sent::Delivered => shared.metrics.bulk_batches.inc(),
         Sent::Failed(error) => return Err(error.to_string()),
         // No bulk connection (yet, or any more): QUIC carries it, within what is left of the
         // batch's time.
-        Sent::NotSent => {
+        Sent::Unsent => {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Err(format!("not delivered within {timeout:?}"));

@@ -30,7 +30,6 @@ use stoker_common::net::{
 use stoker_common::obs::Metrics;
 use stoker_common::proto::TrainerHello;
 use stoker_common::shard::DatasetRoots;
-use stoker_common::wire::CONTROL_FRAME_LIMIT;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -452,14 +451,14 @@ where
     if !connection.peer.is(Role::Trainer) {
         return Err(format!("{} is not a trainer: only trainer certificates may receive batches", connection.peer));
     }
-    let hello: TrainerHello = connection.reader.read_frame(CONTROL_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
+    let hello: TrainerHello = connection.reader.read_frame(bulk::HELLO_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
     let (key, peer) = (connection.peer.key(), connection.peer.to_string());
     // The link starts only once the hello is answered: nothing else may precede the answer.
     let (answer, link_result) = match shared.trainers.can_attach_bulk(&hello, key) {
         Ok(()) => (Ok(()), Ok(())),
         Err(error) => (Err(error.clone()), Err(error.to_string())),
     };
-    connection.writer.write_frame(&answer, CONTROL_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
+    connection.writer.write_frame(&answer, bulk::HELLO_FRAME_LIMIT).await.map_err(|error| error.to_string())?;
     link_result?;
     let link = bulk_link::BulkLink::start(connection);
     shared.trainers.attach_bulk(&hello, key, &link).map_err(|error| error.to_string())?;

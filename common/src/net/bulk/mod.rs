@@ -66,6 +66,30 @@ impl std::fmt::Display for BatchTransport {
 /// Answers to a trainer's batches are small; this is their frame limit.
 pub const REPLY_FRAME_LIMIT: usize = 64 << 10;
 
+/// The trainer's hello and the worker's answer to it are small too: 256 handshakes at once hold
+/// at most this much each.
+pub const HELLO_FRAME_LIMIT: usize = 64 << 10;
+
+/// TCP keepalive: a peer silent this long is probed, every [`KEEPALIVE_INTERVAL`], and after
+/// [`KEEPALIVE_PROBES`] unanswered probes the connection fails (~25 s in all). A trainer waits
+/// for batches without a timeout, and a NAT or firewall may drop an idle flow without a word:
+/// without probes neither end would learn that its bulk connection is gone (QUIC, which sends
+/// its own keep-alives, would go on), and the trainer would never dial a new one.
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// See [`KEEPALIVE_IDLE`].
+pub const KEEPALIVE_PROBES: u32 = 3;
+
+/// No delay for small frames (headers, answers), and keepalive probes on an idle connection.
+fn tune(stream: &TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let keepalive = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE).with_interval(KEEPALIVE_INTERVAL).with_retries(KEEPALIVE_PROBES);
+    if let Err(error) = socket2::SockRef::from(stream).set_tcp_keepalive(&keepalive) {
+        tracing::warn!(%error, "cannot turn on TCP keepalive for a bulk connection: a silently dropped one is noticed only when a batch is due");
+    }
+}
+
 /// A bulk connection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BulkError {
@@ -122,7 +146,7 @@ impl std::fmt::Debug for BulkConnection {
 pub async fn connect(addr: SocketAddr, tls: &TlsConfigs, timeout: Duration) -> Result<BulkConnection, BulkError> {
     let connecting = async {
         let stream = TcpStream::connect(addr).await.map_err(BulkError::Io)?;
-        let _ = stream.set_nodelay(true);
+        tune(&stream);
         establish(stream, tls, true).await
     };
     tokio::time::timeout(timeout, connecting).await.map_err(|_| BulkError::TimedOut(timeout))?
@@ -130,7 +154,7 @@ pub async fn connect(addr: SocketAddr, tls: &TlsConfigs, timeout: Duration) -> R
 
 /// Make the TLS handshake as the server on an accepted `stream` (the caller bounds its time).
 pub async fn accept(stream: TcpStream, tls: &TlsConfigs) -> Result<BulkConnection, BulkError> {
-    let _ = stream.set_nodelay(true);
+    tune(&stream);
     establish(stream, tls, false).await
 }
 

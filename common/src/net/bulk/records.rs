@@ -249,6 +249,14 @@ struct Opened {
     end: usize,
 }
 
+impl<R> RecordReader<R> {
+    /// The transport underneath (tests look at its socket options).
+    #[cfg(test)]
+    pub(crate) fn get_ref(&self) -> &R {
+        &self.io
+    }
+}
+
 impl<R> RecordReader<R>
 where
     R: AsyncRead + Unpin,

@@ -11,10 +11,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::*;
-use crate::ids::{Epoch, JobId, Position, Rank, Step};
+use crate::ids::{JobId, Rank, Step};
 use crate::net::{CERT_VALIDITY, ClusterCa, Role, Validity, mutual_tls};
 use crate::proto::ALPN;
-use crate::transform::{OutputDtype, OutputLayout};
 use crate::wire::CONTROL_FRAME_LIMIT;
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -121,24 +120,7 @@ fn our_server_takes_data_a_rustls_client_sends_with_its_last_handshake_flight() 
 }
 
 fn header(step: u64, payload: &[u8]) -> BatchHeader {
-    BatchHeader {
-        job: JobId(1),
-        epoch: Epoch(0),
-        start: Position(0),
-        rank: Rank(0),
-        step: Step(step),
-        shape: [1, 1, payload.len() as u32, 1],
-        dtype: OutputDtype::U8,
-        layout: OutputLayout::Nhwc,
-        labels: vec![7],
-        keys: vec![format!("k{step}")],
-        replaced: Vec::new(),
-        corrupt: Vec::new(),
-        dataset_version: 0,
-        plan_digest: 0,
-        payload_len: payload.len() as u64,
-        checksum: xxhash_rust::xxh3::xxh3_64(payload),
-    }
+    BatchHeader::opaque(Step(step), payload)
 }
 
 /// A connected pair of our own ends (worker, trainer) over loopback TCP.
@@ -369,5 +351,32 @@ fn a_certificate_of_another_ca_or_another_protocol_version_is_refused() {
         // yet: the client sees the connection close (a peer of another version fails at QUIC,
         // with the versions named, before it ever dials here).
         assert!(matches!(old, BulkError::Closed | BulkError::Tls(_)), "{old}");
+    });
+}
+
+/// Both ends of a bulk connection probe an idle peer (a flow dropped by a NAT would otherwise
+/// go unnoticed by a trainer that waits for batches without a timeout).
+#[test]
+fn both_ends_of_a_bulk_connection_send_keepalive_probes() {
+    let tls = cluster(&[Role::Worker, Role::Trainer]);
+    runtime().block_on(async {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+        let addr = listener.local_addr().expect("address");
+        let worker_tls = tls[0].clone();
+        let worker = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.expect("accept");
+            accept(socket, &worker_tls).await.expect("handshake")
+        });
+        let trainer = connect(addr, &tls[1], Duration::from_secs(5)).await.expect("handshake");
+        let worker = worker.await.expect("worker");
+        for connection in [&trainer, &worker] {
+            let stream: &TcpStream = connection.reader.0.get_ref().as_ref();
+            let socket = socket2::SockRef::from(stream);
+            assert!(socket.keepalive().expect("SO_KEEPALIVE"), "keepalive is off");
+            assert_eq!(socket.tcp_keepalive_time().expect("TCP_KEEPIDLE"), KEEPALIVE_IDLE);
+            assert_eq!(socket.tcp_keepalive_interval().expect("TCP_KEEPINTVL"), KEEPALIVE_INTERVAL);
+            assert_eq!(socket.tcp_keepalive_retries().expect("TCP_KEEPCNT"), KEEPALIVE_PROBES);
+            assert!(stream.nodelay().expect("TCP_NODELAY"));
+        }
     });
 }
