@@ -195,7 +195,7 @@ impl NetCluster {
     }
 
     /// The Raft role coordinator host `host` reports of itself (asked from `trainer-0`, whose
-    /// link the tests that use this leave up), or `None` when it does not answer within 2 s.
+    /// link the tests that use this leave up), or `None` when it does not answer within 3 s.
     fn role_of(&self, host: &str) -> Option<String> {
         let addr = format!("{}:{COORDINATOR_PORT}", self.lab.addr(host).ok()?).parse().ok()?;
         self.lab
@@ -203,7 +203,7 @@ impl NetCluster {
                 let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
                 let _guard = runtime.enter();
                 let client = QuicCoordinator::new(addr, &local_tls(Role::Admin)).ok()?;
-                let answer = runtime.block_on(tokio::time::timeout(Duration::from_secs(2), client.call(ControlRequest::NodeStatus)));
+                let answer = runtime.block_on(tokio::time::timeout(Duration::from_secs(3), client.call(ControlRequest::NodeStatus)));
                 client.close();
                 match answer {
                     Ok(Ok(ControlResponse::NodeStatus { node })) => Some(node.role),
@@ -393,7 +393,14 @@ fn the_leader_of_three_coordinators_cut_off_is_a_minority_and_training_goes_on()
     // 4 epochs at 3 batches a second: ~20 s.
     let mut consumers = cluster.consumers("3", 4);
     cluster.wait_until_both_ranks_saw(8);
-    let old_leader = cluster.leader().expect("a leader");
+    // Asked again until one answers that it leads (an answer can be slow on a busy machine).
+    let mut leader_opt = None;
+    stoker_testkit::netns::wait_for(Duration::from_secs(20), "a leader", || {
+        leader_opt = cluster.leader();
+        leader_opt.is_some()
+    })
+    .expect("a leader");
+    let old_leader = leader_opt.expect("a leader");
     let at_cut = cluster.progress();
     let cut = Instant::now();
     cluster.lab.set_link(&old_leader, false).expect("cut off");
