@@ -23,6 +23,8 @@ if [ "${1:-}" = "--test" ]; then
   command -v promtool >/dev/null 2>&1 || need+=(prometheus)
   # The multi-host tests run real processes in network namespaces (ip netns, veth).
   command -v ip >/dev/null 2>&1 || need+=(iproute2)
+  # The fuzz targets link libFuzzer, which is C++ (a machine with only `cc` lacks it).
+  command -v c++ >/dev/null 2>&1 || need+=(g++)
   if ! command -v kubectl >/dev/null 2>&1; then
     echo "note: kubectl is not installed; the tests that render deploy/k8s with kustomize will skip (fail under CI)" >&2
   fi
