@@ -39,14 +39,14 @@ demo: deps
 # Python package's wheel is built and installed into the venv (one release build serves both:
 # a second, debug build for `maturin develop` would cost CI minutes), and its pytest suite runs
 # against real `stoker` processes (the debug binary the cargo tests built); a test also
-# installs the wheel into a fresh venv. PYTHONSAFEPATH keeps the working directory off sys.path
-# (the tests and the trainers they start import the installed package, not python/stoker).
+# installs the wheel into a fresh venv. The package's source lives in python/python/stoker
+# (maturin's python-source layout), so the tests import the installed package.
 test: deps test-deps venv
 	mkdir -p target; set -o pipefail; STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored 2>&1 | tee target/test.log
 	JOBS=$(JOBS) scripts/fuzz.sh $(FUZZ_SHORT_SECONDS)
 	$(MAKE) --no-print-directory wheel
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall target/wheels/stoker-*.whl
-	set -o pipefail; cd python && STOKER_BIN=$(abspath target/debug/stoker) STOKER_WHEEL=$$(ls $(abspath target/wheels)/stoker-*.whl) PYTHONSAFEPATH=1 $(PYTHON) -m pytest -q -rs 2>&1 | tee ../target/pytest.log
+	set -o pipefail; cd python && STOKER_BIN=$(abspath target/debug/stoker) STOKER_WHEEL=$$(ls $(abspath target/wheels)/stoker-*.whl) $(PYTHON) -m pytest -q -rs 2>&1 | tee ../target/pytest.log
 	@scripts/test-summary.sh target/test.log target/pytest.log
 
 # An abi3 wheel of the Python package (CPython >= 3.9) in target/wheels: `pip install` it on a

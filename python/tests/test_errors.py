@@ -16,6 +16,10 @@ def test_the_hierarchy() -> None:
     for error in (stoker.ConfigError, stoker.ConnectionError, stoker.TimeoutError, stoker.ResumeError):
         assert issubclass(error, stoker.StokerError)
     assert issubclass(stoker.ResumeError, stoker.ConfigError)
+    # Code written for any library catches Stoker's with the built-in names.
+    assert issubclass(stoker.ConnectionError, ConnectionError)
+    assert issubclass(stoker.TimeoutError, TimeoutError)
+    assert stoker.TimeoutError.__module__ == "stoker"
 
 
 def test_an_unknown_dataset_is_a_config_error_that_names_the_fix(cluster, job_name) -> None:
@@ -26,6 +30,8 @@ def test_an_unknown_dataset_is_a_config_error_that_names_the_fix(cluster, job_na
 def test_an_unreachable_coordinator_is_a_connection_error() -> None:
     started = time.monotonic()
     with pytest.raises(stoker.ConnectionError, match="127.0.0.1:9"):
+        stoker.Loader("127.0.0.1:9", "train", batch_size=8, rank=0, world_size=1)
+    with pytest.raises(ConnectionError):
         stoker.Loader("127.0.0.1:9", "train", batch_size=8, rank=0, world_size=1)
     assert time.monotonic() - started < 30
 
@@ -87,8 +93,9 @@ def test_a_state_of_another_dataset_order_is_a_resume_error(cluster, job_name) -
 
 def test_no_batch_within_the_timeout_is_a_timeout_error(idle_cluster, job_name) -> None:
     loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, rank=0, world_size=1, job_name=job_name, timeout=1)
-    with pytest.raises(stoker.TimeoutError, match="stoker status"):
+    with pytest.raises(TimeoutError, match="stoker status") as raised:
         next(iter(loader))
+    assert isinstance(raised.value, stoker.TimeoutError)
 
 
 def test_ctrl_c_interrupts_a_loop_waiting_for_data(idle_cluster, job_name) -> None:
