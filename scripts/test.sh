@@ -49,8 +49,8 @@ stage() {
 stage deps make --no-print-directory deps test-deps venv || { echo "test: cannot install what the tests need" >&2; exit 1; }
 
 if cargo nextest --version >/dev/null 2>&1; then
-    build=(cargo nextest run -j"$JOBS" --workspace --no-run)
-    run=(cargo nextest run -j"$JOBS" --workspace --no-fail-fast --run-ignored all --test-threads "$JOBS"
+    build=(cargo nextest run --build-jobs "$JOBS" --workspace --no-run)
+    run=(cargo nextest run --build-jobs "$JOBS" --workspace --no-fail-fast --run-ignored all --test-threads "$JOBS"
         --failure-output final --success-output never --status-level fail --final-status-level slow)
 else
     echo "test: cargo-nextest not installed; running cargo test (slower: one binary at a time)"
