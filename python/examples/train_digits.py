@@ -8,21 +8,21 @@ runs both and states the accuracy they must reach).
     stoker dataset add digits-heldout /tmp/digits/shards/heldout --coordinator HOST:PORT
     # 2 CPU ranks (gloo, DDP): through stoker.Loader, evaluated with Loader.for_eval ...
     torchrun --standalone --nproc-per-node 2 examples/train_digits.py train --loader stoker \\
-        --coordinator HOST:PORT --run /tmp/digits/run-stoker
+        --coordinator HOST:PORT --workdir /tmp/digits/run-stoker
     # ... and through DataLoader + DistributedSampler + torchvision transforms
     torchrun --standalone --nproc-per-node 2 examples/train_digits.py train --loader torch \\
-        --images /tmp/digits/images --run /tmp/digits/run-torch
+        --images /tmp/digits/images --workdir /tmp/digits/run-torch
 
 The images are the 1,797 8x8 digits of `sklearn.datasets.load_digits`, upscaled to 32x32 RGB
 JPEGs and split 80/20 (stratified) into train and held-out sets. Both loaders apply the same
 augmentation (RandomResizedCrop with a mild scale and ratio, no flip: a mirrored digit is
 another symbol) and the same normalisation, so their accuracies should agree.
 
-`--run DIR` receives `result.json` (accuracy, optimiser steps, samples per epoch),
+`--workdir DIR` receives `result.json` (accuracy, optimiser steps, samples per epoch),
 `samples-rank{R}.jsonl` (every step's sample keys, one line per step: what the test checks
 for "each sample once per epoch"), and with `--checkpoint-every N` a checkpoint (model,
 optimiser, loader state, step count) every N steps and at the end of every epoch; a run
-started again with the same `--run` continues from it. `--stall-at-step` is a test hook: the
+started again with the same `--workdir` continues from it. `--stall-at-step` is a test hook: the
 rank stops there (after logging the step) so that a test can kill it at a known point.
 """
 
@@ -77,6 +77,7 @@ def prepare(out: Path, stoker_bin: str = "stoker", heldout: float = 0.2) -> Dict
 
 
 def make_model():
+    """Two convolutions and a linear layer: ~98% on the held-out digits after 6 epochs."""
     import torch.nn as nn
 
     return nn.Sequential(
@@ -86,11 +87,8 @@ def make_model():
         nn.Conv2d(16, 32, 3, padding=1),
         nn.ReLU(),
         nn.MaxPool2d(2),
-        nn.Conv2d(32, 64, 3, padding=1),
-        nn.ReLU(),
-        nn.AdaptiveAvgPool2d(1),
         nn.Flatten(),
-        nn.Linear(64, CLASSES),
+        nn.Linear(32 * (SIZE // 4) ** 2, CLASSES),
     )
 
 
@@ -210,12 +208,12 @@ def train(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    run = Path(args.run)
+    run = Path(args.workdir)
     run.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     model = make_model()
     ddp = nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.CrossEntropyLoss()
     data = StokerData(args) if args.loader == "stoker" else TorchData(args)
     checkpoint = run / "checkpoint.pt"
@@ -294,10 +292,10 @@ def main() -> None:
     fit.add_argument("--heldout-dataset", default="digits-heldout")
     fit.add_argument("--job", default="digits", help="Stoker job name prefix (-train, -heldout)")
     fit.add_argument("--images", help="the ImageFolders (prepare's OUT/images), for --loader torch")
-    fit.add_argument("--run", required=True, help="folder for the result, sample log and checkpoint")
-    fit.add_argument("--epochs", type=int, default=8)
+    fit.add_argument("--workdir", required=True, help="folder for the result, sample log and checkpoint")
+    fit.add_argument("--epochs", type=int, default=6)
     fit.add_argument("--batch-size", type=int, default=32, help="per rank")
-    fit.add_argument("--lr", type=float, default=0.05)
+    fit.add_argument("--lr", type=float, default=2e-3, help="Adam's learning rate")
     fit.add_argument("--seed", type=int, default=0)
     fit.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: none)")
     fit.add_argument("--stall-at-step", type=int, default=0, help="test hook: stop at this global step")

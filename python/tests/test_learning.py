@@ -29,7 +29,8 @@ need_module("torchvision")
 need_module("sklearn")
 
 EXAMPLE = REPO / "python" / "examples" / "train_digits.py"
-# Measured (python/README.md, "A model that learns"): both loaders reach ~0.97 after EPOCHS.
+# Measured (python/README.md, "A model that learns"): Stoker 0.978, DataLoader 0.983 after
+# EPOCHS (Adam, 132 steps of 2 x 32).
 ACCURACY = 0.90
 MARGIN = 0.04
 EPOCHS = 6
@@ -63,10 +64,10 @@ def digits(tmp_path_factory: pytest.TempPathFactory):
 
 
 def torchrun(run: Path, *args: str) -> subprocess.Popen:
-    """`torchrun --standalone --nproc-per-node 2 train_digits.py train --run RUN ARGS`."""
+    """`torchrun --standalone --nproc-per-node 2 train_digits.py train --workdir RUN ARGS`."""
     run.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE), "train", "--run", str(run), *args]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE), "train", "--workdir", str(run), *args]
     return subprocess.Popen(command, stdout=open(run / "torchrun.log", "ab"), stderr=subprocess.STDOUT, env=env)
 
 
@@ -137,12 +138,12 @@ def test_a_cnn_learns_the_digits_through_stoker_as_through_a_dataloader(digits, 
 
 
 def test_a_run_killed_mid_epoch_resumes_from_its_checkpoint(digits, stoker_run, tmp_path: Path) -> None:
-    """kill -9 of a rank in the middle of epoch 1 (after a checkpoint at step CHECKPOINT), then
-    the same torchrun again: it resumes at the checkpoint and ends with the optimiser steps of
-    the uninterrupted run, and each epoch saw each sample once, in the same steps as the
-    uninterrupted run."""
+    """kill -9 of rank 1 by PID in the middle of epoch 1 (step 31, one step past the checkpoint
+    of step 30), then the same torchrun again: it resumes at the checkpoint (step 31 is made
+    again, with the same samples) and ends with the optimiser steps of the uninterrupted run;
+    each epoch saw each sample once, in the same steps as the uninterrupted run."""
     _, coordinator = digits
-    _, uninterrupted = stoker_run
+    whole, uninterrupted = stoker_run
     checkpoint_every, stall_at = 5, STEPS_PER_EPOCH + 9  # step 31: 9 steps into epoch 1, 1 past a checkpoint
     args = [*stoker_args(coordinator, "digits-killed"), "--checkpoint-every", str(checkpoint_every)]
     first = torchrun(tmp_path, *args, "--stall-at-step", str(stall_at))
@@ -166,3 +167,6 @@ def test_a_run_killed_mid_epoch_resumes_from_its_checkpoint(digits, stoker_run, 
     steps = step_log(tmp_path)  # asserts that the replayed step 31 had the same samples
     check_epochs(steps)
     assert steps == uninterrupted, "the resumed run trained on the same samples in the same steps"
+    # Model, optimiser and data all resumed exactly: gloo's sum of two ranks' gradients is
+    # deterministic on CPU, so the resumed run is the uninterrupted one, bit for bit.
+    assert result["accuracy"] == whole["accuracy"]
