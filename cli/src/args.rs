@@ -723,7 +723,7 @@ pub(crate) struct InspectArgs {
 pub(crate) struct Seeds(pub(crate) Vec<u64>);
 
 /// `7`, `0..100` or `1,5,10..20`: the seeds of `stoker transform`, at most a million.
-fn parse_seeds(text: &str) -> Result<Seeds, String> {
+pub(crate) fn parse_seeds(text: &str) -> Result<Seeds, String> {
     const MAX_SEEDS: u64 = 1_000_000;
     let mut seeds = Vec::new();
     for part in text.split(',') {
@@ -747,7 +747,7 @@ fn parse_seeds(text: &str) -> Result<Seeds, String> {
 }
 
 /// `640x480` → (640, 480).
-fn parse_source_size(text: &str) -> Result<(u32, u32), String> {
+pub(crate) fn parse_source_size(text: &str) -> Result<(u32, u32), String> {
     let parsed = text.split_once('x').and_then(|(width, height)| Some((width.parse::<u32>().ok()?, height.parse::<u32>().ok()?)));
     match parsed {
         Some((width, height)) if width > 0 && height > 0 => Ok((width, height)),

@@ -55,7 +55,9 @@ mod tests {
     /// The region `left..left + width` × `top..top + height` of an image whose pixel (x, y)
     /// is (x % 256, x / 256, y % 256).
     fn coordinates_region(left: u32, top: u32, width: u32, height: u32) -> Vec<u8> {
-        (top..top + height).flat_map(|y| (left..left + width).flat_map(move |x| [(x % 256) as u8, (x / 256) as u8, (y % 256) as u8])).collect()
+        (top..top + height)
+            .flat_map(|y| (left..left + width).flat_map(move |x| [(x % 256) as u8, (x / 256) as u8, (y % 256) as u8]))
+            .collect()
     }
 
     #[test]
@@ -74,7 +76,12 @@ mod tests {
             width,
             height,
             view: View { left: 0, top: 0, width, height },
-            crop: SourceBox { left: p.src_left - f64::from(left), top: p.src_top - f64::from(top), width: p.src_width, height: p.src_height },
+            crop: SourceBox {
+                left: p.src_left - f64::from(left),
+                top: p.src_top - f64::from(top),
+                width: p.src_width,
+                height: p.src_height,
+            },
             scale_num: 8,
             warned: false,
         };
@@ -87,7 +94,11 @@ mod tests {
                 let want_x = ((2 * (56 + x) + 1) * 640) / (2 * 239);
                 let want_y = ((2 * (16 + y) + 1) * 427) / (2 * 160);
                 let pixel = &dst[(y * 128 + x) * 3..][..3];
-                assert_eq!((usize::from(pixel[0]) + 256 * usize::from(pixel[1]), usize::from(pixel[2])), (want_x, want_y % 256), "output ({x}, {y})");
+                assert_eq!(
+                    (usize::from(pixel[0]) + 256 * usize::from(pixel[1]), usize::from(pixel[2])),
+                    (want_x, want_y % 256),
+                    "output ({x}, {y})"
+                );
             }
         }
     }

@@ -21,7 +21,8 @@ pub(crate) fn run(args: TransformArgs) -> anyhow::Result<ExitCode> {
     let Some(image) = &args.image else {
         let (width, height) = args.source_size.context("give an image or --source-size")?;
         for &seed in &args.seeds.0 {
-            let line = json!({ "seed": seed, "source_size": [width, height], "geometry": geometry_json(&recipe.sample(width, height, seed)) });
+            let line =
+                json!({ "seed": seed, "source_size": [width, height], "geometry": geometry_json(&recipe.sample(width, height, seed)) });
             writeln!(stdout, "{line}")?;
         }
         return Ok(ExitCode::SUCCESS);
@@ -68,4 +69,27 @@ fn geometry_json(geometry: &SampleGeometry) -> serde_json::Value {
         "dst_height": p.dst_height,
         "flip": geometry.flip,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::args::{parse_seeds, parse_source_size};
+
+    #[test]
+    fn seeds_are_numbers_ranges_and_lists_of_them() {
+        assert_eq!(parse_seeds("7").map(|seeds| seeds.0), Ok(vec![7]));
+        assert_eq!(parse_seeds("0..3").map(|seeds| seeds.0), Ok(vec![0, 1, 2]));
+        assert_eq!(parse_seeds("5, 1..3,9").map(|seeds| seeds.0), Ok(vec![5, 1, 2, 9]));
+        for bad in ["", "x", "3..", "4..4", "0..2000000", "-1"] {
+            assert!(parse_seeds(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn source_sizes_are_width_by_height() {
+        assert_eq!(parse_source_size("640x480"), Ok((640, 480)));
+        for bad in ["640", "0x5", "5x0", "ax5", "640x480x3"] {
+            assert!(parse_source_size(bad).is_err(), "{bad:?}");
+        }
+    }
 }
