@@ -251,6 +251,7 @@ def train(args: argparse.Namespace) -> None:
         if rank == 0:
             print(f"epoch {epoch}: step {global_step}, loss {loss.item():.3f}", flush=True)
     train_seconds = time.monotonic() - started
+    log.close()
     ddp.eval()
     correct = torch.zeros(2, dtype=torch.int64)
     heldout_keys: List[str] = []

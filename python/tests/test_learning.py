@@ -68,7 +68,8 @@ def torchrun(run: Path, *args: str) -> subprocess.Popen:
     run.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(EXAMPLE), "train", "--workdir", str(run), *args]
-    return subprocess.Popen(command, stdout=open(run / "torchrun.log", "ab"), stderr=subprocess.STDOUT, env=env)
+    with open(run / "torchrun.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
 def finish(process: subprocess.Popen, run: Path) -> Dict:
