@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use serde_json::json;
-use stoker_common::transform::{Recipe, SampleGeometry, TransformSpec};
+use stoker_plan::transform::{Recipe, SampleGeometry, TransformSpec};
 use stoker_worker::SampleMaker;
 
 use crate::args::TransformArgs;

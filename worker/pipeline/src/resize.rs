@@ -47,7 +47,7 @@ impl Resize {
 
 #[cfg(test)]
 mod tests {
-    use stoker_common::transform::crop::resize_center_crop;
+    use stoker_plan::transform::crop::resize_center_crop;
 
     use super::*;
     use crate::decode::View;
