@@ -39,6 +39,9 @@ pub struct LoaderState {
     pub checkpoint: Checkpoint,
 }
 
+/// A batch timeout blames the coordinator when it has not answered a report for this long
+/// (reports go out every second).
+const COORDINATOR_SILENCE: Duration = Duration::from_secs(5);
 /// How long a dropped loader waits for the coordinator to acknowledge its detach.
 const DETACH_TIMEOUT: Duration = Duration::from_millis(500);
 /// While a rank waits without moving, its progress goes to the reporter again each time its
@@ -384,6 +387,23 @@ where
         Ok(LoaderState { job_name: self.spec.name.clone(), checkpoint })
     }
 
+    /// Where this rank stood before the yielded batch of `step` (numbered from the epoch's start,
+    /// as [`ReceivedBatch::step`]) of the open pass: the state of a batch handed back unused (a
+    /// peeked `next(iter(loader))`), which the next iteration yields again. Without an open
+    /// pass, or for a step not yet yielded, the same as [`Self::state`].
+    pub fn state_before(&self, step: u64) -> Result<LoaderState, ClientError> {
+        let Some(plan) = &self.plan_opt else { return self.state() };
+        let Some(step_in_run) = step.checked_sub(self.step_offset) else { return self.state() };
+        if self.protocol.yielded().is_none_or(|yielded| yielded.0 < step_in_run) {
+            return self.state();
+        }
+        let checkpoint = match step_in_run {
+            0 => plan.checkpoint_at_start(),
+            _ => plan.checkpoint_after(Step(step_in_run - 1)),
+        };
+        Ok(LoaderState { job_name: self.spec.name.clone(), checkpoint })
+    }
+
     /// Steps of an epoch for this rank, from the epoch's start (as `len(DataLoader)`), also
     /// after a resume: `epochs * len()` is the run's length in steps.
     pub fn len(&self) -> Result<u64, ClientError> {
@@ -638,10 +658,13 @@ where
             let deadline = *self.deadline_opt.get_or_insert(waiting_since + self.batch_timeout);
             if waiting_since >= deadline {
                 self.deadline_opt = None;
-                return Err(ClientError::Timeout {
-                    epoch: self.epoch.0,
-                    step: self.step_offset + self.protocol.next_step().map_or(0, |step| step.0),
-                    seconds: self.batch_timeout.as_secs_f64(),
+                let (epoch, seconds) = (self.epoch.0, self.batch_timeout.as_secs_f64());
+                let step = self.step_offset + self.protocol.next_step().map_or(0, |step| step.0);
+                return Err(match self.session.coordinator_silence(COORDINATOR_SILENCE) {
+                    Some((silent, error)) => {
+                        ClientError::CoordinatorSilent { epoch, step, seconds, silent_seconds: silent.as_secs_f64(), error }
+                    }
+                    None => ClientError::Timeout { epoch, step, seconds },
                 });
             }
             if waiting_since >= slice_end {

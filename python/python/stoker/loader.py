@@ -5,18 +5,37 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import warnings
-from typing import Any, Dict, Iterator, Optional, Sequence, Union
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from stoker import _stoker
 from stoker.batch import Batch
-from stoker.errors import ConfigError
-from stoker.transforms import Transform, imagenet_eval, imagenet_train
+from stoker.errors import ConfigError, ResumeError
+from stoker.transforms import Transform, as_stoker_transforms, imagenet_eval, imagenet_train
 
 LAYOUTS = ("NHWC", "NCHW")
 OUTPUTS = ("numpy", "torch")
 ON_ERROR = ("replace", "fail")
 BATCH_TRANSPORTS = ("tcp", "quic")
+
+
+def distributed_rank() -> Tuple[Optional[int], Optional[int]]:
+    """Rank and world size of the process group when ``torch.distributed`` has one (Lightning,
+    Accelerate and torchrun all make one), else ``(None, None)``: the native loader then reads
+    torchrun's ``RANK`` and ``WORLD_SIZE``. ``WORLD_SIZE`` without ``RANK`` is refused: that is
+    a launcher (Lightning's DDP) that sets the rank elsewhere, and every process would attach
+    as rank 0."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if os.environ.get("WORLD_SIZE") and not os.environ.get("RANK"):
+        raise ConfigError(
+            f"WORLD_SIZE={os.environ['WORLD_SIZE']} is set but RANK is not, so every process would be rank 0: make the "
+            "loader after torch.distributed.init_process_group (Lightning: in the DataModule's setup() or "
+            "train_dataloader(), or use stoker.lightning.StokerDataModule), or pass rank= and world_size="
+        )
+    return None, None
 
 
 class Loader:
@@ -153,10 +172,7 @@ class Loader:
                 stacklevel=2,
             )
             transforms = imagenet_train()
-        transforms = list(transforms)
-        for transform in transforms:
-            if not hasattr(transform, "to_dict"):
-                raise ConfigError(f"transforms must be stoker transforms (stoker.RandomResizedCrop, ...), got {transform!r}")
+        transforms = as_stoker_transforms(transforms)
         spec = {
             "transforms": [transform.to_dict() for transform in transforms],
             "layout": layout,
@@ -171,11 +187,16 @@ class Loader:
         if not isinstance(insecure, bool):
             raise ConfigError(f"insecure must be True or False, got {insecure!r}")
         self._missing_label = missing_label
-        self._native = _stoker.NativeLoader(
-            coordinator,
-            dataset,
-            batch_size,
-            json.dumps(spec),
+        if rank is None and world_size is None:
+            rank, world_size = distributed_rank()
+        # A batch handed back unused (see __iter__), the batch out in a live loop, whether every
+        # iter() starts the epoch again (evaluation), and the GPU feed (device=).
+        self._held: Optional[Batch] = None
+        self._out: Optional[Batch] = None
+        self._restart_each_iter = False
+        self._device_feed: Any = None
+        self._attach_args = (coordinator, dataset, batch_size, json.dumps(spec))
+        self._attach_settings: Dict[str, Any] = dict(
             seed=seed,
             shuffle=shuffle,
             tail=tail,
@@ -191,6 +212,7 @@ class Loader:
             max_buffered_batches=max_buffered_batches,
             batch_transport=batch_transport,
         )
+        self._native = _stoker.NativeLoader(*self._attach_args, **self._attach_settings)
         self.batch_size = batch_size
 
     @classmethod
@@ -206,16 +228,24 @@ class Loader:
     ) -> "Loader":
         """A loader for evaluation: ``Resize(resize)`` + ``CenterCrop(size)`` (torchvision's
         ImageNet evaluation transform), no shuffle, and ``tail="partial"``: every sample exactly
-        once, the last step smaller. Other settings as for :class:`Loader`."""
+        once, the last step smaller. Every ``iter()`` starts the epoch at step 0 (a validation
+        pass, a sanity check and the next pass each see the whole set). Pixels are exact
+        (``dct_scaling=False``): they match torchvision/PIL's Resize + CenterCrop, which matters
+        for weights trained with torchvision; ``dct_scaling=True`` decodes large JPEGs faster
+        at about 2/255 per pixel of difference. Other settings as for :class:`Loader`."""
         if settings.get("transforms") is None:
             settings["transforms"] = imagenet_eval(size, resize)
         settings.setdefault("shuffle", False)
         settings.setdefault("tail", "partial")
-        return cls(coordinator, dataset, batch_size, **settings)
+        settings.setdefault("dct_scaling", False)
+        loader = cls(coordinator, dataset, batch_size, **settings)
+        loader._restart_each_iter = True
+        return loader
 
     def close(self) -> None:
         """Detach from the job and free the receive buffers now. The loader cannot be used
         afterwards; closing twice is harmless."""
+        self._held = self._out = None
         self._native.close()
 
     @property
@@ -240,7 +270,10 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next (from its start, or from a loaded state's position in it)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch takes an epoch number (an int >= 0), got {epoch!r}")
         self._native.set_epoch(epoch)
+        self._held = self._out = None
 
     def __len__(self) -> int:
         """Steps (batches) of an epoch for this rank, counted from the epoch's start also after
@@ -252,17 +285,82 @@ class Loader:
     def steps_remaining(self) -> int:
         """Steps of the current epoch not yielded yet (fewer than ``len(loader)`` after a
         resume mid-epoch, 0 once the epoch ended)."""
-        return self._native.steps_remaining
+        return self._native.steps_remaining + (self._held is not None)
 
     def __iter__(self) -> Iterator[Batch]:
+        """The batches of the current epoch in step order, as a PyTorch ``DataLoader``:
+
+        * a loop that yielded the epoch's last step finished the epoch, and the next ``iter()``
+          goes on with the next epoch (``set_epoch`` is needed only to pick another one);
+        * a loop left early continues after the last batch it was given the next time;
+        * a peek, ``next(iter(loader))`` (an iterator dropped after its first batch, before
+          being asked for a second), takes nothing: the next loop yields that batch first;
+        * an evaluation loader (:meth:`Loader.for_eval`) starts at step 0 on every ``iter()``.
+
+        Nothing happens until the first batch is asked for, so an ``iter()`` made only to check
+        that the loader is iterable moves nothing.
+        """
+        return self._iterate()
+
+    def _begin(self) -> None:
+        """What the first ``next()`` of a new iterator does: restart an evaluation loader, or
+        go on to the next epoch after a finished one."""
+        native = self._native
+        if self._restart_each_iter:
+            self._held = None
+            steps = len(native)
+            native.seek_step(native.epoch * steps if steps else 0)
+            if not steps:
+                self._warn_empty()
+            return
+        if self._held is not None:
+            return
+        if not len(native):
+            self._warn_empty()
+        elif native.steps_remaining == 0:
+            native.set_epoch(native.epoch + 1)
+
+    def _warn_empty(self) -> None:
+        warnings.warn(
+            f"stoker.Loader: epoch {self.epoch} has no steps for rank {self.rank} (batch_size={self.batch_size}, "
+            f"world_size={self.world_size}): a smaller batch_size, or tail=\"partial\", gives it some",
+            stacklevel=4,
+        )
+
+    def _iterate(self) -> Iterator[Batch]:
         native, output, missing_label = self._native, self._output, self._missing_label
+        self._begin()
+        yielded = 0
         while True:
-            raw = native.next_batch()
-            if raw is None:
-                return
-            batch = Batch._from_native(raw, output, missing_label)
-            del raw  # the caller's batch alone keeps the buffers alive
-            yield batch
+            batch = self._held
+            if batch is not None:
+                self._held = None
+            else:
+                raw = native.next_batch()
+                if raw is None:
+                    return
+                batch = Batch._from_native(raw, output, missing_label)
+                del raw  # the caller's batch alone keeps the buffers alive
+                if self._device_feed is not None:
+                    batch = self._device_feed.submit(batch)
+            self._out = batch
+            yielded += 1
+            try:
+                yield batch
+            except GeneratorExit:
+                # Dropped after handing out its first batch only, never asked for a second: a
+                # peek (next(iter(loader))). The batch goes back; the next loop yields it first.
+                if yielded == 1:
+                    self._give_back(batch)
+                raise
+            self._out = None
+
+    def _give_back(self, batch: Batch) -> None:
+        """Hand ``batch``, the last one out, back unused: ``state_dict`` counts it as not
+        taken and the next iteration yields it first (adapters whose framework fetched a batch
+        ahead and dropped it use this)."""
+        if self._out is batch:
+            self._held, self._out = batch, None
 
     def steps(self, start: int = 0, total: Optional[int] = None) -> Iterator[Batch]:
         """Batches by global step, for training loops that count steps, not epochs: from step
@@ -279,6 +377,7 @@ class Loader:
         if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
             raise ConfigError(f"total must be an int or None, got {total!r}")
         self._native.seek_step(start)
+        self._held = self._out = None
         step = start
         while total is None or step < total:
             for batch in self:
@@ -289,13 +388,34 @@ class Loader:
             self.set_epoch(self.epoch + 1)
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where this rank stands: every batch before it has been yielded. Save it with the
-        model's checkpoint; ``load_state_dict`` continues after it, with any world size."""
+        """Where this rank stands: every batch before it has been taken. Save it with the
+        model's checkpoint; ``load_state_dict`` continues after it, with any world size. A batch
+        handed back unused (a peek, see ``__iter__``) is not taken; one out in a loop is."""
+        if self._held is not None:
+            return json.loads(self._native.state_before_json(self._held.step))
         return json.loads(self._native.state_json())
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from ``state`` (from ``state_dict``, possibly of another world size)."""
+        if not isinstance(state, dict) or "checkpoint" not in state:
+            raise ResumeError(f"not a Stoker loader state (a stoker.Loader state_dict has job_name and checkpoint): {state!r:.200}")
+        saved_job = state.get("job_name")
+        if isinstance(saved_job, str) and saved_job and saved_job != self.job_name and self._attach_settings["job_name"] is None:
+            self._rejoin(saved_job)
         self._native.load_state_json(json.dumps(state))
+        self._held = self._out = None
+
+    def _rejoin(self, job_name: str) -> None:
+        """Attach to the job a loaded state was taken in, instead of the one this loader's
+        settings name: a restarted torchrun has a new ``TORCHELASTIC_RUN_ID`` and would
+        otherwise start a new job at every restart. Where that job cannot take this loader
+        (another world size: the state re-partitions), the loader stays where it is."""
+        # The loader attached now goes first: it may hold the metrics port the rejoined one needs.
+        self._native.close()
+        try:
+            self._native = _stoker.NativeLoader(*self._attach_args, **dict(self._attach_settings, job_name=job_name))
+        except ConfigError:
+            self._native = _stoker.NativeLoader(*self._attach_args, **self._attach_settings)
 
     @property
     def rank(self) -> int:

@@ -93,9 +93,26 @@ class StokerIterableDataset(BatchStream, torch.utils.data.IterableDataset):
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
-        if info is not None and info.num_workers > 1:
+        if info is not None:
+            # One worker process would hold the position the parent's state_dict() cannot see,
+            # and (persistent_workers) never hear of set_epoch; several would share one rank.
             raise ConfigError(
-                f"StokerIterableDataset under a DataLoader with num_workers={info.num_workers}: each worker would attach as the "
-                "same rank. Use num_workers=0: Stoker's own workers decode the batches."
+                f"StokerIterableDataset under a DataLoader with num_workers={info.num_workers}: a DataLoader worker process "
+                "cannot follow the loader's epoch and checkpoint. Use DataLoader(dataset, batch_size=None, num_workers=0): "
+                "Stoker's own workers decode the batches, so the training process only receives them."
             )
         return BatchStream.__iter__(self)
+
+
+def _collate_batches(batches: Sequence[Batch], *, collate_fn_map: Optional[dict] = None) -> Batch:
+    """``default_collate`` of Stoker batches: ``DataLoader(dataset)`` (batch_size=1) passes each
+    whole batch through; grouping several is refused (they are batches already)."""
+    if len(batches) == 1:
+        return batches[0]
+    raise ConfigError(
+        f"a DataLoader grouped {len(batches)} Stoker batches into one: they are batches already. "
+        "Write DataLoader(dataset, batch_size=None) (the batch size is the stoker.Loader's)"
+    )
+
+
+torch.utils.data._utils.collate.default_collate_fn_map[Batch] = _collate_batches

@@ -1,0 +1,47 @@
+"""Issue 29, item 7: Ctrl-C and a coordinator that is down, as a trainer meets them."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import pytest
+import stoker
+
+SMALL = [stoker.CenterCrop(32)]
+
+
+def interrupt_main_after(seconds: float) -> threading.Timer:
+    main = threading.get_ident()
+    timer = threading.Timer(seconds, lambda: signal.pthread_kill(main, signal.SIGINT))
+    timer.start()
+    return timer
+
+
+def test_ctrl_c_stops_a_loader_still_connecting() -> None:
+    """Ctrl-C during ``Loader()`` was ignored until the 10 s connect timed out."""
+    started = time.monotonic()
+    timer = interrupt_main_after(0.5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stoker.Loader("127.0.0.1:9", "train", batch_size=8, transforms=SMALL, rank=0, world_size=1)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 5
+
+
+def test_a_timeout_while_the_coordinator_is_down_names_the_coordinator(idle_cluster, job_name) -> None:
+    """It blamed the workers ("are workers running?")."""
+    loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, transforms=SMALL, rank=0, world_size=1, job_name=job_name, timeout=9)
+    iterator = iter(loader)
+    threading.Timer(1.0, idle_cluster.nodes[0].stop).start()
+    with pytest.raises(stoker.TimeoutError, match="the coordinator has not answered") as raised:
+        next(iterator)
+    assert "are workers running" not in str(raised.value)
+
+
+def test_a_timeout_with_the_coordinator_up_still_points_at_the_workers(idle_cluster, job_name) -> None:
+    loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, transforms=SMALL, rank=0, world_size=1, job_name=job_name, timeout=3)
+    with pytest.raises(stoker.TimeoutError, match="are workers running"):
+        next(iter(loader))
