@@ -78,8 +78,9 @@ class Batch:
         """Samples in the batch (what Lightning's ``self.log`` looks for)."""
         return len(self.keys)
 
-    def _with(self, images: Any, labels: Any) -> "Batch":
-        return Batch(images, labels, self.keys, self.epoch, self.step, self.rank, self.replaced, self.checksum, self.layout, self.corrupt)
+    def _with(self, images: Any, labels: Any, layout: str = "") -> "Batch":
+        """This batch's metadata over other images and labels (``layout`` if they changed it)."""
+        return Batch(images, labels, self.keys, self.epoch, self.step, self.rank, self.replaced, self.checksum, layout or self.layout, self.corrupt)
 
     def to(self, *args: Any, **kwargs: Any) -> "Batch":
         """The batch with its tensors moved (``batch.to("cuda")``, ``batch.to(device,

@@ -16,7 +16,7 @@ from stoker.loader import Loader
 from stoker.stream import BatchStream
 from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["to_device", "StokerIterableDataset"]
+__all__ = ["to_device", "normalize_images", "normalize_batch", "StokerIterableDataset"]
 
 
 def to_device(
@@ -61,6 +61,47 @@ def to_device(
         images = images.to(dtype)
     memory_format = torch.channels_last if channels_last else torch.contiguous_format
     return images.contiguous(memory_format=memory_format), labels
+
+
+def normalize_images(
+    images: torch.Tensor,
+    layout: str,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = True,
+) -> torch.Tensor:
+    """uint8 ``[B, H, W, 3]`` (``layout="NHWC"``) or ``[B, 3, H, W]`` images, on whatever device
+    they are, as ``(x / 255 - mean) / std`` of ``dtype``, ``[B, 3, H, W]`` in channels-last
+    memory (or contiguous with ``channels_last=False``). Float images (normalised on the
+    workers) are only converted."""
+    if images.dim() != 4:
+        raise ConfigError(f"expected a [B, H, W, C] or [B, C, H, W] batch, got shape {tuple(images.shape)}")
+    if not dtype.is_floating_point:
+        raise ConfigError(f"images normalise to a float dtype (torch.float32, torch.float16, torch.bfloat16), not {dtype}")
+    if layout == "NHWC":
+        images = images.permute(0, 3, 1, 2)  # a view: NCHW indexing over NHWC (channels-last) memory
+    if images.dtype == torch.uint8:
+        # (x / 255 - mean) / std as one multiply and one subtract per element.
+        scale = torch.tensor([1.0 / (255.0 * s) for s in std], device=images.device, dtype=dtype).view(1, 3, 1, 1)
+        shift = torch.tensor([m / s for m, s in zip(mean, std)], device=images.device, dtype=dtype).view(1, 3, 1, 1)
+        images = images.to(dtype).mul_(scale).sub_(shift)
+    else:
+        images = images.to(dtype)
+    return images.contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+def normalize_batch(
+    batch: Batch,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+    dtype: torch.dtype = torch.float32,
+    channels_last: bool = True,
+) -> Batch:
+    """``batch`` with its images normalised where they are (see :func:`normalize_images`)."""
+    images = batch.images if isinstance(batch.images, torch.Tensor) else torch.from_numpy(batch.images)
+    labels = batch.labels if isinstance(batch.labels, torch.Tensor) else torch.from_numpy(batch.labels)
+    return batch._with(normalize_images(images, batch.layout, mean, std, dtype, channels_last), labels, layout="NCHW")
 
 
 def _as_tensors(batch: Batch) -> Batch:
