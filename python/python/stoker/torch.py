@@ -5,6 +5,7 @@ Importing this module needs PyTorch; ``import stoker`` alone does not.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
@@ -142,7 +143,29 @@ class StokerIterableDataset(BatchStream, torch.utils.data.IterableDataset):
                 "cannot follow the loader's epoch and checkpoint. Use DataLoader(dataset, batch_size=None, num_workers=0): "
                 "Stoker's own workers decode the batches, so the training process only receives them."
             )
-        return BatchStream.__iter__(self)
+        return self._checked_iter()
+
+    def _checked_iter(self) -> Iterator[Batch]:
+        _refuse_accelerate_resharding()
+        yield from BatchStream.__iter__(self)
+
+
+def _refuse_accelerate_resharding() -> None:
+    """Accelerate's ``prepare()`` of a DataLoader over this dataset shards it again
+    (``IterableDatasetShard``: half the batches) or reads it on rank 0 for every rank
+    (``dispatch_batches``: fails there, hangs the other ranks). Refuse with the recipe."""
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return
+        if str(frame.f_globals.get("__name__", "")).startswith("accelerate."):
+            raise ConfigError(
+                "accelerator.prepare() was given a DataLoader over Stoker's per-rank stream: Accelerate would shard and re-batch "
+                "it again across the processes. Leave it out of prepare(): "
+                "batches = stoker.huggingface.prepare_loader(accelerator, loader) (batches on accelerator.device, saved by "
+                "save_state), or use stoker.huggingface.StokerTrainer with transformers.Trainer"
+            )
+        frame = frame.f_back
 
 
 def _collate_batches(batches: Sequence[Batch], *, collate_fn_map: Optional[dict] = None) -> Batch:
