@@ -21,7 +21,7 @@ import stoker  # noqa: E402
 
 from conftest import SAMPLES  # noqa: E402
 
-SCRIPT = Path(__file__).parent / "scripts" / "hf_ddp.py"
+SCRIPT = Path(__file__).parent / "scripts" / "frameworks_ddp.py"
 STEPS = SAMPLES // (2 * 8)
 
 

@@ -1,6 +1,7 @@
-"""Run by test_huggingface.py under torchrun with 2 CPU processes: a tiny model trained on a Stoker
-loader through Accelerate or transformers' Trainer, stopped after a checkpoint mid-epoch and
-resumed from it. argv: mode (accelerate|trainer) coordinator job_name out_dir phase
+"""Run by test_huggingface.py and test_torchdata.py under torchrun with 2 CPU processes: a tiny model
+trained on a Stoker loader through Accelerate, transformers' Trainer or torchdata's
+StatefulDataLoader, stopped after a checkpoint mid-epoch and resumed from it. argv: mode
+(accelerate|trainer|torchdata) coordinator job_name out_dir phase
 stop_after_steps. Each rank writes the keys it trained on to OUT/MODE-PHASE-rankR.jsonl."""
 
 import json
@@ -62,10 +63,46 @@ if mode == "accelerate":
                 accelerator.wait_for_everyone()
                 sys.exit(0)
     accelerator.wait_for_everyone()
+elif mode == "torchdata":
+    import torch.distributed as dist
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    import stoker.torch as stoker_torch
+
+    dist.init_process_group("gloo")
+    loader = make_loader()
+    dataset = stoker_torch.StokerIterableDataset(loader)
+    data = StatefulDataLoader(dataset, batch_size=None, num_workers=0)
+    model = nn.parallel.DistributedDataParallel(Tiny())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    steps = 0
+    if phase == "resumed":
+        saved = torch.load(out / "torchdata.pt", weights_only=False)
+        model.module.load_state_dict(saved["model"])
+        data.load_state_dict(saved["data"])  # applied by the next iter(data)
+    # No set_epoch: each pass over the loader goes on with the next epoch, as a DataLoader's does.
+    while True:
+        for batch in data:
+            record(dist.get_rank(), batch)
+            images, labels = stoker_torch.normalize_batch(batch)
+            loss = model(images, labels)["loss"]
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            steps += 1
+            if phase == "first" and steps == stop_after:
+                state = data.state_dict()
+                assert state["dataset_state"] == loader.state_dict(), "StatefulDataLoader's state carries Stoker's"
+                if dist.get_rank() == 0:
+                    torch.save({"model": model.module.state_dict(), "data": state}, out / "torchdata.pt")
+                dist.barrier()
+                dist.destroy_process_group()
+                sys.exit(0)
+        if loader.epoch == 1:
+            break
+    dist.destroy_process_group()
 else:
     from transformers import TrainingArguments
-
-    import torch.distributed as dist
 
     args = TrainingArguments(
         output_dir=str(out / "trainer"), per_device_train_batch_size=8, num_train_epochs=2, max_steps=stop_after if phase == "first" else -1,
