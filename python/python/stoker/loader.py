@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import sys
 import warnings
-from typing import Any, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from stoker import _stoker
 from stoker.batch import Batch
@@ -18,6 +19,22 @@ LAYOUTS = ("NHWC", "NCHW")
 OUTPUTS = ("numpy", "torch")
 ON_ERROR = ("replace", "fail")
 BATCH_TRANSPORTS = ("tcp", "quic")
+
+
+def make_device_feed(device: Any, device_prefetch: Any, device_normalize: Any, channels_last: Any) -> Any:
+    """The GPU feed for ``Loader(device=...)`` (see ``stoker.device``); needs PyTorch."""
+    if isinstance(device_prefetch, bool) or not isinstance(device_prefetch, int) or not 0 <= device_prefetch <= 64:
+        raise ConfigError(f"device_prefetch must be an int from 0 to 64 (batches copied ahead of the training loop), got {device_prefetch!r}")
+    if not isinstance(channels_last, bool):
+        raise ConfigError(f"channels_last must be True or False, got {channels_last!r}")
+    try:
+        from stoker import device as device_module
+    except ImportError:
+        raise ConfigError(f"device={device!r} needs PyTorch: pip install torch") from None
+    resolved = device_module.resolve_device(device)
+    normalize = device_module.resolve_normalize(device_normalize)
+    backend = device_module.CudaBackend(resolved) if resolved.type == "cuda" else device_module.CpuBackend()
+    return device_module.DeviceFeed(backend, slots=device_prefetch + 2, normalize=normalize, channels_last=channels_last)
 
 
 def distributed_rank() -> Tuple[Optional[int], Optional[int]]:
@@ -86,6 +103,13 @@ class Loader:
     over TCP) from every worker that takes one, and over QUIC from the rest; about half QUIC's
     CPU per GB when workers are on other hosts. ``"quic"`` receives over QUIC only.
 
+    ``device``: ``"cuda"`` (``"cuda:N"``, or ``"cpu"``) yields batches on that device, images
+    normalised there by ``device_normalize`` (a :class:`stoker.Normalize`; ImageNet's mean and
+    std to float32 by default) as ``[B, 3, H, W]`` in channels-last memory
+    (``channels_last=False``: contiguous). Each batch goes once through a pool of pinned host
+    buffers (allocated once) and is copied on a side stream ``device_prefetch`` batches ahead
+    of the loop, ordered by CUDA events (see ``stoker.device``). Needs PyTorch.
+
     ``close()`` (or ``with stoker.Loader(...) as loader:``) detaches and frees the receive
     buffers at once instead of when the object is collected.
 
@@ -120,6 +144,10 @@ class Loader:
         insecure: bool = False,
         max_buffered_batches: Optional[int] = None,
         batch_transport: str = "tcp",
+        device: Any = None,
+        device_prefetch: int = 2,
+        device_normalize: Optional[Transform] = None,
+        channels_last: bool = True,
     ) -> None:
         if coordinator is None:
             coordinator = os.environ.get("STOKER_COORDINATOR")
@@ -193,8 +221,19 @@ class Loader:
         # iter() starts the epoch again (evaluation), and the GPU feed (device=).
         self._held: Optional[Batch] = None
         self._out: Optional[Batch] = None
+        # The positions before the batch handed back and the batch out, where known already.
+        self._held_state: Optional[str] = None
+        self._out_state: Optional[str] = None
         self._restart_each_iter = False
+        # Batches on their way to the device, each with the position before it; whether the
+        # epoch's last was received.
+        self._in_flight: Deque[Tuple[Any, str]] = collections.deque()
+        self._source_ended = False
         self._device_feed: Any = None
+        self._device_prefetch = device_prefetch
+        if device is not None:
+            self._device_feed = make_device_feed(device, device_prefetch, device_normalize, channels_last)
+            self._output = "torch"
         self._attach_args = (coordinator, dataset, batch_size, json.dumps(spec))
         self._attach_settings: Dict[str, Any] = dict(
             seed=seed,
@@ -245,7 +284,7 @@ class Loader:
     def close(self) -> None:
         """Detach from the job and free the receive buffers now. The loader cannot be used
         afterwards; closing twice is harmless."""
-        self._held = self._out = None
+        self._drop_pending()
         self._native.close()
 
     @property
@@ -273,7 +312,7 @@ class Loader:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ConfigError(f"set_epoch takes an epoch number (an int >= 0), got {epoch!r}")
         self._native.set_epoch(epoch)
-        self._held = self._out = None
+        self._drop_pending()
 
     def __len__(self) -> int:
         """Steps (batches) of an epoch for this rank, counted from the epoch's start also after
@@ -285,7 +324,7 @@ class Loader:
     def steps_remaining(self) -> int:
         """Steps of the current epoch not yielded yet (fewer than ``len(loader)`` after a
         resume mid-epoch, 0 once the epoch ended)."""
-        return self._native.steps_remaining + (self._held is not None)
+        return self._native.steps_remaining + (self._held is not None) + len(self._in_flight)
 
     def __iter__(self) -> Iterator[Batch]:
         """The batches of the current epoch in step order, as a PyTorch ``DataLoader``:
@@ -307,13 +346,13 @@ class Loader:
         go on to the next epoch after a finished one."""
         native = self._native
         if self._restart_each_iter:
-            self._held = None
+            self._drop_pending()
             steps = len(native)
             native.seek_step(native.epoch * steps if steps else 0)
             if not steps:
                 self._warn_empty()
             return
-        if self._held is not None:
+        if self._held is not None or self._in_flight:
             return
         if not len(native):
             self._warn_empty()
@@ -328,21 +367,17 @@ class Loader:
         )
 
     def _iterate(self) -> Iterator[Batch]:
-        native, output, missing_label = self._native, self._output, self._missing_label
         self._begin()
         yielded = 0
         while True:
             batch = self._held
             if batch is not None:
                 self._held = None
+                self._out_state = self._held_state
             else:
-                raw = native.next_batch()
-                if raw is None:
+                batch = self._next_batch()
+                if batch is None:
                     return
-                batch = Batch._from_native(raw, output, missing_label)
-                del raw  # the caller's batch alone keeps the buffers alive
-                if self._device_feed is not None:
-                    batch = self._device_feed.submit(batch)
             self._out = batch
             yielded += 1
             try:
@@ -355,12 +390,45 @@ class Loader:
                 raise
             self._out = None
 
+    def _next_batch(self) -> Optional[Batch]:
+        """The next batch of the epoch (``None`` at its end): received, or from the device feed,
+        which keeps ``device_prefetch`` more on their way to the device."""
+        native, feed = self._native, self._device_feed
+        if feed is None:
+            raw = native.next_batch()
+            if raw is None:
+                return None
+            self._out_state = None
+            return Batch._from_native(raw, self._output, self._missing_label)
+        while not self._source_ended and len(self._in_flight) <= self._device_prefetch:
+            raw = native.next_batch()
+            if raw is None:
+                self._source_ended = True
+                break
+            received = Batch._from_native(raw, "torch", self._missing_label)
+            del raw
+            # Taken now, while the epoch's pass is open: the position if this batch goes back.
+            state_before = native.state_before_json(received.step)
+            self._in_flight.append((feed.submit(received), state_before))
+        if not self._in_flight:
+            self._source_ended = False
+            return None
+        in_flight, self._out_state = self._in_flight.popleft()
+        return feed.take(in_flight)
+
+    def _drop_pending(self) -> None:
+        """Forget batches handed back or on their way to the device (a new position)."""
+        self._held = self._out = None
+        self._held_state = self._out_state = None
+        self._in_flight.clear()
+        self._source_ended = False
+
     def _give_back(self, batch: Batch) -> None:
         """Hand ``batch``, the last one out, back unused: ``state_dict`` counts it as not
         taken and the next iteration yields it first (adapters whose framework fetched a batch
         ahead and dropped it use this)."""
         if self._out is batch:
-            self._held, self._out = batch, None
+            self._held, self._held_state, self._out = batch, self._out_state, None
 
     def steps(self, start: int = 0, total: Optional[int] = None) -> Iterator[Batch]:
         """Batches by global step, for training loops that count steps, not epochs: from step
@@ -377,7 +445,7 @@ class Loader:
         if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
             raise ConfigError(f"total must be an int or None, got {total!r}")
         self._native.seek_step(start)
-        self._held = self._out = None
+        self._drop_pending()
         step = start
         while total is None or step < total:
             for batch in self:
@@ -392,7 +460,9 @@ class Loader:
         model's checkpoint; ``load_state_dict`` continues after it, with any world size. A batch
         handed back unused (a peek, see ``__iter__``) is not taken; one out in a loop is."""
         if self._held is not None:
-            return json.loads(self._native.state_before_json(self._held.step))
+            return json.loads(self._held_state or self._native.state_before_json(self._held.step))
+        if self._in_flight:
+            return json.loads(self._in_flight[0][1])
         return json.loads(self._native.state_json())
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -403,7 +473,7 @@ class Loader:
         if isinstance(saved_job, str) and saved_job and saved_job != self.job_name and self._attach_settings["job_name"] is None:
             self._rejoin(saved_job)
         self._native.load_state_json(json.dumps(state))
-        self._held = self._out = None
+        self._drop_pending()
 
     def _rejoin(self, job_name: str) -> None:
         """Attach to the job a loaded state was taken in, instead of the one this loader's
