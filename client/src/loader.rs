@@ -13,7 +13,7 @@ use stoker_common::error::ObsError;
 use stoker_common::expect_response;
 use stoker_common::ids::{Epoch, JobId, Rank, SessionId, Step, WorkerId};
 use stoker_common::net::bulk::BatchTransport;
-use stoker_common::net::{NetError, PayloadPool, QuicCoordinator, Role, TlsConfigs, Tuning, client_endpoint};
+use stoker_common::net::{NetError, PayloadPool, QuicCoordinator, Role, SUPERSEDED_CLOSE_CODE, TlsConfigs, Tuning, client_endpoint};
 use stoker_common::obs::{Metrics, MetricsServer};
 use stoker_common::plan::{Checkpoint, EpochPlan, Layout, ShardTable};
 use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
@@ -59,6 +59,8 @@ struct Connector {
     batches_tx: mpsc::UnboundedSender<ReceivedBatch>,
     stats: Arc<ReceiveStats>,
     pool: PayloadPool,
+    /// Set when a worker closes our connection because a newer trainer of this rank connected.
+    superseded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Connector {
@@ -92,8 +94,20 @@ impl Connector {
                                 this.pool.clone(),
                             ));
                         }
-                        receive_loop(connection, this.expect.clone(), this.batches_tx.clone(), Arc::clone(&this.stats), this.pool.clone())
-                            .await;
+                        receive_loop(
+                            connection.clone(),
+                            this.expect.clone(),
+                            this.batches_tx.clone(),
+                            Arc::clone(&this.stats),
+                            this.pool.clone(),
+                        )
+                        .await;
+                        if let Some(quinn::ConnectionError::ApplicationClosed(close)) = connection.close_reason()
+                            && close.error_code == quinn::VarInt::from_u32(SUPERSEDED_CLOSE_CODE)
+                        {
+                            info!(worker = %worker.id, "a newer trainer attached as this rank; this loader stops");
+                            this.superseded.store(true, Ordering::Release);
+                        }
                     }
                     Err(error @ (NetError::Refused { .. } | NetError::WrongPeer { .. } | NetError::Tls(_))) => {
                         warn!(worker = %worker.id, addr = %worker.addr, %error, "refused a worker's certificate, or it refused ours: no batches from it");
@@ -254,6 +268,7 @@ where
         };
         let (batches_tx, batches_rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ReceiveStats::default());
+        let session = Session::new(job, rank, session);
         let connector = Arc::new(Connector {
             endpoint: client_endpoint(tls, config.coordinator.first(), Tuning::default())?,
             bulk_tls: (config.batch_transport == BatchTransport::Tcp).then(|| tls.clone()),
@@ -265,10 +280,10 @@ where
             // and the next epoch's first window (made early) are in flight at once, and never
             // more; keeping fewer left malloc to churn (and the RSS to creep) at every epoch.
             pool: PayloadPool::new(2 * config.prefetch.max(2) as usize),
+            superseded: Arc::clone(&session.superseded),
         });
         connector.connect_new(&workers);
         let (progress_tx, progress_rx) = watch::channel(None);
-        let session = Session::new(job, rank, session);
         let workers_seen = {
             let connector = Arc::clone(&connector);
             move |workers: &[WorkerInfo]| connector.connect_new(workers)
@@ -644,6 +659,9 @@ where
                 return Ok(Next::EndOfEpoch);
             }
             if let Some((_, mut batch)) = self.protocol.pop() {
+                // Not a batch more once a newer trainer of this rank connected (its workers say
+                // so at once): the two would hand out the same step.
+                self.session.check()?;
                 batch.step_offset = self.step_offset;
                 self.deadline_opt = None;
                 self.counters.yielded(batch.len(), batch.images().len());

@@ -45,3 +45,21 @@ def test_a_timeout_with_the_coordinator_up_still_points_at_the_workers(idle_clus
     loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, transforms=SMALL, rank=0, world_size=1, job_name=job_name, timeout=3)
     with pytest.raises(stoker.TimeoutError, match="are workers running"):
         next(iter(loader))
+
+
+def test_a_replaced_loader_yields_no_buffered_batch_once_its_successor_yields(cluster, job_name) -> None:
+    """A loader replaced by a second one for the same rank still yielded one buffered batch
+    before raising, so two loaders briefly handed out the same step."""
+    settings = dict(batch_size=8, transforms=SMALL, rank=0, world_size=1, job_name=job_name, timeout=60)
+    first = stoker.Loader(cluster.coordinator, cluster.dataset, **settings)
+    iterator = iter(first)
+    steps = [next(iterator).step for _ in range(2)]
+    deadline = time.monotonic() + 10
+    while first.buffered_batches < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert first.buffered_batches >= 2, "the test wants batches buffered ahead"
+    second = stoker.Loader(cluster.coordinator, cluster.dataset, **settings)
+    next(iter(second))
+    with pytest.raises(stoker.StokerError, match="another trainer attached"):
+        extra = next(iterator)
+        pytest.fail(f"the replaced loader yielded step {extra.step} after {steps}")

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use quinn::Connection;
 use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
-use stoker_common::net::{PeerIdentity, REQUEST_TIMEOUT, Role, TlsConfigs};
+use stoker_common::net::{PeerIdentity, REQUEST_TIMEOUT, Role, SUPERSEDED_CLOSE_CODE, TlsConfigs};
 use stoker_common::proto::{ErrorCode, RemoteError, TrainerHello};
 use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use tokio::sync::Notify;
@@ -251,6 +251,10 @@ impl Trainers {
                     hello.rank, hello.job, newer.session, hello.session
                 ),
             ));
+        }
+        for older in entries.iter().filter(|entry| entry.key == key && entry.session < hello.session && entry.is_open()) {
+            // A newer trainer of the rank: the old one stops now, not at its next report.
+            older.connection.close(SUPERSEDED_CLOSE_CODE.into(), b"a newer trainer attached as this rank");
         }
         entries.retain(|entry| (entry.key != key && entry.is_open()) || entry.close_bulk("replaced by a newer connection of its trainer"));
         if entries.len() >= CONNECTIONS_PER_RANK {
