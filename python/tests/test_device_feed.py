@@ -142,5 +142,10 @@ def test_a_model_side_mistake_is_a_config_error_saying_what_to_write(cluster, jo
 def test_cuda_without_a_gpu_says_what_to_write(cluster, job_name) -> None:
     with pytest.raises(stoker.ConfigError, match='device="cpu"'):
         stoker.Loader(cluster.coordinator, cluster.dataset, 8, transforms=SMALL, rank=0, world_size=1, job_name=job_name, device="cuda")
+
+
+def test_a_dtype_the_feed_cannot_make_says_which_it_can() -> None:
     with pytest.raises(stoker.ConfigError, match="float32"):
         stoker.Normalize(dtype=torch.int8)
+    with pytest.raises(stoker.ConfigError, match="float"):
+        stoker_torch.normalize_images(torch.zeros(1, 2, 2, 3, dtype=torch.uint8), "NHWC", dtype=torch.int32)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch", reason="PyTorch is not installed (make test installs it)")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed (make test installs it)")
 pytest.importorskip("pytorch_lightning", reason="Lightning is not installed (make test installs it)")
 
 import stoker  # noqa: E402
@@ -65,3 +65,5 @@ def test_a_datamodule_without_a_coordinator_says_what_to_write(monkeypatch) -> N
         StokerDataModule(dataset="train", batch_size=8)
     with pytest.raises(stoker.ConfigError, match="rank"):
         StokerDataModule("127.0.0.1:9", "train", 8, rank=0)
+    with pytest.raises(stoker.ConfigError, match="torch.float16"):
+        StokerDataModule("127.0.0.1:9", "train", 8, dtype=torch.int8)
