@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 import time
 
@@ -21,13 +22,16 @@ def interrupt_main_after(seconds: float) -> threading.Timer:
 
 def test_ctrl_c_stops_a_loader_still_connecting() -> None:
     """Ctrl-C during ``Loader()`` was ignored until the 10 s connect timed out."""
-    started = time.monotonic()
-    timer = interrupt_main_after(0.5)
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            stoker.Loader("127.0.0.1:9", "train", batch_size=8, transforms=SMALL, rank=0, world_size=1)
-    finally:
-        timer.cancel()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:  # takes packets, never answers
+        silent.bind(("127.0.0.1", 0))
+        address = "127.0.0.1:%d" % silent.getsockname()[1]
+        started = time.monotonic()
+        timer = interrupt_main_after(0.5)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                stoker.Loader(address, "train", batch_size=8, transforms=SMALL, rank=0, world_size=1)
+        finally:
+            timer.cancel()
     assert time.monotonic() - started < 5
 
 
