@@ -61,8 +61,12 @@ if mode == "accelerate":
             if phase == "first" and steps == stop_after:
                 accelerator.save_state(str(out / "accelerate-state"))
                 accelerator.wait_for_everyone()
+                loader.close()
+                accelerator.end_training()
                 sys.exit(0)
     accelerator.wait_for_everyone()
+    loader.close()
+    accelerator.end_training()
 elif mode == "torchdata":
     import torch.distributed as dist
     from torchdata.stateful_dataloader import StatefulDataLoader
@@ -96,6 +100,7 @@ elif mode == "torchdata":
                 if dist.get_rank() == 0:
                     torch.save({"model": model.module.state_dict(), "data": state}, out / "torchdata.pt")
                 dist.barrier()
+                loader.close()
                 dist.destroy_process_group()
                 sys.exit(0)
         if loader.epoch == 1:
