@@ -28,6 +28,24 @@ pub enum ClientError {
         /// How long.
         seconds: f64,
     },
+    /// No batch arrived in time, and the coordinator has not answered for a while either: it is
+    /// down or out of reach (not the workers).
+    #[error(
+        "no batch for step {step} of epoch {epoch} within {seconds:.0} s: the coordinator has not answered for {silent_seconds:.0} s \
+         ({error}); is it running and reachable? (`stoker status --coordinator ...`)"
+    )]
+    CoordinatorSilent {
+        /// The epoch.
+        epoch: u64,
+        /// The step waited for.
+        step: u64,
+        /// How long.
+        seconds: f64,
+        /// How long the coordinator has not answered.
+        silent_seconds: f64,
+        /// The last error calling it.
+        error: String,
+    },
     /// A checkpoint does not fit this job.
     #[error("cannot resume: {message}")]
     Resume {
@@ -58,7 +76,7 @@ impl ClientError {
     pub fn is_retryable(&self) -> bool {
         match self {
             Self::Coordinator { source } => source.is_retryable(),
-            Self::Timeout { .. } => true,
+            Self::Timeout { .. } | Self::CoordinatorSilent { .. } => true,
             // A refused or wrong certificate stays refused; the network itself may come back.
             Self::Net(error) => !matches!(
                 error,

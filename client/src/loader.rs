@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use quinn::{Connection, Endpoint};
 use stoker_net::bulk::BatchTransport;
-use stoker_net::{NetError, PayloadPool, QuicCoordinator, Role, TlsConfigs, Tuning, client_endpoint};
+use stoker_net::{NetError, PayloadPool, QuicCoordinator, Role, SUPERSEDED_CLOSE_CODE, TlsConfigs, Tuning, client_endpoint};
 use stoker_obs::error::ObsError;
 use stoker_obs::{Metrics, MetricsServer};
 use stoker_plan::ids::{Epoch, JobId, Rank, SessionId, Step, WorkerId};
@@ -39,6 +39,9 @@ pub struct LoaderState {
     pub checkpoint: Checkpoint,
 }
 
+/// A batch timeout blames the coordinator when it has not answered a report for this long
+/// (reports go out every second).
+const COORDINATOR_SILENCE: Duration = Duration::from_secs(5);
 /// How long a dropped loader waits for the coordinator to acknowledge its detach.
 const DETACH_TIMEOUT: Duration = Duration::from_millis(500);
 /// While a rank waits without moving, its progress goes to the reporter again each time its
@@ -56,6 +59,8 @@ struct Connector {
     batches_tx: mpsc::UnboundedSender<ReceivedBatch>,
     stats: Arc<ReceiveStats>,
     pool: PayloadPool,
+    /// Set when a worker closes our connection because a newer trainer of this rank connected.
+    superseded: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Connector {
@@ -89,8 +94,20 @@ impl Connector {
                                 this.pool.clone(),
                             ));
                         }
-                        receive_loop(connection, this.expect.clone(), this.batches_tx.clone(), Arc::clone(&this.stats), this.pool.clone())
-                            .await;
+                        receive_loop(
+                            connection.clone(),
+                            this.expect.clone(),
+                            this.batches_tx.clone(),
+                            Arc::clone(&this.stats),
+                            this.pool.clone(),
+                        )
+                        .await;
+                        if let Some(quinn::ConnectionError::ApplicationClosed(close)) = connection.close_reason()
+                            && close.error_code == quinn::VarInt::from_u32(SUPERSEDED_CLOSE_CODE)
+                        {
+                            info!(worker = %worker.id, "a newer trainer attached as this rank; this loader stops");
+                            this.superseded.store(true, Ordering::Release);
+                        }
                     }
                     Err(error @ (NetError::Refused { .. } | NetError::WrongPeer { .. } | NetError::Tls(_))) => {
                         warn!(worker = %worker.id, addr = %worker.addr, %error, "refused a worker's certificate, or it refused ours: no batches from it");
@@ -244,6 +261,7 @@ where
         };
         let (batches_tx, batches_rx) = mpsc::unbounded_channel();
         let stats = Arc::new(ReceiveStats::default());
+        let session = Session::new(job, rank, session);
         let connector = Arc::new(Connector {
             endpoint: client_endpoint(tls, config.coordinator.first(), Tuning::default())?,
             bulk_tls: (config.batch_transport == BatchTransport::Tcp).then(|| tls.clone()),
@@ -255,10 +273,10 @@ where
             // and the next epoch's first window (made early) are in flight at once, and never
             // more; keeping fewer left malloc to churn (and the RSS to creep) at every epoch.
             pool: PayloadPool::new(2 * config.prefetch.max(2) as usize),
+            superseded: Arc::clone(&session.superseded),
         });
         connector.connect_new(&workers);
         let (progress_tx, progress_rx) = watch::channel(None);
-        let session = Session::new(job, rank, session);
         let workers_seen = {
             let connector = Arc::clone(&connector);
             move |workers: &[WorkerInfo]| connector.connect_new(workers)
@@ -373,6 +391,23 @@ where
             },
             (None, Some(completed)) => completed,
             (None, None) => self.plan_for(self.epoch)?.checkpoint_at_start(),
+        };
+        Ok(LoaderState { job_name: self.spec.name.clone(), checkpoint })
+    }
+
+    /// Where this rank stood before the yielded batch of `step` (numbered from the epoch's start,
+    /// as [`ReceivedBatch::step`]) of the open pass: the state of a batch handed back unused (a
+    /// peeked `next(iter(loader))`), which the next iteration yields again. Without an open
+    /// pass, or for a step not yet yielded, the same as [`Self::state`].
+    pub fn state_before(&self, step: u64) -> Result<LoaderState, ClientError> {
+        let Some(plan) = &self.plan_opt else { return self.state() };
+        let Some(step_in_run) = step.checked_sub(self.step_offset) else { return self.state() };
+        if self.protocol.yielded().is_none_or(|yielded| yielded.0 < step_in_run) {
+            return self.state();
+        }
+        let checkpoint = match step_in_run {
+            0 => plan.checkpoint_at_start(),
+            _ => plan.checkpoint_after(Step(step_in_run - 1)),
         };
         Ok(LoaderState { job_name: self.spec.name.clone(), checkpoint })
     }
@@ -623,6 +658,9 @@ where
                 return Ok(Next::EndOfEpoch);
             }
             if let Some((_, mut batch)) = self.protocol.pop() {
+                // Not a batch more once a newer trainer of this rank connected (its workers say
+                // so at once): the two would hand out the same step.
+                self.session.check()?;
                 batch.step_offset = self.step_offset;
                 self.deadline_opt = None;
                 self.counters.yielded(batch.len(), batch.images().len());
@@ -637,10 +675,13 @@ where
             let deadline = *self.deadline_opt.get_or_insert(waiting_since + self.batch_timeout);
             if waiting_since >= deadline {
                 self.deadline_opt = None;
-                return Err(ClientError::Timeout {
-                    epoch: self.epoch.0,
-                    step: self.step_offset + self.protocol.next_step().map_or(0, |step| step.0),
-                    seconds: self.batch_timeout.as_secs_f64(),
+                let (epoch, seconds) = (self.epoch.0, self.batch_timeout.as_secs_f64());
+                let step = self.step_offset + self.protocol.next_step().map_or(0, |step| step.0);
+                return Err(match self.session.coordinator_silence(COORDINATOR_SILENCE) {
+                    Some((silent, error)) => {
+                        ClientError::CoordinatorSilent { epoch, step, seconds, silent_seconds: silent.as_secs_f64(), error }
+                    }
+                    None => ClientError::Timeout { epoch, step, seconds },
                 });
             }
             if waiting_since >= slice_end {

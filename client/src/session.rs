@@ -58,6 +58,11 @@ pub(crate) struct Session {
     /// When the training loop last waited for a batch, in milliseconds after `created`
     /// (`u64::MAX`: never): missing steps are reported only while it waits.
     waited_ms: Arc<AtomicU64>,
+    /// When the coordinator last answered a report, in milliseconds after `created`, and the
+    /// error of the last report it did not answer since: a batch timeout names the coordinator
+    /// when it is the one that stopped answering.
+    answered_ms: Arc<AtomicU64>,
+    last_call_error: Arc<Mutex<Option<String>>>,
     created: Instant,
 }
 
@@ -71,6 +76,8 @@ impl Session {
             failed: Arc::default(),
             turn: Arc::default(),
             waited_ms: Arc::new(AtomicU64::new(u64::MAX)),
+            answered_ms: Arc::new(AtomicU64::new(0)),
+            last_call_error: Arc::default(),
             created: Instant::now(),
         }
     }
@@ -87,6 +94,30 @@ impl Session {
             u64::MAX => None,
             millis => Some(self.created + Duration::from_millis(millis)),
         }
+    }
+
+    /// The coordinator answered a call now.
+    pub(crate) fn mark_answered(&self) {
+        let millis = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.answered_ms.store(millis, Ordering::Release);
+        *self.last_call_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// A call to the coordinator failed with `error`.
+    pub(crate) fn mark_unanswered(&self, error: &RemoteError) {
+        *self.last_call_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error.to_string());
+    }
+
+    /// How long the coordinator has not answered, with the last error, when it has been silent
+    /// for at least `at_least` (reports go out every second while attached).
+    pub(crate) fn coordinator_silence(&self, at_least: Duration) -> Option<(Duration, String)> {
+        let answered = self.created + Duration::from_millis(self.answered_ms.load(Ordering::Acquire));
+        let silent = answered.elapsed();
+        if silent < at_least {
+            return None;
+        }
+        let error = self.last_call_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        Some((silent, error.unwrap_or_else(|| "no answer".to_owned())))
     }
 
     /// Wait for the turn to call the coordinator: every earlier call has been answered, and no
@@ -152,6 +183,7 @@ pub(crate) async fn report_progress<A>(
         };
         match coordinator.call(request).await.and_then(|answer| expect_response!(answer, ProgressRecorded { workers, run_known })) {
             Ok((workers, run_known)) => {
+                session.mark_answered();
                 if carries_missing {
                     damper.delivered(sent_at);
                 }
@@ -200,6 +232,7 @@ pub(crate) async fn report_progress<A>(
             }
             Err(error) => {
                 debug!(%error, "progress report failed");
+                session.mark_unanswered(&error);
                 drop(turn);
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }

@@ -83,7 +83,7 @@ def main() -> None:
         (model.module if distributed else model).load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         loader.load_state_dict(saved["loader"])
-        first_epoch = saved["loader"]["checkpoint"]["epoch"]
+        first_epoch = loader.epoch  # the epoch the loaded state is in
     rank = loader.rank
     for epoch in range(first_epoch, args.epochs):
         loader.set_epoch(epoch)

@@ -74,7 +74,7 @@ pub(crate) fn to_py(error: ClientError) -> PyErr {
     match &error {
         ClientError::Config { .. } => ConfigError::new_err(message),
         ClientError::Resume { .. } => ResumeError::new_err(message),
-        ClientError::Timeout { .. } => dual_error(timeout_error, message),
+        ClientError::Timeout { .. } | ClientError::CoordinatorSilent { .. } => dual_error(timeout_error, message),
         ClientError::Net(stoker_net::NetError::Tls(_)) => ConfigError::new_err(message),
         ClientError::Net(_) => dual_error(connection_error, message),
         ClientError::Runtime { .. } | ClientError::Superseded { .. } => StokerError::new_err(message),

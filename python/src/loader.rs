@@ -89,7 +89,7 @@ impl NativeLoader {
             }
         };
         let (_, world_size) = config.rank_and_world_size().map_err(errors::to_py)?;
-        let mut loader = py.detach(|| Loader::attach(&config)).map_err(errors::to_py)?;
+        let mut loader = attach_interruptibly(py, &config)?;
         let metrics_addr = match metrics_port {
             Some(port) => {
                 let listen = std::net::SocketAddr::from(([0, 0, 0, 0], port));
@@ -145,6 +145,13 @@ impl NativeLoader {
     /// The position reached, as JSON (`stoker.Loader.state_dict` parses it).
     fn state_json(&mut self, py: Python<'_>) -> PyResult<String> {
         let state = self.loader(py)?.state().map_err(errors::to_py)?;
+        serde_json::to_string(&state).map_err(errors::config)
+    }
+
+    /// The position before the yielded batch of `step` (of the current epoch), as JSON: the
+    /// state while that batch is handed back unused.
+    fn state_before_json(&mut self, py: Python<'_>, step: u64) -> PyResult<String> {
+        let state = self.loader(py)?.state_before(step).map_err(errors::to_py)?;
         serde_json::to_string(&state).map_err(errors::config)
     }
 
@@ -250,6 +257,34 @@ impl NativeLoader {
             self.inner = Some(loader);
         }
         self.inner.as_mut().ok_or_else(|| errors::StokerError::new_err("the loader could not be rebuilt"))
+    }
+}
+
+/// [`Loader::attach`] on a thread of its own, waited for in slices so that Python handles
+/// signals between them: Ctrl-C stops a `Loader()` still connecting (to a coordinator that does
+/// not answer) at once rather than after the connect timeout. An attach left behind that still
+/// succeeds detaches when its loader drops on that thread.
+fn attach_interruptibly(py: Python<'_>, config: &LoaderConfig) -> PyResult<Loader> {
+    let (attached_tx, attached_rx) = std::sync::mpsc::sync_channel(1);
+    let config = config.clone();
+    std::thread::Builder::new()
+        .name("stoker-attach".to_owned())
+        .spawn(move || {
+            let _ = attached_tx.send(Loader::attach(&config));
+        })
+        .map_err(|error| errors::StokerError::new_err(format!("cannot start a thread to attach: {error}")))?;
+    let mut attached_rx = attached_rx;
+    loop {
+        // The receiver moves into the wait and back (it may be sent, not shared).
+        let (received, rx) = py.detach(move || (attached_rx.recv_timeout(SIGNAL_CHECK_INTERVAL), attached_rx));
+        attached_rx = rx;
+        match received {
+            Ok(attached) => return attached.map_err(errors::to_py),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => py.check_signals()?,
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(errors::StokerError::new_err("the attach thread stopped without an answer"));
+            }
+        }
     }
 }
 

@@ -78,16 +78,20 @@ def test_layout_and_normalize_on_the_workers(cluster, job_name) -> None:
     assert np.isfinite(batch.images).all() and float(np.abs(batch.images).max()) < 3.0
 
 
-def test_an_epoch_has_len_steps_in_order_and_iterating_again_repeats_it(cluster, job_name) -> None:
+def test_an_epoch_has_len_steps_in_order_and_iterating_again_goes_on_with_the_next(cluster, job_name) -> None:
+    """Issue 29, item 7: iterating again after a finished epoch goes on with the next one (as a
+    DataLoader over a shuffling sampler gives a new order); it used to repeat the epoch."""
     rank0 = loader(cluster, job_name)
     assert len(rank0) == SAMPLES // 8
     first = [(batch.step, batch.checksum) for batch in rank0]
     assert [step for step, _ in first] == list(range(SAMPLES // 8))
     again = [(batch.step, batch.checksum) for batch in rank0]
-    assert again == first, "without set_epoch the same epoch comes again, as with DistributedSampler"
+    assert rank0.epoch == 1 and len(again) == len(first) and again != first
     rank0.set_epoch(1)
     second = [(batch.step, batch.checksum) for batch in rank0]
-    assert len(second) == len(first) and second != first
+    assert second == again, "set_epoch(1) picks the epoch the loop went on with"
+    rank0.set_epoch(0)
+    assert [(batch.step, batch.checksum) for batch in rank0] == first, "set_epoch repeats an epoch"
 
 
 def test_state_dict_round_trip_resumes_exactly(cluster, job_name) -> None:

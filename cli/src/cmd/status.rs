@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use stoker_proto::expect_response;
-use stoker_proto::{ClusterStatus, ControlRequest};
+use stoker_proto::{ClusterStatus, ControlRequest, JobStatus};
 
 use super::remote::call;
 use crate::args::StatusArgs;
@@ -42,9 +42,13 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             if stuck.is_empty() { "-".to_owned() } else { stuck.join(",") }
         );
     }
-    for job in &status.jobs {
+    for job in live_first(&status.jobs) {
+        let liveness = match job.live_ranks.len() {
+            0 => format!("idle {:.0} s", job.idle_seconds),
+            live => format!("{live} ranks live"),
+        };
         println!(
-            "\n{} {:?}: dataset {}, {} ranks x batch {}, steps queued {}, chunks leased {}",
+            "\n{} {:?}: dataset {}, {} ranks x batch {}, steps queued {}, chunks leased {}, {liveness}",
             job.id,
             job.spec.name,
             job.spec.dataset,
@@ -61,6 +65,16 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Jobs with a live trainer first, then the rest from the most recently active: a restarted
+/// run's old jobs (each torchrun launch has a run id of its own) sink below the live one.
+fn live_first(jobs: &[JobStatus]) -> Vec<&JobStatus> {
+    let mut ordered: Vec<&JobStatus> = jobs.iter().collect();
+    ordered.sort_by(|left, right| {
+        left.live_ranks.is_empty().cmp(&right.live_ranks.is_empty()).then(left.idle_seconds.total_cmp(&right.idle_seconds))
+    });
+    ordered
+}
+
 fn json(status: &ClusterStatus) -> serde_json::Value {
     serde_json::json!({
         "coordinator": status.coordinator,
@@ -74,9 +88,10 @@ fn json(status: &ClusterStatus) -> serde_json::Value {
             "chunks_in_flight": w.chunks_in_flight, "images_per_sec": w.images_per_sec,
             "stuck_jobs": w.stuck_jobs.iter().map(|job| job.0).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
-        "jobs": status.jobs.iter().map(|j| serde_json::json!({
+        "jobs": live_first(&status.jobs).into_iter().map(|j| serde_json::json!({
             "id": j.id.0, "name": j.spec.name, "dataset": j.spec.dataset, "world_size": j.spec.plan.world_size.get(),
             "batch_size": j.spec.plan.batch_size.get(), "steps_queued": j.steps_queued, "chunks_leased": j.chunks_leased,
+            "live_ranks": j.live_ranks.iter().map(|rank| rank.0).collect::<Vec<_>>(), "idle_seconds": j.idle_seconds,
             "ranks": j.ranks.iter().map(|r| serde_json::json!({
                 "rank": r.rank.0, "epoch": r.epoch.0, "step": r.consumed.0, "steps": r.steps, "wait_seconds": r.wait_seconds,
             })).collect::<Vec<_>>(),

@@ -17,6 +17,11 @@ use stoker_plan::ids::CertKey;
 /// TLS alert `no_application_protocol` (RFC 7301): the ALPNs did not match.
 const NO_APPLICATION_PROTOCOL: u8 = 120;
 
+/// The QUIC close code with which a worker closes a trainer's connection when a newer trainer
+/// (a newer session) of the same rank connected: the old trainer stops at once, before the
+/// new one yields anything, instead of at its next progress report.
+pub const SUPERSEDED_CLOSE_CODE: u32 = 5;
+
 /// The largest UDP payload that fits a 1500-byte Ethernet MTU over IPv4 and IPv6 (quinn's
 /// default upper bound for MTU discovery).
 pub const ETHERNET_UDP_PAYLOAD: u16 = 1452;

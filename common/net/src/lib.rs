@@ -24,8 +24,8 @@ pub use self::coordinator_addrs::{CoordinatorAddrs, CoordinatorAddrsError};
 pub use self::coordinator_client::QuicCoordinator;
 pub use self::delivery::{DeliveryError, receive_batch, send_batch};
 pub use self::endpoint::{
-    ETHERNET_UDP_PAYLOAD, LOOPBACK_UDP_PAYLOAD, REQUEST_CONNECTION_WINDOW, REQUEST_STREAM_WINDOW, SOCKET_BUFFER, Tuning,
-    accept_with_tuning, check_peer, client_endpoint, client_endpoint_for_all, connect, connect_to, server_endpoint,
+    ETHERNET_UDP_PAYLOAD, LOOPBACK_UDP_PAYLOAD, REQUEST_CONNECTION_WINDOW, REQUEST_STREAM_WINDOW, SOCKET_BUFFER, SUPERSEDED_CLOSE_CODE,
+    Tuning, accept_with_tuning, check_peer, client_endpoint, client_endpoint_for_all, connect, connect_to, server_endpoint,
 };
 pub use self::error::NetError;
 pub use self::payload::{Payload, PayloadPool};

@@ -9,7 +9,9 @@
 ...         ...
 
 ``stoker.torch`` (needs PyTorch) moves batches to the GPU and adapts the loader to
-``torch.utils.data``.
+``torch.utils.data``; ``Loader(..., device="cuda")`` feeds the GPU through a pinned pool and a
+side stream (``stoker.device``); ``stoker.lightning`` and ``stoker.huggingface`` adapt it to
+Lightning, Accelerate and ``transformers.Trainer``.
 """
 
 from stoker._stoker import __version__

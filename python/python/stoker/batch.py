@@ -73,6 +73,28 @@ class Batch:
         pair."""
         return (self.images, self.labels)[index]
 
+    @property
+    def batch_size(self) -> int:
+        """Samples in the batch (what Lightning's ``self.log`` looks for)."""
+        return len(self.keys)
+
+    def _with(self, images: Any, labels: Any, layout: str = "") -> "Batch":
+        """This batch's metadata over other images and labels (``layout`` if they changed it)."""
+        return Batch(images, labels, self.keys, self.epoch, self.step, self.rank, self.replaced, self.checksum, layout or self.layout, self.corrupt)
+
+    def to(self, *args: Any, **kwargs: Any) -> "Batch":
+        """The batch with its tensors moved (``batch.to("cuda")``, ``batch.to(device,
+        non_blocking=True)``), as ``torch.Tensor.to``; Lightning's and Accelerate's
+        batch transfer call it. Numpy arrays become tensors first. The labels keep their
+        dtype (int64) when a dtype is given: it applies to the images."""
+        import torch
+
+        images = self.images if isinstance(self.images, torch.Tensor) else torch.from_numpy(self.images)
+        labels = self.labels if isinstance(self.labels, torch.Tensor) else torch.from_numpy(self.labels)
+        device_args = [arg for arg in args if not isinstance(arg, torch.dtype)]
+        label_kwargs = {key: value for key, value in kwargs.items() if key != "dtype"}
+        return self._with(images.to(*args, **kwargs), labels.to(*device_args, **label_kwargs))
+
     def pin_memory(self) -> "Batch":
         """Pin torch tensors in page-locked memory (``DataLoader(pin_memory=True)`` calls this);
         numpy arrays are left as they are."""

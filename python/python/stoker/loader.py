@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import warnings
-from typing import Any, Dict, Iterator, Optional, Sequence, Union
+from typing import Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from stoker import _stoker
 from stoker.batch import Batch
-from stoker.errors import ConfigError
-from stoker.transforms import Transform, imagenet_eval, imagenet_train
+from stoker.errors import ConfigError, ResumeError
+from stoker.placement import distributed_rank, make_device_feed
+from stoker.transforms import Transform, as_stoker_transforms, imagenet_eval, imagenet_train
 
 LAYOUTS = ("NHWC", "NCHW")
 OUTPUTS = ("numpy", "torch")
@@ -67,6 +69,13 @@ class Loader:
     over TCP) from every worker that takes one, and over QUIC from the rest; about half QUIC's
     CPU per GB when workers are on other hosts. ``"quic"`` receives over QUIC only.
 
+    ``device``: ``"cuda"`` (``"cuda:N"``, or ``"cpu"``) yields batches on that device, images
+    normalised there by ``device_normalize`` (a :class:`stoker.Normalize`; ImageNet's mean and
+    std to float32 by default) as ``[B, 3, H, W]`` in channels-last memory
+    (``channels_last=False``: contiguous). Each batch goes once through a pool of pinned host
+    buffers (allocated once) and is copied on a side stream ``device_prefetch`` batches ahead
+    of the loop, ordered by CUDA events (see ``stoker.device``). Needs PyTorch.
+
     ``close()`` (or ``with stoker.Loader(...) as loader:``) detaches and frees the receive
     buffers at once instead of when the object is collected.
 
@@ -101,6 +110,10 @@ class Loader:
         insecure: bool = False,
         max_buffered_batches: Optional[int] = None,
         batch_transport: str = "tcp",
+        device: Any = None,
+        device_prefetch: int = 2,
+        device_normalize: Optional[Transform] = None,
+        channels_last: bool = True,
     ) -> None:
         if coordinator is None:
             coordinator = os.environ.get("STOKER_COORDINATOR")
@@ -153,10 +166,7 @@ class Loader:
                 stacklevel=2,
             )
             transforms = imagenet_train()
-        transforms = list(transforms)
-        for transform in transforms:
-            if not hasattr(transform, "to_dict"):
-                raise ConfigError(f"transforms must be stoker transforms (stoker.RandomResizedCrop, ...), got {transform!r}")
+        transforms = as_stoker_transforms(transforms)
         spec = {
             "transforms": [transform.to_dict() for transform in transforms],
             "layout": layout,
@@ -171,11 +181,27 @@ class Loader:
         if not isinstance(insecure, bool):
             raise ConfigError(f"insecure must be True or False, got {insecure!r}")
         self._missing_label = missing_label
-        self._native = _stoker.NativeLoader(
-            coordinator,
-            dataset,
-            batch_size,
-            json.dumps(spec),
+        if rank is None and world_size is None:
+            rank, world_size = distributed_rank()
+        # A batch handed back unused (see __iter__), the batch out in a live loop, whether every
+        # iter() starts the epoch again (evaluation), and the GPU feed (device=).
+        self._held: Optional[Batch] = None
+        self._out: Optional[Batch] = None
+        # The positions before the batch handed back and the batch out, where known already.
+        self._held_state: Optional[str] = None
+        self._out_state: Optional[str] = None
+        self._restart_each_iter = False
+        # Batches on their way to the device, each with the position before it; whether the
+        # epoch's last was received.
+        self._in_flight: Deque[Tuple[Any, str]] = collections.deque()
+        self._source_ended = False
+        self._device_feed: Any = None
+        self._device_prefetch = device_prefetch
+        if device is not None:
+            self._device_feed = make_device_feed(device, device_prefetch, device_normalize, channels_last)
+            self._output = "torch"
+        self._attach_args = (coordinator, dataset, batch_size, json.dumps(spec))
+        self._attach_settings: Dict[str, Any] = dict(
             seed=seed,
             shuffle=shuffle,
             tail=tail,
@@ -191,6 +217,7 @@ class Loader:
             max_buffered_batches=max_buffered_batches,
             batch_transport=batch_transport,
         )
+        self._native = _stoker.NativeLoader(*self._attach_args, **self._attach_settings)
         self.batch_size = batch_size
 
     @classmethod
@@ -206,16 +233,24 @@ class Loader:
     ) -> "Loader":
         """A loader for evaluation: ``Resize(resize)`` + ``CenterCrop(size)`` (torchvision's
         ImageNet evaluation transform), no shuffle, and ``tail="partial"``: every sample exactly
-        once, the last step smaller. Other settings as for :class:`Loader`."""
+        once, the last step smaller. Every ``iter()`` starts the epoch at step 0 (a validation
+        pass, a sanity check and the next pass each see the whole set). Pixels are exact
+        (``dct_scaling=False``): they match torchvision/PIL's Resize + CenterCrop, which matters
+        for weights trained with torchvision; ``dct_scaling=True`` decodes large JPEGs faster
+        at about 2/255 per pixel of difference. Other settings as for :class:`Loader`."""
         if settings.get("transforms") is None:
             settings["transforms"] = imagenet_eval(size, resize)
         settings.setdefault("shuffle", False)
         settings.setdefault("tail", "partial")
-        return cls(coordinator, dataset, batch_size, **settings)
+        settings.setdefault("dct_scaling", False)
+        loader = cls(coordinator, dataset, batch_size, **settings)
+        loader._restart_each_iter = True
+        return loader
 
     def close(self) -> None:
         """Detach from the job and free the receive buffers now. The loader cannot be used
         afterwards; closing twice is harmless."""
+        self._drop_pending()
         self._native.close()
 
     @property
@@ -240,7 +275,10 @@ class Loader:
 
     def set_epoch(self, epoch: int) -> None:
         """Iterate ``epoch`` next (from its start, or from a loaded state's position in it)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ConfigError(f"set_epoch takes an epoch number (an int >= 0), got {epoch!r}")
         self._native.set_epoch(epoch)
+        self._drop_pending()
 
     def __len__(self) -> int:
         """Steps (batches) of an epoch for this rank, counted from the epoch's start also after
@@ -252,17 +290,111 @@ class Loader:
     def steps_remaining(self) -> int:
         """Steps of the current epoch not yielded yet (fewer than ``len(loader)`` after a
         resume mid-epoch, 0 once the epoch ended)."""
-        return self._native.steps_remaining
+        return self._native.steps_remaining + (self._held is not None) + len(self._in_flight)
 
     def __iter__(self) -> Iterator[Batch]:
-        native, output, missing_label = self._native, self._output, self._missing_label
+        """The batches of the current epoch in step order, as a PyTorch ``DataLoader``:
+
+        * a loop that yielded the epoch's last step finished the epoch, and the next ``iter()``
+          goes on with the next epoch (``set_epoch`` is needed only to pick another one);
+        * a loop left early continues after the last batch it was given the next time;
+        * a peek, ``next(iter(loader))`` (an iterator dropped after its first batch, before
+          being asked for a second), takes nothing: the next loop yields that batch first;
+        * an evaluation loader (:meth:`Loader.for_eval`) starts at step 0 on every ``iter()``.
+
+        Nothing happens until the first batch is asked for, so an ``iter()`` made only to check
+        that the loader is iterable moves nothing.
+        """
+        return self._iterate()
+
+    def _begin(self) -> None:
+        """What the first ``next()`` of a new iterator does: restart an evaluation loader, or
+        go on to the next epoch after a finished one."""
+        native = self._native
+        if self._restart_each_iter:
+            self._drop_pending()
+            steps = len(native)
+            native.seek_step(native.epoch * steps if steps else 0)
+            if not steps:
+                self._warn_empty()
+            return
+        if self._held is not None or self._in_flight:
+            return
+        if not len(native):
+            self._warn_empty()
+        elif native.steps_remaining == 0:
+            native.set_epoch(native.epoch + 1)
+
+    def _warn_empty(self) -> None:
+        warnings.warn(
+            f"stoker.Loader: epoch {self.epoch} has no steps for rank {self.rank} (batch_size={self.batch_size}, "
+            f"world_size={self.world_size}): a smaller batch_size, or tail=\"partial\", gives it some",
+            stacklevel=4,
+        )
+
+    def _iterate(self) -> Iterator[Batch]:
+        self._begin()
+        yielded = 0
         while True:
+            batch = self._held
+            if batch is not None:
+                self._held = None
+                self._out_state = self._held_state
+            else:
+                batch = self._next_batch()
+                if batch is None:
+                    return
+            self._out = batch
+            yielded += 1
+            try:
+                yield batch
+            except GeneratorExit:
+                # Dropped after handing out its first batch only, never asked for a second: a
+                # peek (next(iter(loader))). The batch goes back; the next loop yields it first.
+                if yielded == 1:
+                    self._give_back(batch)
+                raise
+            self._out = None
+
+    def _next_batch(self) -> Optional[Batch]:
+        """The next batch of the epoch (``None`` at its end): received, or from the device feed,
+        which keeps ``device_prefetch`` more on their way to the device."""
+        native, feed = self._native, self._device_feed
+        if feed is None:
             raw = native.next_batch()
             if raw is None:
-                return
-            batch = Batch._from_native(raw, output, missing_label)
-            del raw  # the caller's batch alone keeps the buffers alive
-            yield batch
+                return None
+            self._out_state = None
+            return Batch._from_native(raw, self._output, self._missing_label)
+        while not self._source_ended and len(self._in_flight) <= self._device_prefetch:
+            raw = native.next_batch()
+            if raw is None:
+                self._source_ended = True
+                break
+            received = Batch._from_native(raw, "torch", self._missing_label)
+            del raw
+            # Taken now, while the epoch's pass is open: the position if this batch goes back.
+            state_before = native.state_before_json(received.step)
+            self._in_flight.append((feed.submit(received), state_before))
+        if not self._in_flight:
+            self._source_ended = False
+            return None
+        in_flight, self._out_state = self._in_flight.popleft()
+        return feed.take(in_flight)
+
+    def _drop_pending(self) -> None:
+        """Forget batches handed back or on their way to the device (a new position)."""
+        self._held = self._out = None
+        self._held_state = self._out_state = None
+        self._in_flight.clear()
+        self._source_ended = False
+
+    def _give_back(self, batch: Batch) -> None:
+        """Hand ``batch``, the last one out, back unused: ``state_dict`` counts it as not
+        taken and the next iteration yields it first (adapters whose framework fetched a batch
+        ahead and dropped it use this)."""
+        if self._out is batch:
+            self._held, self._held_state, self._out = batch, self._out_state, None
 
     def steps(self, start: int = 0, total: Optional[int] = None) -> Iterator[Batch]:
         """Batches by global step, for training loops that count steps, not epochs: from step
@@ -279,6 +411,7 @@ class Loader:
         if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
             raise ConfigError(f"total must be an int or None, got {total!r}")
         self._native.seek_step(start)
+        self._drop_pending()
         step = start
         while total is None or step < total:
             for batch in self:
@@ -289,13 +422,36 @@ class Loader:
             self.set_epoch(self.epoch + 1)
 
     def state_dict(self) -> Dict[str, Any]:
-        """Where this rank stands: every batch before it has been yielded. Save it with the
-        model's checkpoint; ``load_state_dict`` continues after it, with any world size."""
+        """Where this rank stands: every batch before it has been taken. Save it with the
+        model's checkpoint; ``load_state_dict`` continues after it, with any world size. A batch
+        handed back unused (a peek, see ``__iter__``) is not taken; one out in a loop is."""
+        if self._held is not None:
+            return json.loads(self._held_state or self._native.state_before_json(self._held.step))
+        if self._in_flight:
+            return json.loads(self._in_flight[0][1])
         return json.loads(self._native.state_json())
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from ``state`` (from ``state_dict``, possibly of another world size)."""
+        if not isinstance(state, dict) or "checkpoint" not in state:
+            raise ResumeError(f"not a Stoker loader state (a stoker.Loader state_dict has job_name and checkpoint): {state!r:.200}")
+        saved_job = state.get("job_name")
+        if isinstance(saved_job, str) and saved_job and saved_job != self.job_name and self._attach_settings["job_name"] is None:
+            self._rejoin(saved_job)
         self._native.load_state_json(json.dumps(state))
+        self._drop_pending()
+
+    def _rejoin(self, job_name: str) -> None:
+        """Attach to the job a loaded state was taken in, instead of the one this loader's
+        settings name: a restarted torchrun has a new ``TORCHELASTIC_RUN_ID`` and would
+        otherwise start a new job at every restart. Where that job cannot take this loader
+        (another world size: the state re-partitions), the loader stays where it is."""
+        # The loader attached now goes first: it may hold the metrics port the rejoined one needs.
+        self._native.close()
+        try:
+            self._native = _stoker.NativeLoader(*self._attach_args, **dict(self._attach_settings, job_name=job_name))
+        except ConfigError:
+            self._native = _stoker.NativeLoader(*self._attach_args, **self._attach_settings)
 
     @property
     def rank(self) -> int:

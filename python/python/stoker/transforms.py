@@ -132,7 +132,7 @@ class Normalize:
 
     mean: Tuple[float, float, float] = IMAGENET_MEAN
     std: Tuple[float, float, float] = IMAGENET_STD
-    dtype: str = "float32"
+    dtype: Any = "float32"
 
     def __post_init__(self) -> None:
         for field, values in (("mean", self.mean), ("std", self.std)):
@@ -140,19 +140,113 @@ class Normalize:
                 raise ConfigError(f"Normalize: {field} must be three finite numbers (R, G, B), got {values!r}")
         if any(v <= 0 for v in self.std):
             raise ConfigError(f"Normalize: std must be positive, got {self.std!r}")
-        if self.dtype not in ("float32", "float16"):
-            raise ConfigError(f"Normalize: dtype must be 'float32' or 'float16', got {self.dtype!r}")
+        if _dtype_name(self.dtype) is None:
+            raise ConfigError(f"Normalize: dtype must be 'float32' or 'float16' (or torch.float32, torch.float16), got {self.dtype!r}")
 
     def to_dict(self) -> Dict[str, Any]:
         return {
             "type": "Normalize",
             "mean": [float(v) for v in self.mean],
             "std": [float(v) for v in self.std],
-            "dtype": {"float32": "f32", "float16": "f16"}[self.dtype],
+            "dtype": {"float32": "f32", "float16": "f16"}[_dtype_name(self.dtype) or "float32"],
         }
 
 
 Transform = Union[RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, Normalize]
+
+STOKER_TRANSFORMS = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, Normalize)
+
+
+def _dtype_name(dtype: Any) -> Any:
+    """``"float32"``/``"float16"`` for those names, ``torch.float32``/``torch.float16``,
+    ``numpy.float32``/``numpy.float16``; ``None`` for anything else."""
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        name = str(getattr(dtype, "__name__", dtype)).replace("torch.", "")
+    name = {"half": "float16", "float": "float32"}.get(name, name)
+    return name if name in ("float32", "float16") else None
+
+
+def _interpolation_name(name: str, mode: Any) -> str:
+    value = str(getattr(mode, "value", mode)).lower()
+    if value not in INTERPOLATIONS:
+        raise ConfigError(f"{name}: interpolation {mode!r} is not one Stoker makes; use one of {', '.join(INTERPOLATIONS)}")
+    return value
+
+
+def _from_torchvision(transform: Any) -> list:
+    """The Stoker transforms a torchvision (v1 or v2) transform stands for; conversions to a
+    tensor (``ToTensor``, ``ToImage``, ``PILToTensor``, ``ToDtype``) are what every Stoker batch
+    is already. Raises :class:`ConfigError` naming the Stoker way for anything else."""
+    kind = type(transform).__name__
+    if kind == "Compose":
+        return [t for inner in transform.transforms for t in _from_torchvision(inner)]
+    if kind == "RandomResizedCrop":
+        return [
+            RandomResizedCrop(
+                _tv_size(kind, transform.size),
+                scale=tuple(transform.scale),
+                ratio=tuple(transform.ratio),
+                interpolation=_interpolation_name(kind, transform.interpolation),
+            )
+        ]
+    if kind == "Resize":
+        size = transform.size
+        if isinstance(size, (list, tuple)) and len(size) == 1:
+            size = size[0]
+        if not isinstance(size, int) or getattr(transform, "max_size", None) is not None:
+            raise ConfigError(
+                f"torchvision Resize(size={transform.size!r}) resizes to a fixed shape; Stoker's Resize takes the shorter side: "
+                "write Resize(256) (then CenterCrop(224)), or stoker.Resize(256) + stoker.CenterCrop(224)"
+            )
+        return [Resize(size, interpolation=_interpolation_name(kind, transform.interpolation))]
+    if kind == "CenterCrop":
+        return [CenterCrop(_tv_size(kind, transform.size))]
+    if kind == "RandomHorizontalFlip":
+        return [RandomHorizontalFlip(float(transform.p))]
+    if kind == "Normalize":
+        return [Normalize(tuple(float(v) for v in transform.mean), tuple(float(v) for v in transform.std))]
+    if kind in ("ToTensor", "ToImage", "PILToTensor", "ToImageTensor", "ToPureTensor", "ConvertImageDtype", "ToDtype"):
+        return []
+    raise ConfigError(
+        f"transforms: torchvision's {kind} is not one the Stoker workers apply; they apply RandomResizedCrop, Resize, "
+        "CenterCrop, RandomHorizontalFlip and Normalize (torchvision's or stoker's). Apply others to the batch on the GPU"
+    )
+
+
+def _tv_size(name: str, size: Any) -> Size:
+    if isinstance(size, (list, tuple)) and len(size) == 1:
+        return int(size[0])
+    if isinstance(size, (list, tuple)) and len(size) == 2:
+        return int(size[0]) if size[0] == size[1] else (int(size[0]), int(size[1]))
+    if isinstance(size, int):
+        return size
+    raise ConfigError(f"{name}: size must be an int or (height, width), got {size!r}")
+
+
+def as_stoker_transforms(transforms: Any) -> list:
+    """``transforms=`` as a list of Stoker transforms: a list of them, one alone, a torchvision
+    ``Compose`` or a single torchvision transform (mapped; see ``_from_torchvision``)."""
+    if isinstance(transforms, STOKER_TRANSFORMS):
+        return [transforms]
+    if type(transforms).__module__.startswith("torchvision"):
+        return _from_torchvision(transforms)
+    try:
+        items = list(transforms)
+    except TypeError:
+        raise ConfigError(
+            f"transforms must be a list of stoker transforms (stoker.RandomResizedCrop, ...) or a torchvision Compose, got {transforms!r}"
+        ) from None
+    result = []
+    for transform in items:
+        if isinstance(transform, STOKER_TRANSFORMS):
+            result.append(transform)
+        elif type(transform).__module__.startswith("torchvision"):
+            result.extend(_from_torchvision(transform))
+        else:
+            raise ConfigError(f"transforms must be stoker transforms (stoker.RandomResizedCrop, ...) or torchvision ones, got {transform!r}")
+    return result
 
 
 def imagenet_train(size: int = 224) -> list:

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::Connection;
-use stoker_net::{PeerIdentity, REQUEST_TIMEOUT, Role, TlsConfigs};
+use stoker_net::{PeerIdentity, REQUEST_TIMEOUT, Role, SUPERSEDED_CLOSE_CODE, TlsConfigs};
 use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
 use stoker_proto::wire::CONTROL_FRAME_LIMIT;
 use stoker_proto::{ErrorCode, RemoteError, TrainerHello};
@@ -251,6 +251,10 @@ impl Trainers {
                     hello.rank, hello.job, newer.session, hello.session
                 ),
             ));
+        }
+        for older in entries.iter().filter(|entry| entry.key == key && entry.session < hello.session && entry.is_open()) {
+            // A newer trainer of the rank: the old one stops now, not at its next report.
+            older.connection.close(SUPERSEDED_CLOSE_CODE.into(), b"a newer trainer attached as this rank");
         }
         entries.retain(|entry| (entry.key != key && entry.is_open()) || entry.close_bulk("replaced by a newer connection of its trainer"));
         if entries.len() >= CONNECTIONS_PER_RANK {
