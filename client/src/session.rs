@@ -15,10 +15,11 @@
 //! So every call also names its pass ([`crate::protocol`]), and the coordinator ignores a report
 //! of an older pass than the last one it saw opened.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use stoker_common::api::CoordinatorApi;
 use stoker_common::expect_response;
 use stoker_common::ids::{JobId, Rank, SessionId};
@@ -100,7 +101,7 @@ impl Session {
         if self.superseded.load(Ordering::Acquire) {
             return Err(self.superseded_error());
         }
-        match self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone() {
+        match self.failed.lock().clone() {
             Some(source) => Err(ClientError::Coordinator { source }),
             None => Ok(()),
         }
@@ -183,7 +184,7 @@ pub(crate) async fn report_progress<A>(
             }
             Err(error) if error.code == ErrorCode::JobFailed => {
                 warn!(%job, %rank, %error, "the job failed; this loader stops");
-                *session.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
+                *session.failed.lock() = Some(error);
                 return;
             }
             Err(error) if error.code == ErrorCode::NotFound => {
@@ -195,7 +196,7 @@ pub(crate) async fn report_progress<A>(
                         "{job} was removed from the coordinator (stoker job rm, or no trainer for --job-ttl-hours): attach again to start a new job"
                     ),
                 );
-                *session.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(removed);
+                *session.failed.lock() = Some(removed);
                 return;
             }
             Err(error) => {
@@ -226,7 +227,7 @@ mod tests {
 
     impl SlowCoordinator {
         fn finished(&self) -> Vec<ControlRequest> {
-            self.finished.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+            self.finished.lock().clone()
         }
     }
 
@@ -240,7 +241,7 @@ mod tests {
                 }
                 _ => ControlResponse::EpochOpened { steps: 12 },
             };
-            self.finished.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(request);
+            self.finished.lock().push(request);
             Ok(answer)
         }
     }

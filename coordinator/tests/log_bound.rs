@@ -9,6 +9,7 @@ use stoker_common::ids::{Epoch, JobId, Position};
 use stoker_common::net::TlsConfigs;
 use stoker_common::plan::{Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_common::proto::{DatasetInfo, JobSpec};
+use stoker_common::transform::TransformSpec;
 use stoker_coordinator::raft::{KEEP_BEHIND_SNAPSHOT, SNAPSHOT_EVERY};
 use stoker_coordinator::state::Command;
 use stoker_coordinator::{CoordinatorConfig, start};
@@ -22,7 +23,7 @@ fn spec() -> JobSpec {
         name: "bounded".to_owned(),
         dataset: "train".to_owned(),
         plan: PlanSpec { seed: 1, world_size: NonZeroU32::MIN, batch_size: NonZeroU32::MIN, shuffle: Shuffle::Full, tail: Tail::Partial },
-        transforms: "{}".to_owned(),
+        transforms: TransformSpec::new(Vec::new()),
         prefetch: 4,
     }
 }

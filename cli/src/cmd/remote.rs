@@ -7,7 +7,7 @@ use stoker_common::api::CoordinatorApi;
 use stoker_common::net::{CoordinatorAddrs, QuicCoordinator, Role};
 use stoker_common::proto::{ControlRequest, ControlResponse};
 
-use crate::args::CoordinatorAddr;
+use crate::flags::CoordinatorAddr;
 
 /// `host:port` → the first address it resolves to.
 pub(crate) fn resolve(text: &str) -> anyhow::Result<SocketAddr> {

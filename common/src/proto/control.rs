@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
 use crate::plan::{Checkpoint, PlanSpec};
+use crate::transform::TransformSpec;
 
 /// A dataset registered with the coordinator.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,8 +34,10 @@ pub struct JobSpec {
     pub dataset: String,
     /// Seed, world size, per-rank batch size, shuffle and tail.
     pub plan: PlanSpec,
-    /// The [`crate::transform::TransformSpec`] as JSON (its serde form is self-describing).
-    pub transforms: String,
+    /// The transforms. On the wire and on disk, their JSON text (a string, as before the field
+    /// was typed: see [`crate::transform::json_text`]).
+    #[serde(with = "crate::transform::json_text")]
+    pub transforms: TransformSpec,
     /// Flow window: no batch is made more than this many steps ahead of the slowest rank.
     pub prefetch: u32,
 }
@@ -488,4 +491,67 @@ pub struct RankStatus {
     pub steps: u64,
     /// Seconds it waited for data in total.
     pub wait_seconds: f64,
+}
+
+/// The wire encoding of a `JobSpec` (its transforms as JSON text) is pinned.
+#[cfg(all(test, feature = "net"))]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use serde::{Deserialize, Serialize};
+
+    use super::JobSpec;
+    use crate::plan::{PlanSpec, Shuffle, Tail};
+    use crate::transform::TransformSpec;
+    use crate::wire;
+
+    /// `JobSpec` as it was before its transforms were typed: their JSON text.
+    #[derive(Debug, PartialEq, Serialize, Deserialize)]
+    struct JobSpecBefore {
+        name: String,
+        dataset: String,
+        plan: PlanSpec,
+        transforms: String,
+        prefetch: u32,
+    }
+
+    fn plan() -> PlanSpec {
+        PlanSpec {
+            seed: 42,
+            world_size: NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN),
+            batch_size: NonZeroU32::new(32).unwrap_or(NonZeroU32::MIN),
+            shuffle: Shuffle::Full,
+            tail: Tail::Pad,
+        }
+    }
+
+    #[test]
+    fn a_job_spec_encodes_as_it_did_when_its_transforms_were_text() {
+        let transforms = TransformSpec::imagenet_train(224);
+        let spec = JobSpec { name: "resnet".into(), dataset: "imagenet".into(), plan: plan(), transforms: transforms.clone(), prefetch: 4 };
+        let before = JobSpecBefore {
+            name: "resnet".into(),
+            dataset: "imagenet".into(),
+            plan: plan(),
+            transforms: serde_json::to_string(&transforms).expect("json"),
+            prefetch: 4,
+        };
+        let limit = wire::CONTROL_FRAME_LIMIT;
+        assert_eq!(wire::encode(&spec, limit).expect("encodes"), wire::encode(&before, limit).expect("encodes"));
+        assert_eq!(serde_json::to_string(&spec).expect("json"), serde_json::to_string(&before).expect("json"));
+    }
+
+    #[test]
+    fn a_job_spec_encoded_before_decodes_and_a_bad_transform_text_is_refused() {
+        // As a trainer wrote it: whitespace, defaults left out.
+        let text = r#"{"transforms": [{"type": "RandomResizedCrop", "size": 224}, {"type": "RandomHorizontalFlip"}]}"#;
+        let before = JobSpecBefore { name: "a".into(), dataset: "d".into(), plan: plan(), transforms: text.into(), prefetch: 8 };
+        let frame = wire::encode(&before, wire::CONTROL_FRAME_LIMIT).expect("encodes");
+        let spec: JobSpec = wire::decode_body(&frame[wire::PREFIX_BYTES..]).expect("decodes");
+        assert_eq!(spec.transforms, TransformSpec::imagenet_train(224));
+        assert_eq!((spec.name.as_str(), spec.dataset.as_str(), spec.plan, spec.prefetch), ("a", "d", plan(), 8));
+        let bad = JobSpecBefore { transforms: r#"{"transforms": [{"type": "Blur"}]}"#.into(), ..before };
+        let frame = wire::encode(&bad, wire::CONTROL_FRAME_LIMIT).expect("encodes");
+        assert!(wire::decode_body::<JobSpec>(&frame[wire::PREFIX_BYTES..]).is_err());
+    }
 }
