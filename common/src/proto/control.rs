@@ -554,4 +554,27 @@ mod tests {
         let frame = wire::encode(&bad, wire::CONTROL_FRAME_LIMIT).expect("encodes");
         assert!(wire::decode_body::<JobSpec>(&frame[wire::PREFIX_BYTES..]).is_err());
     }
+
+    /// A frame body written before the field was typed (its transforms as a trainer sent them:
+    /// defaults left out), pinned byte for byte.
+    const WRITTEN_BEFORE: &str = concat!(
+        "067265736e657408696d6167656e65742a02200201587b227472616e73666f726d73223a5b7b2274797065223a",
+        "2252616e646f6d526573697a656443726f70222c2273697a65223a3232347d2c7b2274797065223a2252616e",
+        "646f6d486f72697a6f6e74616c466c6970227d5d7d04"
+    );
+
+    #[test]
+    fn a_job_spec_encoded_before_its_transforms_were_typed_decodes() {
+        let bytes: Vec<u8> =
+            (0..WRITTEN_BEFORE.len()).step_by(2).map(|at| u8::from_str_radix(&WRITTEN_BEFORE[at..at + 2], 16).expect("hex")).collect();
+        let spec: JobSpec = wire::decode_body(&bytes).expect("decodes");
+        let expected = JobSpec {
+            name: "resnet".into(),
+            dataset: "imagenet".into(),
+            plan: plan(),
+            transforms: TransformSpec::imagenet_train(224),
+            prefetch: 4,
+        };
+        assert_eq!(spec, expected);
+    }
 }
