@@ -18,7 +18,7 @@ use stoker_common::proto::ChunkGrant;
 use tokio::sync::{OnceCell, mpsc};
 use tracing::{info, warn};
 
-use super::WorkerConfig;
+use super::config::WorkerConfig;
 use super::job_pipeline::{JobPipeline, Made};
 use super::ledger::LeaseLedger;
 use crate::dataset::Dataset;
