@@ -4,13 +4,16 @@
 
 use clap::{Parser, Subcommand};
 
+#[cfg(feature = "demo")]
 use crate::cmd::bench_cluster::BenchClusterArgs;
+#[cfg(feature = "demo")]
 use crate::cmd::bench_delivery::BenchDeliveryArgs;
 use crate::cmd::bench_pipeline::BenchPipelineArgs;
 use crate::cmd::certs::{CertsInitArgs, CertsIssueArgs, CertsRevokeArgs, CertsShowArgs};
 use crate::cmd::cluster::{AddNodeArgs, RemoveNodeArgs};
 use crate::cmd::consume::ConsumeArgs;
 use crate::cmd::dataset::DatasetAddArgs;
+#[cfg(feature = "demo")]
 use crate::cmd::demo::DemoArgs;
 use crate::cmd::index::IndexArgs;
 use crate::cmd::inspect::InspectArgs;
@@ -67,6 +70,7 @@ pub(crate) enum Command {
     Consume(ConsumeArgs),
     /// Generate a sample dataset and run a coordinator, 2 workers and 2 trainer ranks on
     /// loopback for 2 epochs; verify every sample arrives exactly once per epoch.
+    #[cfg(feature = "demo")]
     Demo(DemoArgs),
     /// Make the cluster CA and the certificates of nodes and clients (mutual TLS), revoke
     /// them, and show what a certificate is.
@@ -102,12 +106,14 @@ pub(crate) enum BenchCommand {
     /// Run a whole cluster in this process (coordinator, N workers, R trainer ranks over QUIC
     /// on loopback) over a dataset and report images/s, per-rank wait, first-batch latency and
     /// peak memory.
+    #[cfg(feature = "demo")]
     Cluster(BenchClusterArgs),
     /// Move batches to one trainer over one connection, on loopback or between two hosts
     /// (--netns), through the same send and receive code as workers and trainers, and report
     /// GB/s, CPU-seconds per GB on each side and for the machine, and the trainer's CPU per
     /// batch: plain TCP (the baseline), rustls's TLS stream, bulk connections (the default),
     /// and QUIC from quinn's defaults to Stoker's settings.
+    #[cfg(feature = "demo")]
     Delivery(BenchDeliveryArgs),
 }
 

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use stoker_common::plan::Shuffle;
+use stoker_plan::Shuffle;
 
 /// Where the coordinator is, for the commands that call it, and this client's certificate.
 #[derive(Debug, Args)]
@@ -35,11 +35,11 @@ pub(crate) struct TlsArgs {
 
 impl TlsArgs {
     /// Where TLS comes from, as the flags say.
-    pub(crate) fn source(&self) -> Result<stoker_common::net::TlsSource, stoker_common::net::TlsError> {
-        stoker_common::net::TlsSource::from_flags(self.tls_dir.clone(), self.insecure)
+    pub(crate) fn source(&self) -> Result<stoker_net::TlsSource, stoker_net::TlsError> {
+        stoker_net::TlsSource::from_flags(self.tls_dir.clone(), self.insecure)
     }
 }
 
 pub(crate) fn parse_shuffle(text: &str) -> Result<Shuffle, String> {
-    text.parse().map_err(|error: stoker_common::error::PlanError| error.to_string())
+    text.parse().map_err(|error: stoker_plan::error::PlanError| error.to_string())
 }

@@ -2,11 +2,10 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-use stoker_common::ids::{Epoch, Position, Rank, Step};
-use stoker_common::net::Payload;
-use stoker_common::proto::BatchHeader;
-use stoker_common::transform::{OutputDtype, OutputLayout};
+use stoker_net::Payload;
+use stoker_plan::ids::{Epoch, Position, Rank, Step};
+use stoker_plan::transform::{OutputDtype, OutputLayout};
+use stoker_proto::BatchHeader;
 
 /// One received, verified batch.
 #[derive(Debug)]

@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use quinn::{Connection, Endpoint};
-use stoker_common::api::CoordinatorApi;
-use stoker_common::expect_response;
-use stoker_common::ids::WorkerId;
-use stoker_common::net::bulk::BatchTransport;
-use stoker_common::net::{NetError, PayloadPool, TlsConfigs, Tuning, client_endpoint};
-use stoker_common::plan::ShardTable;
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
-use stoker_common::transform::Recipe;
+use stoker_net::bulk::BatchTransport;
+use stoker_net::{NetError, PayloadPool, TlsConfigs, Tuning, client_endpoint};
+use stoker_plan::ShardTable;
+use stoker_plan::ids::WorkerId;
+use stoker_plan::transform::Recipe;
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -212,16 +212,9 @@ where
     Ok(Attachment { coordinator, session, spec, table, connector, batches_rx, progress_tx })
 }
 
-/// A random id for this loader (its attach is idempotent under it): the process, the time and a
-/// counter, hashed with the standard library's randomly keyed hasher.
+/// A random id for this loader (its attach is idempotent under it); never 0.
 pub(crate) fn loader_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos()));
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.finish().max(1)
+    stoker_net::random::random_u64().max(1)
 }
 
 pub(crate) fn new_runtime() -> Result<Runtime, ClientError> {

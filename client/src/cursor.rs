@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{Epoch, Step};
-use stoker_common::plan::{Checkpoint, EpochPlan, Layout, PlanSpec, ShardTable};
-use stoker_common::proto::ControlRequest;
+use stoker_plan::ids::{Epoch, Step};
+use stoker_plan::{Checkpoint, EpochPlan, Layout, PlanSpec, ShardTable};
+use stoker_proto::ControlRequest;
 
 use crate::error::ClientError;
 
@@ -240,8 +240,8 @@ mod tests {
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
-    use stoker_common::ids::{Epoch, Position, Step};
-    use stoker_common::plan::{EpochPlan, PlanSpec, ShardTable, Shuffle, Tail};
+    use stoker_plan::ids::{Epoch, Position, Step};
+    use stoker_plan::{EpochPlan, PlanSpec, ShardTable, Shuffle, Tail};
 
     use super::{EpochCursor, Waits};
 

@@ -10,14 +10,14 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::error::ObsError;
-use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, JobId, Rank, SessionId};
-use stoker_common::net::{QuicCoordinator, Role, TlsConfigs};
-use stoker_common::obs::{Metrics, MetricsServer};
-use stoker_common::plan::Checkpoint;
-use stoker_common::proto::{ControlRequest, ErrorCode, JobSpec};
+use stoker_net::{QuicCoordinator, Role, TlsConfigs};
+use stoker_obs::error::ObsError;
+use stoker_obs::{Metrics, MetricsServer};
+use stoker_plan::Checkpoint;
+use stoker_plan::ids::{Epoch, JobId, Rank, SessionId};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, ErrorCode, JobSpec};
 use tokio::runtime::Runtime;
 use tracing::{debug, info, warn};
 
@@ -351,7 +351,7 @@ where
         metrics.set_readiness(move || {
             if superseded.load(Ordering::Acquire) { Err("a newer trainer of this rank took over".to_owned()) } else { Ok(()) }
         });
-        let server = self.runtime.block_on(stoker_common::obs::serve(listen, metrics)).map_err(failed)?;
+        let server = self.runtime.block_on(stoker_obs::serve(listen, metrics)).map_err(failed)?;
         let addr = server.local_addr();
         info!(%addr, rank = %self.link.session.rank, "trainer metrics on http://{addr}/metrics");
         self.metrics_server_opt = Some(server);

@@ -5,9 +5,9 @@
 
 use std::collections::BTreeMap;
 
-use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
-use stoker_common::net::{PeerIdentity, Role};
-use stoker_common::proto::{ControlRequest, ErrorCode, RemoteError};
+use stoker_net::{PeerIdentity, Role};
+use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
+use stoker_proto::{ControlRequest, ErrorCode, RemoteError};
 
 /// Refuse `request` if `caller`'s role may not make it.
 pub(crate) fn authorize(caller: &PeerIdentity, request: &ControlRequest) -> Result<(), RemoteError> {
@@ -79,8 +79,8 @@ impl Owners {
 
 #[cfg(test)]
 mod tests {
-    use stoker_common::net::Peer;
-    use stoker_common::proto::RaftKind;
+    use stoker_net::Peer;
+    use stoker_proto::RaftKind;
 
     use super::*;
 
@@ -92,7 +92,7 @@ mod tests {
     fn each_role_is_refused_the_requests_of_the_others() {
         let requests = [
             (ControlRequest::AddDataset { name: "d".to_owned(), manifest: "/m".to_owned() }, Some(Role::Admin)),
-            (ControlRequest::PullChunks { worker: stoker_common::ids::WorkerId(1), max: 1 }, Some(Role::Worker)),
+            (ControlRequest::PullChunks { worker: stoker_plan::ids::WorkerId(1), max: 1 }, Some(Role::Worker)),
             (ControlRequest::Raft { kind: RaftKind::Vote, payload: Vec::new() }, Some(Role::Coordinator)),
             (ControlRequest::Detach { job: JobId(1), rank: Rank(0), session: SessionId(1) }, Some(Role::Trainer)),
             (ControlRequest::Status, None),

@@ -9,17 +9,17 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::error::ShardError;
-use stoker_common::ids::{CertKey, JobId, Rank, SessionId, Step, WorkerId};
-use stoker_common::net::random_u64;
-use stoker_common::obs::prometheus::Histogram;
-use stoker_common::plan::{Checkpoint, EpochPlan, ShardTable};
-use stoker_common::proto::{
+use stoker_format::error::ShardError;
+use stoker_format::{DatasetRoots, Manifest};
+use stoker_net::random::random_u64;
+use stoker_obs::prometheus::Histogram;
+use stoker_plan::ids::{CertKey, JobId, Rank, SessionId, Step, WorkerId};
+use stoker_plan::transform::Recipe;
+use stoker_plan::{Checkpoint, EpochPlan, ShardTable};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::{
     ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, DatasetInfo, ErrorCode, JobSpec, JobStatus, RankStatus, RemoteError,
 };
-use stoker_common::shard::{DatasetRoots, Manifest};
-use stoker_common::transform::Recipe;
 
 use crate::authz::Owners;
 use crate::config::CoordinatorConfig;

@@ -3,10 +3,9 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use stoker_common::ids::{Epoch, Pass, Position};
-use stoker_common::plan::{PlanSpec, Shuffle, Tail};
-use stoker_common::shard::{Manifest, ManifestShard};
-use stoker_common::transform::{Transform, TransformSpec};
+use stoker_format::{Manifest, ManifestShard};
+use stoker_plan::ids::{Epoch, Pass, Position};
+use stoker_plan::{PlanSpec, Shuffle, Tail};
 
 use super::*;
 
@@ -20,7 +19,7 @@ fn manifest_of_two_shards() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
     let shards =
         vec![ManifestShard { uri: "a.tar".into(), samples: 8, bytes: 1 }, ManifestShard { uri: "b.tar".into(), samples: 8, bytes: 1 }];
-    let manifest = Manifest { version: stoker_common::shard::manifest::MANIFEST_VERSION, shards, classes: Vec::new(), packed: None };
+    let manifest = Manifest { version: stoker_format::manifest::MANIFEST_VERSION, shards, classes: Vec::new(), packed: None };
     let path = dir.path().join("manifest.json");
     manifest.save(&path).unwrap_or_else(|error| panic!("{error}"));
     (dir, path)

@@ -6,12 +6,12 @@ use clap::Args;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
-use stoker_common::plan::Shuffle;
+use stoker_plan::Shuffle;
 
 use anyhow::{Context, bail};
-use stoker_common::plan::Tail;
-use stoker_common::shard::MANIFEST_FILE;
-use stoker_common::transform::TransformSpec;
+use stoker_format::MANIFEST_FILE;
+use stoker_plan::Tail;
+use stoker_plan::transform::TransformSpec;
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use super::ranks::{consume_ranks, peak_rss_mib};

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use stoker_common::net::{CA_CERT, CertSummary, ClusterCa, NODE_CERT, Role, Validity, summarize_pem};
+use stoker_net::{CA_CERT, CertSummary, ClusterCa, NODE_CERT, Role, Validity, summarize_pem};
 
 #[derive(Debug, Args)]
 pub(crate) struct CertsInitArgs {

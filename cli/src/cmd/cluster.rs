@@ -5,8 +5,8 @@ use clap::Args;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use stoker_common::expect_response;
-use stoker_common::proto::ControlRequest;
+use stoker_proto::ControlRequest;
+use stoker_proto::expect_response;
 
 use super::remote::call;
 

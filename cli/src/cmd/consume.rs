@@ -4,12 +4,12 @@ use crate::flags::CoordinatorAddr;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use stoker_common::net::bulk::BatchTransport;
+use stoker_net::bulk::BatchTransport;
 
 use anyhow::Context;
 use stoker_client::LoaderConfig;
-use stoker_common::obs::MetricsListen;
-use stoker_common::transform::TransformSpec;
+use stoker_obs::MetricsListen;
+use stoker_plan::transform::TransformSpec;
 
 use super::ranks::{Keys, consume};
 use super::remote::resolve_coordinators;

@@ -5,8 +5,8 @@ use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use stoker_common::expect_response;
-use stoker_common::proto::{ControlRequest, DatasetInfo};
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, DatasetInfo};
 
 use super::remote::call;
 

@@ -4,8 +4,8 @@ use crate::flags::CoordinatorAddr;
 use clap::Args;
 use std::process::ExitCode;
 
-use stoker_common::expect_response;
-use stoker_common::proto::{ControlRequest, JobStatus};
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, JobStatus};
 
 use super::remote::call;
 

@@ -8,13 +8,13 @@ use std::net::UdpSocket;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
-use stoker_common::net::bulk::BatchTransport;
+use stoker_net::bulk::BatchTransport;
 
 use anyhow::Context;
-use stoker_common::net::{QuicCoordinator, Role};
-use stoker_common::obs::{Metrics, MetricsListen, MetricsServer};
-use stoker_common::shard::DatasetRoots;
 use stoker_coordinator::CoordinatorConfig;
+use stoker_format::DatasetRoots;
+use stoker_net::{QuicCoordinator, Role};
+use stoker_obs::{Metrics, MetricsListen, MetricsServer};
 use stoker_worker::WorkerConfig;
 
 use super::remote::{resolve, resolve_coordinators, runtime};
@@ -150,7 +150,7 @@ pub(crate) struct WorkerArgs {
     /// Largest UDP payload for batches to trainers on other hosts. MTU discovery probes up to
     /// it, so too high costs only probes. Raise it where every hop carries jumbo frames (9000-byte
     /// MTU: 8952). Trainers on this host always get 65527 (loopback).
-    #[arg(long, default_value_t = stoker_common::net::ETHERNET_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    #[arg(long, default_value_t = stoker_net::ETHERNET_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
     pub(crate) max_udp_payload: u16,
     /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (alive) and /readyz
     /// (registered with the coordinator), on this TCP address; `off` serves nothing.
@@ -171,10 +171,10 @@ pub(crate) struct WorkerArgs {
     pub(crate) dataset_roots: Vec<PathBuf>,
     /// The most trainer connections open at once (handshakes in progress count); more are
     /// refused before their handshake.
-    #[arg(long, default_value_t = stoker_common::net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_connections: u64,
     /// The most trainer connections open at once from one IP address.
-    #[arg(long, default_value_t = stoker_common::net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_connections_per_address: u64,
     #[command(flatten)]
     pub(crate) tls: TlsArgs,
@@ -267,7 +267,7 @@ fn serve_metrics(runtime: &tokio::runtime::Runtime, listen: MetricsListen, metri
     // Not ready until the node has started (its start sets the real check).
     metrics.set_readiness(|| Err("starting".to_owned()));
     let server = runtime
-        .block_on(stoker_common::obs::serve(addr, metrics.clone()))
+        .block_on(stoker_obs::serve(addr, metrics.clone()))
         .context("pass --metrics-listen with a free HOST:PORT (or STOKER_METRICS_LISTEN), or `off`")?;
     eprintln!("metrics on http://{}/metrics (and /healthz, /readyz)", server.local_addr());
     Ok(Some(server))

@@ -4,8 +4,8 @@ use crate::flags::CoordinatorAddr;
 use clap::Args;
 use std::process::ExitCode;
 
-use stoker_common::expect_response;
-use stoker_common::proto::{ClusterStatus, ControlRequest};
+use stoker_proto::expect_response;
+use stoker_proto::{ClusterStatus, ControlRequest};
 
 use super::remote::call;
 

@@ -13,9 +13,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, WorkerId};
-use stoker_common::net::random_u64;
-use stoker_common::proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
+use stoker_net::random::random_u64;
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, WorkerId};
+use stoker_proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
 use tracing::{info, warn};
 
 pub use self::run::{Counted, Run, RunKey};

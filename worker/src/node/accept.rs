@@ -5,10 +5,10 @@ use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::time::Duration;
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::net::bulk::{self, BatchTransport};
-use stoker_common::net::{Admission, Role, TlsConfigs, Tuning, accept_with_tuning};
-use stoker_common::proto::TrainerHello;
+use stoker_net::bulk::{self, BatchTransport};
+use stoker_net::{Admission, Role, TlsConfigs, Tuning, accept_with_tuning};
+use stoker_proto::TrainerHello;
+use stoker_proto::api::CoordinatorApi;
 use tracing::{debug, info, warn};
 
 use super::Node;

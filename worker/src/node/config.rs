@@ -3,9 +3,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use stoker_common::net::bulk::BatchTransport;
-use stoker_common::net::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, Tuning};
-use stoker_common::shard::DatasetRoots;
+use stoker_format::DatasetRoots;
+use stoker_net::bulk::BatchTransport;
+use stoker_net::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, Tuning};
 
 /// How a worker runs.
 #[derive(Clone, Debug)]

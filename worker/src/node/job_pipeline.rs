@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use parking_lot::Mutex;
-use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
-use stoker_common::plan::EpochPlan;
-use stoker_common::proto::ChunkGrant;
+use stoker_plan::EpochPlan;
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
+use stoker_proto::ChunkGrant;
 use tokio::sync::mpsc;
 
 use crate::batch::Batch;
@@ -43,7 +43,7 @@ pub(crate) struct JobPipeline {
     submit: Mutex<(Sender<BatchRequest>, Sender<Meta>)>,
     plans: Mutex<HashMap<(Epoch, Position), Arc<EpochPlan>>>,
     dataset: Arc<Dataset>,
-    spec: stoker_common::plan::PlanSpec,
+    spec: stoker_plan::PlanSpec,
     dead: Arc<AtomicBool>,
 }
 
@@ -169,11 +169,11 @@ mod tests {
     use std::num::{NonZeroU32, NonZeroUsize};
     use std::time::{Duration, Instant};
 
-    use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
-    use stoker_common::plan::{PlanSpec, Shuffle, Tail};
-    use stoker_common::proto::{Chunk, ChunkGrant, JobSpec};
-    use stoker_common::shard::pack::{PackOptions, pack};
-    use stoker_common::transform::{OnError, TransformSpec};
+    use stoker_format::pack::{PackOptions, pack};
+    use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
+    use stoker_plan::transform::{OnError, TransformSpec};
+    use stoker_plan::{PlanSpec, Shuffle, Tail};
+    use stoker_proto::{Chunk, ChunkGrant, JobSpec};
     use tokio::sync::mpsc;
 
     use super::{JobPipeline, Made, Meta};

@@ -12,9 +12,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use stoker_common::error::ShardError;
-use stoker_common::ids::JobId;
-use stoker_common::proto::ChunkGrant;
+use stoker_format::error::ShardError;
+use stoker_plan::ids::JobId;
+use stoker_proto::ChunkGrant;
 use tokio::sync::{OnceCell, mpsc};
 use tracing::{info, warn};
 
@@ -52,7 +52,7 @@ pub(crate) fn buffers_within(budget: u64, batch_bytes: u64, in_flight: usize) ->
 
 /// The bytes of one batch of `grant`'s job (batch size × the bytes of one output sample).
 pub(crate) fn batch_bytes(grant: &ChunkGrant) -> Result<u64, PipelineError> {
-    let recipe = stoker_common::transform::Recipe::new(&grant.spec.transforms).map_err(|error| PipelineError::Start(error.to_string()))?;
+    let recipe = stoker_plan::transform::Recipe::new(&grant.spec.transforms).map_err(|error| PipelineError::Start(error.to_string()))?;
     Ok(u64::from(grant.spec.plan.batch_size.get()).saturating_mul(recipe.sample_bytes() as u64))
 }
 

@@ -1,7 +1,7 @@
 //! The worker service (DESIGN §5): registers with the coordinator, pulls chunks when it has
 //! room, makes their batches with the pipeline, pushes each batch to its trainer on the
 //! trainer's bulk connection (TLS over TCP, [`bulk_link`]) or as one QUIC stream
-//! (`stoker_common::net::send_batch`), and reports each chunk done once every batch is
+//! (`stoker_net::send_batch`), and reports each chunk done once every batch is
 //! acknowledged.
 //!
 //! [`Node`] holds a worker's parts, each the owner of its state:
@@ -29,11 +29,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use parking_lot::Mutex;
-use stoker_common::api::CoordinatorApi;
-use stoker_common::net::bulk::BatchTransport;
-use stoker_common::net::{Admission, Role, TlsConfigs, server_endpoint};
-use stoker_common::obs::Metrics;
-use stoker_common::proto::ControlRequest;
+use stoker_net::bulk::BatchTransport;
+use stoker_net::{Admission, Role, TlsConfigs, server_endpoint};
+use stoker_obs::Metrics;
+use stoker_proto::ControlRequest;
+use stoker_proto::api::CoordinatorApi;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};

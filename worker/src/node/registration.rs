@@ -6,10 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use stoker_common::api::CoordinatorApi;
-use stoker_common::expect_response;
-use stoker_common::ids::WorkerId;
-use stoker_common::proto::{ControlRequest, RemoteError};
+use stoker_plan::ids::WorkerId;
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, RemoteError};
 use tracing::{info, warn};
 
 /// This worker as the coordinator knows it.
