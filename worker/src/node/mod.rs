@@ -113,8 +113,8 @@ where
     };
     let endpoint = server_endpoint(socket, tls, batch_port(config.tuning)).map_err(|error| PipelineError::Start(error.to_string()))?;
     let (made_tx, made_rx) = mpsc::channel(config.in_flight.max(1));
-    let instance =
-        std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), (std::process::id(), addr, std::time::SystemTime::now()));
+    // Random for this worker (the one recipe for ids): its registrations replace only its own.
+    let instance = stoker_net::random::random_u64();
     let node = Arc::new(Node {
         api,
         advertised: config.advertise.unwrap_or(addr),
