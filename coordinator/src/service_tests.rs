@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use stoker_format::{Manifest, ManifestShard};
 use stoker_plan::ids::{Epoch, Pass, Position};
+use stoker_plan::transform::{Transform, TransformSpec};
 use stoker_plan::{PlanSpec, Shuffle, Tail};
 
 use super::*;

@@ -10,6 +10,7 @@ use stoker_coordinator::state::Command;
 use stoker_coordinator::{CoordinatorConfig, start};
 use stoker_net::TlsConfigs;
 use stoker_plan::ids::{Epoch, JobId, Position};
+use stoker_plan::transform::TransformSpec;
 use stoker_plan::{Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_proto::{DatasetInfo, JobSpec};
 
