@@ -1,10 +1,7 @@
-//! The trainer's loader: attach to a job, connect to every worker, and yield this rank's
-//! batches of an epoch exactly once and in step order. The public API is blocking (what a
-//! training loop wants); a small background runtime receives batches and reports progress.
-//!
-//! [`Loader`] is a thin facade: [`crate::connector`] attaches and dials workers, the pure
-//! [`crate::cursor::EpochCursor`] knows where the rank stands, and the pure
-//! [`TrainerProtocol`] puts received batches in order.
+//! The trainer's loader: yield this rank's batches of an epoch exactly once and in step order,
+//! blocking (what a training loop wants). A thin facade: `connector` attaches and dials workers
+//! (a small runtime receives and reports), the pure `cursor` knows where the rank stands, and
+//! the pure [`TrainerProtocol`] puts received batches in order.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
