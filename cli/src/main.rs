@@ -3,6 +3,7 @@
 
 mod args;
 mod cmd;
+mod flags;
 mod progress;
 
 use clap::Parser;

@@ -1,5 +1,7 @@
 //! A batch as the trainer receives it: the verified header and the image bytes.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use stoker_net::Payload;
 use stoker_plan::ids::{Epoch, Position, Rank, Step};
 use stoker_plan::transform::{OutputDtype, OutputLayout};
@@ -14,7 +16,7 @@ pub struct ReceivedBatch {
     /// the epoch; the wire numbers steps from the run's start).
     pub(crate) step_offset: u64,
     /// Counts the batch against the trainer's limit until it is dropped.
-    pub(crate) _held: Option<crate::receive::Held>,
+    pub(crate) _held: Option<Held>,
 }
 
 impl ReceivedBatch {
@@ -106,11 +108,48 @@ impl ReceivedBatch {
 }
 
 impl crate::protocol::Delivered for ReceivedBatch {
-    fn run(&self) -> crate::reorder::RunId {
+    fn run(&self) -> crate::reorder::RunKey {
         (self.header.epoch, self.header.start)
     }
 
     fn step(&self) -> Step {
         self.header.step
+    }
+}
+
+/// Batches this trainer has in memory, from the moment one's header is accepted (before its
+/// payload is allocated) until it is yielded or dropped; a batch beyond the limit is refused
+/// before its payload is read (its step is then made again).
+#[derive(Debug)]
+pub(crate) struct HeldCount {
+    held: AtomicUsize,
+    max: usize,
+}
+
+/// One batch counted in a [`HeldCount`] until dropped.
+#[derive(Debug)]
+pub(crate) struct Held(Arc<HeldCount>);
+
+impl HeldCount {
+    pub(crate) fn new(max: usize) -> Arc<Self> {
+        Arc::new(Self { held: AtomicUsize::new(0), max })
+    }
+
+    pub(crate) fn reserve(self: &Arc<Self>) -> Result<Held, String> {
+        let held = self.held.fetch_add(1, Ordering::AcqRel);
+        if held >= self.max {
+            self.held.fetch_sub(1, Ordering::AcqRel);
+            return Err(format!(
+                "{held} batches are in memory here, the limit (twice max_buffered_batches): refused before reading its payload; \
+                 it is made again when its step is due"
+            ));
+        }
+        Ok(Held(Arc::clone(self)))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.held.fetch_sub(1, Ordering::AcqRel);
     }
 }

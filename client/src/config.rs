@@ -149,13 +149,21 @@ impl LoaderConfig {
             });
         }
         Recipe::new(&self.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?;
-        let transforms = serde_json::to_string(&self.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?;
         let plan = PlanSpec { seed: self.seed, world_size, batch_size, shuffle: self.shuffle, tail: self.tail };
-        let mut spec = JobSpec { name: String::new(), dataset: self.dataset.clone(), plan, transforms, prefetch: self.prefetch };
+        let mut spec = JobSpec {
+            name: String::new(),
+            dataset: self.dataset.clone(),
+            plan,
+            transforms: self.transforms.clone(),
+            prefetch: self.prefetch,
+        };
         spec.name = match &self.job_name {
             Some(name) => name.clone(),
             None => {
-                let identity = format!("{}|{:?}|{}|{}", spec.dataset, spec.plan, spec.transforms, spec.prefetch);
+                // The spec's JSON text, as the wire carries it: the same job name as ever.
+                let transforms =
+                    serde_json::to_string(&spec.transforms).map_err(|error| ClientError::Config { message: error.to_string() })?;
+                let identity = format!("{}|{:?}|{}|{}", spec.dataset, spec.plan, transforms, spec.prefetch);
                 let hash = xxhash_rust::xxh3::xxh3_64(identity.as_bytes()) as u32;
                 // torchrun says "none" when no --rdzv-id was given: no run id.
                 let from_env = || std::env::var("TORCHELASTIC_RUN_ID").ok().filter(|run| run != "none");

@@ -4,6 +4,10 @@
 pub mod batch;
 /// Loader settings: job spec, rank, timeouts.
 pub mod config;
+/// Attaching to a job and dialling its workers.
+mod connector;
+/// Where a rank stands in its epochs, pure.
+mod cursor;
 /// Errors.
 pub mod error;
 /// The loader: attach, epochs, iteration, checkpoints.

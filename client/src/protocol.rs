@@ -17,12 +17,12 @@ use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{Pass, Step};
 
-use crate::reorder::{Offer, Reorder, RunId};
+use crate::reorder::{Offer, Reorder, RunKey};
 
 /// A batch as the protocol sees it: which run and step it is.
 pub trait Delivered {
     /// The run the batch belongs to.
-    fn run(&self) -> RunId;
+    fn run(&self) -> RunKey;
     /// Its step.
     fn step(&self) -> Step;
 }
@@ -34,7 +34,7 @@ const MAX_MISSING: usize = 256;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Open {
     /// The run.
-    pub run: RunId,
+    pub run: RunKey,
     /// The new pass.
     pub pass: Pass,
     /// Steps already consumed in it (0: a pass starts at the run's first step).
@@ -47,7 +47,7 @@ pub struct Open {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Report {
     /// The run.
-    pub run: RunId,
+    pub run: RunKey,
     /// The pass.
     pub pass: Pass,
     /// Steps in the run.
@@ -72,7 +72,7 @@ pub enum Offered {
 }
 
 struct Current<B> {
-    run: RunId,
+    run: RunKey,
     reorder: Reorder<B>,
     yielded_opt: Option<Step>,
 }
@@ -84,7 +84,7 @@ pub struct TrainerProtocol<B> {
     /// Batches of runs not opened (yet): the next epoch's, made while this rank finished the
     /// current one, or the current run's kept across `close`; one per (run, step), so copies
     /// do not pile up. Bounded by the flow windows of those runs.
-    early: BTreeMap<(RunId, u64), B>,
+    early: BTreeMap<(RunKey, u64), B>,
     nack_after: Duration,
     /// Most batches held (waiting and early); beyond it the farthest ahead is dropped.
     max_buffered: usize,
@@ -152,7 +152,7 @@ where
 
     /// Start a new pass over `run` of `steps` steps: batches of it already held move into the
     /// pass (and are named in the open, so they are not made again); earlier runs' are dropped.
-    pub fn open(&mut self, run: RunId, steps: u64) -> Open {
+    pub fn open(&mut self, run: RunKey, steps: u64) -> Open {
         self.close();
         self.pass = Pass(self.pass.0 + 1);
         let mut reorder = Reorder::new(run, steps);
@@ -197,7 +197,7 @@ where
         }
     }
 
-    fn keep_early(&mut self, run: RunId, step: Step, batch: B) -> Offered {
+    fn keep_early(&mut self, run: RunKey, step: Step, batch: B) -> Offered {
         match self.early.entry((run, step.0)) {
             std::collections::btree_map::Entry::Occupied(_) => Offered::Duplicate,
             std::collections::btree_map::Entry::Vacant(entry) => {
@@ -232,7 +232,7 @@ where
     }
 
     /// The current pass's run, if one is open.
-    pub fn run(&self) -> Option<RunId> {
+    pub fn run(&self) -> Option<RunKey> {
         self.current_opt.as_ref().map(|current| current.run)
     }
 

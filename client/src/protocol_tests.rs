@@ -4,10 +4,10 @@ use super::*;
 
 /// A batch that is only its run and step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Fake(RunId, u64);
+struct Fake(RunKey, u64);
 
 impl Delivered for Fake {
-    fn run(&self) -> RunId {
+    fn run(&self) -> RunKey {
         self.0
     }
 
@@ -16,8 +16,8 @@ impl Delivered for Fake {
     }
 }
 
-const EPOCH0: RunId = (Epoch(0), Position(0));
-const EPOCH1: RunId = (Epoch(1), Position(0));
+const EPOCH0: RunKey = (Epoch(0), Position(0));
+const EPOCH1: RunKey = (Epoch(1), Position(0));
 
 fn protocol() -> TrainerProtocol<Fake> {
     TrainerProtocol::new(Duration::from_secs(1))

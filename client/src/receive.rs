@@ -2,10 +2,11 @@
 //! is, then accepts one unidirectional stream per batch and verifies each before handing it on.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use quinn::{Connection, Endpoint};
 use stoker_net::bulk::{self, Received};
 use stoker_net::{DeliveryError, NetError, PayloadPool, PeerIdentity, Role, TlsConfigs, call, check_peer, connect, receive_batch};
@@ -16,7 +17,7 @@ use stoker_proto::{BatchHeader, BatchReply, RemoteError, TrainerHello, WorkerInf
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::batch::ReceivedBatch;
+use crate::batch::{HeldCount, ReceivedBatch};
 
 /// What a batch for this trainer must look like.
 #[derive(Clone, Debug)]
@@ -31,43 +32,6 @@ pub(crate) struct Expect {
     pub(crate) plans: Arc<PlanBook>,
     /// Batches in memory here, against their limit.
     pub(crate) held: Arc<HeldCount>,
-}
-
-/// Batches this trainer has in memory, from the moment one's header is accepted (before its
-/// payload is allocated) until it is yielded or dropped; a batch beyond the limit is refused
-/// before its payload is read (its step is then made again).
-#[derive(Debug)]
-pub(crate) struct HeldCount {
-    held: AtomicUsize,
-    max: usize,
-}
-
-/// One batch counted in a [`HeldCount`] until dropped.
-#[derive(Debug)]
-pub(crate) struct Held(Arc<HeldCount>);
-
-impl HeldCount {
-    pub(crate) fn new(max: usize) -> Arc<Self> {
-        Arc::new(Self { held: AtomicUsize::new(0), max })
-    }
-
-    fn reserve(self: &Arc<Self>) -> Result<Held, String> {
-        let held = self.held.fetch_add(1, Ordering::AcqRel);
-        if held >= self.max {
-            self.held.fetch_sub(1, Ordering::AcqRel);
-            return Err(format!(
-                "{held} batches are in memory here, the limit (twice max_buffered_batches): refused before reading its payload; \
-                 it is made again when its step is due"
-            ));
-        }
-        Ok(Held(Arc::clone(self)))
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        self.0.held.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// The job's epoch plans as this trainer computes them, to verify that a batch holds the
@@ -99,7 +63,7 @@ impl PlanBook {
             return Err(format!("batch of a run starting at {} past the epoch's {} samples", header.start, self.table.samples()));
         }
         let plan = {
-            let mut plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut plans = self.plans.lock();
             if plans.len() > 8 {
                 plans.clear();
             }

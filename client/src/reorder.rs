@@ -6,13 +6,15 @@ use std::collections::BTreeMap;
 
 use stoker_plan::ids::{Epoch, Position, Step};
 
-/// Which run a batch belongs to: (epoch, start position). Runs order by epoch, then start.
-pub type RunId = (Epoch, Position);
+/// Which run of the loader's job a batch belongs to: (epoch, start position). Runs order by
+/// epoch, then start. The coordinator's `RunKey` is the same run with its job named; a loader
+/// serves one job, so here the job is left out.
+pub type RunKey = (Epoch, Position);
 
 /// Steps of one run waiting to be yielded.
 #[derive(Debug)]
 pub struct Reorder<B> {
-    run: RunId,
+    run: RunKey,
     next: u64,
     steps: u64,
     waiting: BTreeMap<u64, B>,
@@ -32,12 +34,12 @@ pub enum Offer<B> {
 
 impl<B> Reorder<B> {
     /// Expect steps `0..steps` of `run`.
-    pub fn new(run: RunId, steps: u64) -> Self {
+    pub fn new(run: RunKey, steps: u64) -> Self {
         Self { run, next: 0, steps, waiting: BTreeMap::new(), duplicates: 0 }
     }
 
     /// Offer the batch of `step` of `run`.
-    pub fn offer(&mut self, run: RunId, step: Step, batch: B) -> Offer<B> {
+    pub fn offer(&mut self, run: RunKey, step: Step, batch: B) -> Offer<B> {
         if run != self.run || step.0 >= self.steps {
             return Offer::Foreign(batch);
         }
@@ -117,7 +119,7 @@ mod tests {
 
     use super::*;
 
-    const RUN: RunId = (Epoch(1), Position(0));
+    const RUN: RunKey = (Epoch(1), Position(0));
 
     proptest! {
         /// Whatever the arrival order and however many copies arrive, every step comes out

@@ -15,10 +15,11 @@
 //! So every call also names its pass ([`crate::protocol`]), and the coordinator ignores a report
 //! of an older pass than the last one it saw opened.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use stoker_plan::ids::{JobId, Rank, SessionId};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
@@ -100,12 +101,12 @@ impl Session {
     pub(crate) fn mark_answered(&self) {
         let millis = u64::try_from(self.created.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.answered_ms.store(millis, Ordering::Release);
-        *self.last_call_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *self.last_call_error.lock() = None;
     }
 
     /// A call to the coordinator failed with `error`.
     pub(crate) fn mark_unanswered(&self, error: &RemoteError) {
-        *self.last_call_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error.to_string());
+        *self.last_call_error.lock() = Some(error.to_string());
     }
 
     /// How long the coordinator has not answered, with the last error, when it has been silent
@@ -116,7 +117,7 @@ impl Session {
         if silent < at_least {
             return None;
         }
-        let error = self.last_call_error.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let error = self.last_call_error.lock().clone();
         Some((silent, error.unwrap_or_else(|| "no answer".to_owned())))
     }
 
@@ -131,7 +132,7 @@ impl Session {
         if self.superseded.load(Ordering::Acquire) {
             return Err(self.superseded_error());
         }
-        match self.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone() {
+        match self.failed.lock().clone() {
             Some(source) => Err(ClientError::Coordinator { source }),
             None => Ok(()),
         }
@@ -215,7 +216,7 @@ pub(crate) async fn report_progress<A>(
             }
             Err(error) if error.code == ErrorCode::JobFailed => {
                 warn!(%job, %rank, %error, "the job failed; this loader stops");
-                *session.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(error);
+                *session.failed.lock() = Some(error);
                 return;
             }
             Err(error) if error.code == ErrorCode::NotFound => {
@@ -227,7 +228,7 @@ pub(crate) async fn report_progress<A>(
                         "{job} was removed from the coordinator (stoker job rm, or no trainer for --job-ttl-hours): attach again to start a new job"
                     ),
                 );
-                *session.failed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(removed);
+                *session.failed.lock() = Some(removed);
                 return;
             }
             Err(error) => {
@@ -259,7 +260,7 @@ mod tests {
 
     impl SlowCoordinator {
         fn finished(&self) -> Vec<ControlRequest> {
-            self.finished.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+            self.finished.lock().clone()
         }
     }
 
@@ -273,7 +274,7 @@ mod tests {
                 }
                 _ => ControlResponse::EpochOpened { steps: 12 },
             };
-            self.finished.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(request);
+            self.finished.lock().push(request);
             Ok(answer)
         }
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use stoker_format::{Manifest, ManifestShard};
 use stoker_plan::ids::{Epoch, Pass, Position};
+use stoker_plan::transform::{Transform, TransformSpec};
 use stoker_plan::{PlanSpec, Shuffle, Tail};
 
 use super::*;
@@ -48,7 +49,7 @@ fn spec(name: &str) -> JobSpec {
             shuffle: Shuffle::Full,
             tail: Tail::Drop,
         },
-        transforms: serde_json::to_string(&TransformSpec::imagenet_train(32)).unwrap_or_default(),
+        transforms: TransformSpec::imagenet_train(32),
         prefetch: 2,
     }
 }
@@ -362,8 +363,8 @@ fn world_size_prefetch_and_the_number_of_jobs_are_limited_with_the_flag_named() 
     let error = attach_spec(&core, eager).expect_err("prefetch 17");
     assert!(error.message.contains("prefetch 17") && error.message.contains("--max-prefetch"), "{}", error.message);
     let mut padded = spec("padded");
-    padded.transforms = format!("{}{}", padded.transforms, "\n".repeat(16 << 10));
-    let error = attach_spec(&core, padded).expect_err("a 16 KiB transform spec");
+    padded.transforms.transforms = vec![Transform::RandomHorizontalFlip { p: 0.5 }; 1 << 10];
+    let error = attach_spec(&core, padded).expect_err("a transform spec of over 16 KiB");
     assert!(error.message.contains("transform spec has"), "{}", error.message);
     assert!(attach_spec(&core, spec("first")).is_ok(), "one job fits");
     let error = attach_spec(&core, spec("second")).expect_err("a second job");

@@ -10,6 +10,7 @@ use stoker_coordinator::state::Command;
 use stoker_coordinator::{CoordinatorConfig, start};
 use stoker_net::TlsConfigs;
 use stoker_plan::ids::{Epoch, JobId, Position};
+use stoker_plan::transform::TransformSpec;
 use stoker_plan::{Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_proto::{DatasetInfo, JobSpec};
 
@@ -22,7 +23,7 @@ fn spec() -> JobSpec {
         name: "bounded".to_owned(),
         dataset: "train".to_owned(),
         plan: PlanSpec { seed: 1, world_size: NonZeroU32::MIN, batch_size: NonZeroU32::MIN, shuffle: Shuffle::Full, tail: Tail::Partial },
-        transforms: "{}".to_owned(),
+        transforms: TransformSpec::new(Vec::new()),
         prefetch: 4,
     }
 }

@@ -1,8 +1,12 @@
 //! `stoker bench cluster`: a whole cluster in this process over real data, against the
 //! pipeline rate of the same workers measured in the same run.
 
+use crate::flags::parse_shuffle;
+use clap::Args;
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
+use stoker_plan::Shuffle;
 
 use anyhow::{Context, bail};
 use stoker_format::MANIFEST_FILE;
@@ -11,7 +15,49 @@ use stoker_plan::transform::TransformSpec;
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use super::ranks::{consume_ranks, peak_rss_mib};
-use crate::args::BenchClusterArgs;
+
+#[derive(Debug, Args)]
+pub(crate) struct BenchClusterArgs {
+    /// The dataset: a manifest.json, or the folder holding one.
+    #[arg(long, value_name = "MANIFEST")]
+    pub(crate) data: PathBuf,
+    /// Workers.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) workers: usize,
+    /// Decode threads per worker.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) threads: usize,
+    /// Trainer ranks.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) ranks: u32,
+    /// Epochs.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) epochs: u64,
+    /// Samples per batch per rank.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) batch_size: u32,
+    /// RandomResizedCrop output side.
+    #[arg(long, default_value_t = 224)]
+    pub(crate) size: u32,
+    /// Shuffle: none, full, window, window:K, block or block:S:N.
+    #[arg(long, default_value = "window", value_parser = parse_shuffle)]
+    pub(crate) shuffle: Shuffle,
+    /// Also run `bench pipeline` with the same threads per worker for this many seconds first,
+    /// and report the cluster's rate against workers x that rate.
+    #[arg(long)]
+    pub(crate) pipeline_seconds: Option<f64>,
+    /// `off`: workers do not time each sample and batch into their metrics (as a worker
+    /// always does); only to measure what metrics cost, against a run with `on`.
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub(crate) metrics: String,
+    /// Run the cluster with mutual TLS and a fresh cluster CA (`on`, as deployed) or
+    /// `--insecure` (`off`; to measure what the certificate checks cost).
+    #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+    pub(crate) mutual_tls: String,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
 
 pub(crate) fn run(args: BenchClusterArgs) -> anyhow::Result<ExitCode> {
     let manifest = if args.data.is_dir() { args.data.join(MANIFEST_FILE) } else { args.data.clone() };

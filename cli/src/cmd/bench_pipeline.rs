@@ -1,6 +1,8 @@
 //! `stoker bench pipeline`: the worker pipeline against the full-decode floor, in one run.
 
+use clap::Args;
 use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -14,7 +16,60 @@ use stoker_plan::{EpochPlan, PlanSpec, SampleRef, Shuffle, Tail};
 use stoker_worker::metrics::{PipelineMetrics, register_pipeline_metrics};
 use stoker_worker::{BatchRequest, Dataset, Pipeline, PipelineConfig, floor};
 
-use crate::args::BenchPipelineArgs;
+#[derive(Debug, Args)]
+pub(crate) struct BenchPipelineArgs {
+    /// The dataset: a manifest.json, or the folder holding one.
+    #[arg(long, value_name = "MANIFEST")]
+    pub(crate) data: PathBuf,
+    /// Decode threads [default: number of CPUs].
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Samples per batch.
+    #[arg(long, default_value_t = 256)]
+    pub(crate) batch_size: u32,
+    /// Output side of RandomResizedCrop (ignored with --transforms).
+    #[arg(long, default_value_t = 224)]
+    pub(crate) size: u32,
+    /// Seconds to run the pipeline; the floor runs as long (and so do the pipeline and the floor
+    /// with --baseline-threads).
+    #[arg(long, default_value_t = 10.0)]
+    pub(crate) seconds: f64,
+    /// Turns the pipeline and the floor take, alternating, in those seconds (a slow spell of a
+    /// shared machine then falls on both; each turn starts a fresh pipeline where the last
+    /// stopped, and its clock starts at its first batch).
+    #[arg(long, default_value_t = 4)]
+    pub(crate) rounds: u32,
+    /// A TransformSpec as JSON instead of RandomResizedCrop(size) + RandomHorizontalFlip, e.g.
+    /// '{"transforms": [{"type": "Resize", "shorter_side": 256}, {"type": "CenterCrop", "size": 224}]}'.
+    #[arg(long, value_name = "JSON")]
+    pub(crate) transforms: Option<String>,
+    /// Decode at full scale even when the crop would allow M/8 DCT scaling.
+    #[arg(long)]
+    pub(crate) no_dct_scaling: bool,
+    /// Plan seed.
+    #[arg(long, default_value_t = 0)]
+    pub(crate) seed: u64,
+    /// Skip the full-decode floor (the ratio is then not reported).
+    #[arg(long)]
+    pub(crate) no_floor: bool,
+    /// Take the floor from another dataset of the same images, decoding all of them in turn.
+    /// For a dataset `stoker pack` wrote (JPEGs re-encoded with restart markers, ~4% slower to
+    /// decode whole), pass the original files, e.g. the same images as WebDataset shards.
+    #[arg(long, value_name = "MANIFEST", conflicts_with = "no_floor")]
+    pub(crate) floor_data: Option<PathBuf>,
+    /// Also run the pipeline and the floor with this many threads, in the same turns, and
+    /// report how both scale to --threads (e.g. `--threads 2 --baseline-threads 1`). Measuring
+    /// in turns keeps the drift of a shared machine out of the scaling figure.
+    #[arg(long, value_name = "N")]
+    pub(crate) baseline_threads: Option<usize>,
+    /// Also run the pipeline without timing samples into metrics (a worker always times
+    /// them), in the same turns, and report what metrics cost.
+    #[arg(long)]
+    pub(crate) metrics_cost: bool,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
 
 pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
     let manifest = if args.data.is_dir() { args.data.join(MANIFEST_FILE) } else { args.data.clone() };

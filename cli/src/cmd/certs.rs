@@ -1,5 +1,6 @@
 //! `stoker certs`: the cluster CA and the certificates of nodes and clients (DESIGN §10).
 
+use clap::Args;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,7 +9,63 @@ use std::time::Duration;
 use anyhow::Context;
 use stoker_net::{CA_CERT, CertSummary, ClusterCa, NODE_CERT, Role, Validity, summarize_pem};
 
-use crate::args::{CertsInitArgs, CertsIssueArgs, CertsRevokeArgs, CertsShowArgs};
+#[derive(Debug, Args)]
+pub(crate) struct CertsInitArgs {
+    /// Where the CA goes (created; refused if a CA is there already).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dir: PathBuf,
+    /// The CA's name (its common name).
+    #[arg(long, default_value = "Stoker cluster CA")]
+    pub(crate) name: String,
+    /// Days the CA is valid.
+    #[arg(long, default_value_t = 3650, value_parser = clap::value_parser!(u64).range(1..=36_500))]
+    pub(crate) days: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CertsIssueArgs {
+    /// The CA directory (`stoker certs init --dir`).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) dir: PathBuf,
+    /// What the holder may do: coordinator (serve, Raft), worker (pull chunks, push batches),
+    /// trainer (attach, open epochs, take batches), admin (add and remove datasets, jobs and
+    /// coordinators).
+    #[arg(long, value_parser = ["coordinator", "worker", "trainer", "admin"])]
+    pub(crate) role: String,
+    /// The holder's name (shown in logs and by `certs show`), e.g. the host name.
+    #[arg(long)]
+    pub(crate) name: String,
+    /// The TLS directory to write (ca.pem, node.pem, node.key; existing ones are replaced).
+    #[arg(long, value_name = "DIR")]
+    pub(crate) out: PathBuf,
+    /// DNS names or IP addresses of the holder, added to the certificate (informational:
+    /// peers check the CA, the role, and for workers the exact certificate, not names).
+    #[arg(long = "host", value_name = "NAME")]
+    pub(crate) hosts: Vec<String>,
+    /// Days the certificate is valid.
+    #[arg(long, default_value_t = 365, value_parser = clap::value_parser!(u64).range(1..=3650))]
+    pub(crate) days: u64,
+    /// The CAs the holder trusts, written as its ca.pem [default: the CA of --dir]. During a
+    /// CA rotation give a file with both CAs (`cat old/ca.pem new/ca.pem`).
+    #[arg(long, value_name = "FILE")]
+    pub(crate) trust: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CertsRevokeArgs {
+    /// The certificate to deny (a PEM file, or a TLS directory's node.pem).
+    pub(crate) cert: PathBuf,
+    /// The deny list to append to (created if missing); nodes read it as `revoked` in their
+    /// TLS directory.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) deny_list: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CertsShowArgs {
+    /// A PEM certificate file, or a TLS directory (its node.pem and ca.pem are shown).
+    pub(crate) path: PathBuf,
+}
 
 fn days(count: u64) -> Duration {
     Duration::from_secs(count * 86_400)

@@ -1,5 +1,7 @@
 //! `stoker cluster add-node|remove-node`: Raft membership changes, through the leader.
 
+use crate::flags::CoordinatorAddr;
+use clap::Args;
 use std::process::ExitCode;
 
 use anyhow::Context;
@@ -7,7 +9,22 @@ use stoker_proto::ControlRequest;
 use stoker_proto::expect_response;
 
 use super::remote::call;
-use crate::args::{AddNodeArgs, RemoveNodeArgs};
+
+#[derive(Debug, Args)]
+pub(crate) struct AddNodeArgs {
+    /// The new node as ID=HOST:PORT (the id it was started with, the address others dial).
+    pub(crate) node: String,
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RemoveNodeArgs {
+    /// The node id to remove (`stoker status` lists them).
+    pub(crate) id: u64,
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+}
 
 fn print_voters(voters: &[(u64, String)]) {
     let listed: Vec<String> = voters.iter().map(|(id, addr)| format!("{id}={addr}")).collect();

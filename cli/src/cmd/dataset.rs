@@ -1,12 +1,24 @@
 //! `stoker dataset add|ls`.
 
+use crate::flags::CoordinatorAddr;
+use clap::Args;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use stoker_proto::expect_response;
 use stoker_proto::{ControlRequest, DatasetInfo};
 
 use super::remote::call;
-use crate::args::{CoordinatorAddr, DatasetAddArgs};
+
+#[derive(Debug, Args)]
+pub(crate) struct DatasetAddArgs {
+    /// Name trainers use.
+    pub(crate) name: String,
+    /// manifest.json, or the folder holding it.
+    pub(crate) path: PathBuf,
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+}
 
 fn describe(dataset: &DatasetInfo) -> String {
     let samples: u64 = dataset.shard_counts.iter().sum();

@@ -3,9 +3,11 @@
 //! (over QUIC, as a cluster would) for two epochs, and check by key that every sample arrived
 //! exactly once per epoch.
 
+use clap::Args;
 use std::collections::HashMap;
 use std::num::{NonZeroU32, NonZeroUsize};
 use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -17,8 +19,26 @@ use stoker_sample_data::{SampleDataSpec, write_image_folder};
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use super::ranks::{RankReport, consume_ranks, peak_rss_mib};
-use crate::args::DemoArgs;
 use crate::cmd::pack::{pack_with_progress, print_summary};
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    /// Epochs to run.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) epochs: u64,
+    /// An ImageFolder to use instead of the generated sample.
+    #[arg(long)]
+    pub(crate) data: Option<PathBuf>,
+    /// Working folder for the generated images and shards.
+    #[arg(long, default_value = "demo-data")]
+    pub(crate) workdir: PathBuf,
+    /// Classes in the generated sample.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) classes: u32,
+    /// Images per class in the generated sample.
+    #[arg(long, default_value_t = 60)]
+    pub(crate) images_per_class: u32,
+}
 
 const WORLD_SIZE: u32 = 2;
 const WORKERS: usize = 2;
@@ -127,7 +147,7 @@ fn verify(reports: &[RankReport], samples: u64, epochs: u64) -> bool {
     ok
 }
 
-fn generate(args: &DemoArgs) -> anyhow::Result<std::path::PathBuf> {
+fn generate(args: &DemoArgs) -> anyhow::Result<PathBuf> {
     let folder = args.workdir.join("images");
     let spec = SampleDataSpec { classes: args.classes, images_per_class: args.images_per_class, seed: 0 };
     let marker = folder.join(format!(".generated-{}x{}", spec.classes, spec.images_per_class));

@@ -1,5 +1,6 @@
 //! `stoker index`.
 
+use clap::Args;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -8,8 +9,20 @@ use rayon::prelude::*;
 use stoker_format::brace;
 use stoker_format::{IndexPolicy, IndexStatus, Manifest, ManifestShard, Shard};
 
-use crate::args::IndexArgs;
 use crate::progress;
+
+#[derive(Debug, Args)]
+pub(crate) struct IndexArgs {
+    /// Shard files; WebDataset brace patterns expand: 'train-{000000..000127}.tar'.
+    #[arg(required = true)]
+    pub(crate) shards: Vec<String>,
+    /// Also write a manifest listing these shards (paths relative to the manifest's folder).
+    #[arg(long, value_name = "OUT.json")]
+    pub(crate) manifest: Option<PathBuf>,
+    /// Rebuild indexes even when a valid one exists.
+    #[arg(long)]
+    pub(crate) force: bool,
+}
 
 /// What `stoker index` keeps of one shard once indexed.
 struct Indexed {

@@ -1,5 +1,7 @@
 //! `stoker inspect`.
 
+use crate::flags::parse_shuffle;
+use clap::Args;
 use std::collections::BTreeMap;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -13,7 +15,25 @@ use stoker_format::{IndexPolicy, IndexStatus, MANIFEST_FILE, Manifest, Shard, Sh
 use stoker_plan::mixing::{LabelMixing, label_mixing};
 use stoker_plan::{SampleRef, ShardTable, Shuffle};
 
-use crate::args::InspectArgs;
+#[derive(Debug, Args)]
+pub(crate) struct InspectArgs {
+    /// A shard (.tar), a manifest (.json), or a folder holding manifest.json.
+    pub(crate) path: PathBuf,
+    /// Print one JSON object (for scripts); for a shard it lists every member's offset and size.
+    #[arg(long)]
+    pub(crate) json: bool,
+    /// Samples listed in the text output of a shard.
+    #[arg(long, default_value_t = 5)]
+    pub(crate) show: usize,
+    /// Of a dataset: the shuffle whose label mixing is measured (none, full, window,
+    /// window:K, block, block:S:N).
+    #[arg(long, default_value = "window", value_parser = parse_shuffle)]
+    pub(crate) shuffle: Shuffle,
+    /// Of a dataset: samples per global batch (all ranks' batches of one step) in the label
+    /// mixing measure.
+    #[arg(long, default_value_t = NonZeroU32::new(256).unwrap_or(NonZeroU32::MIN))]
+    pub(crate) global_batch: NonZeroU32,
+}
 
 pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let is_manifest = args.path.is_dir() || args.path.extension().is_some_and(|extension| extension == "json");

@@ -1,12 +1,24 @@
 //! `stoker job ls|rm`.
 
+use crate::flags::CoordinatorAddr;
+use clap::Args;
 use std::process::ExitCode;
 
 use stoker_proto::expect_response;
 use stoker_proto::{ControlRequest, JobStatus};
 
 use super::remote::call;
-use crate::args::{CoordinatorAddr, JobRmArgs};
+
+#[derive(Debug, Args)]
+pub(crate) struct JobRmArgs {
+    /// The job's name (`stoker job ls` shows it).
+    pub(crate) name: String,
+    /// Remove it even though trainers of it are live: they fail at their next request.
+    #[arg(long)]
+    pub(crate) force: bool,
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+}
 
 /// "3h 12m", "45s": an idle time at a glance.
 fn duration(seconds: f64) -> String {

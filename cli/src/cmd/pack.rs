@@ -1,14 +1,75 @@
 //! `stoker pack`.
 
+use clap::Args;
 use std::num::NonZeroUsize;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use stoker_format::manifest::PackedOrder;
 use stoker_format::pack::{PackOptions, PackSummary, RewriteJpeg, pack};
 
-use crate::args::PackArgs;
 use crate::progress;
+
+#[derive(Debug, Args)]
+pub(crate) struct PackArgs {
+    /// ImageFolder root: class folders holding images (jpg, jpeg, png, ppm, bmp, pgm, tif, tiff, webp).
+    #[arg(long)]
+    pub(crate) input: PathBuf,
+    /// Folder for the shards, their indexes and manifest.json (created if missing).
+    #[arg(long)]
+    pub(crate) output: PathBuf,
+    /// Largest shard size, e.g. 256MiB, 1GB, 500000 (bytes). Samples are never split.
+    #[arg(long, default_value = "256MiB", value_parser = parse_byte_size)]
+    pub(crate) shard_size: u64,
+    /// Threads reading image files [default: number of CPUs].
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Shard file names are PREFIX-000000.tar, PREFIX-000001.tar, ...
+    #[arg(long, default_value = "shard")]
+    pub(crate) prefix: String,
+    /// Replace a dataset already in the output folder.
+    #[arg(long)]
+    pub(crate) force: bool,
+    /// Store every image file byte for byte. By default each JPEG is re-encoded losslessly
+    /// (same DCT coefficients, so the same pixels) with a restart marker per MCU and optimized
+    /// Huffman tables, which lets workers entropy-decode only the part a crop covers; files
+    /// that cannot be re-encoded exactly are stored as they are.
+    #[arg(long)]
+    pub(crate) verbatim: bool,
+    /// Write samples in folder order (sorted classes, sorted files). By default they are
+    /// shuffled across shards: in folder order each shard holds one or two classes, and the
+    /// default `window` shuffle, which reads a few shards at a time, would then give batches
+    /// of a handful of classes. Data kept in folder order needs `shuffle=block` or `full`.
+    #[arg(long)]
+    pub(crate) no_shuffle: bool,
+    /// Seed of the order samples are written in (recorded in manifest.json).
+    #[arg(long, default_value_t = 0, conflicts_with = "no_shuffle")]
+    pub(crate) seed: u64,
+}
+
+/// `256MiB`, `1GB`, `4k`, `1000`: a byte count with an optional decimal or binary unit.
+pub(crate) fn parse_byte_size(text: &str) -> Result<u64, String> {
+    let trimmed = text.trim();
+    let split = trimmed.find(|character: char| !character.is_ascii_digit() && character != '.').unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let value: f64 = number.parse().map_err(|_| format!("{text:?} is not a size like 256MiB"))?;
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        other => return Err(format!("unknown size unit {other:?} (use B, KB, KiB, MB, MiB, GB, GiB)")),
+    };
+    let bytes = value * multiplier as f64;
+    if bytes < 4096.0 {
+        return Err(format!("{text:?} is too small for a shard (at least 4KiB)"));
+    }
+    Ok(bytes as u64)
+}
 
 pub(crate) fn run(args: PackArgs) -> anyhow::Result<ExitCode> {
     let threads =
@@ -67,5 +128,20 @@ pub(crate) fn print_summary(summary: &PackSummary) {
     }
     if summary.skipped_files > 0 {
         println!("skipped {} files in class folders that are not images", summary.skipped_files);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_byte_size;
+
+    #[test]
+    fn byte_sizes_parse_with_units() {
+        assert_eq!(parse_byte_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_byte_size("1GB"), Ok(1_000_000_000));
+        assert_eq!(parse_byte_size("8192"), Ok(8192));
+        assert_eq!(parse_byte_size("1.5 KiB").ok(), None, "below the 4KiB floor");
+        assert!(parse_byte_size("12 parsecs").is_err());
+        assert!(parse_byte_size("MiB").is_err());
     }
 }

@@ -7,7 +7,7 @@ use stoker_net::{CoordinatorAddrs, QuicCoordinator, Role};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::{ControlRequest, ControlResponse};
 
-use crate::args::CoordinatorAddr;
+use crate::flags::CoordinatorAddr;
 
 /// `host:port` → the first address it resolves to.
 pub(crate) fn resolve(text: &str) -> anyhow::Result<SocketAddr> {

@@ -1,10 +1,14 @@
 //! `stoker coordinator` and `stoker worker`: long-running nodes, stopped by Ctrl-C or SIGTERM
 //! (a worker then hands its leases back).
 
+use crate::flags::TlsArgs;
+use clap::Args;
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+use stoker_net::bulk::BatchTransport;
 
 use anyhow::Context;
 use stoker_coordinator::CoordinatorConfig;
@@ -14,7 +18,167 @@ use stoker_obs::{Metrics, MetricsListen, MetricsServer};
 use stoker_worker::WorkerConfig;
 
 use super::remote::{resolve, resolve_coordinators, runtime};
-use crate::args::{CoordinatorArgs, WorkerArgs};
+
+#[derive(Debug, Args)]
+pub(crate) struct CoordinatorArgs {
+    /// Address to listen on (UDP, QUIC).
+    #[arg(long, default_value = "0.0.0.0:7400")]
+    pub(crate) listen: String,
+    /// Where datasets, jobs and checkpoints are kept; a restarted coordinator reads them back.
+    #[arg(long, default_value = "stoker-data")]
+    pub(crate) data_dir: PathBuf,
+    /// Milliseconds a worker's lease lives without a heartbeat before its chunk is granted again.
+    #[arg(long, default_value_t = millis(coordinator_defaults().lease_ttl))]
+    pub(crate) lease_ttl_ms: u64,
+    /// Milliseconds a lease may go without any of its batches finished before it is granted
+    /// again, even though its worker still lists it (the worker is stuck: a hung dataset open
+    /// or decode, a delivery that never completes). Longer than one batch may take.
+    #[arg(long, default_value_t = millis(coordinator_defaults().lease_stall))]
+    pub(crate) lease_stall_ms: u64,
+    /// Milliseconds a rank's trainer may stay silent (trainers report every second) before its
+    /// work waits for it instead of occupying workers.
+    #[arg(long, default_value_t = millis(coordinator_defaults().trainer_ttl))]
+    pub(crate) trainer_ttl_ms: u64,
+    /// Steps per chunk of work granted to a worker.
+    #[arg(long, default_value_t = coordinator_defaults().chunk_steps)]
+    pub(crate) chunk_steps: u32,
+    /// Hours a job may go without any trainer before it is removed with its checkpoint (0:
+    /// keep jobs until `stoker job rm`). Counted from the coordinator's start for jobs no
+    /// trainer attached to since.
+    #[arg(long, default_value_t = coordinator_defaults().job_ttl.map_or(0.0, |ttl| ttl.as_secs_f64() / 3600.0))]
+    pub(crate) job_ttl_hours: f64,
+    /// This coordinator's Raft node id (a positive number, unique in the cluster).
+    #[arg(long, default_value_t = coordinator_defaults().node_id, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) node_id: u64,
+    /// The coordinators of a replicated cluster, ID=HOST:PORT,... including this one (e.g.
+    /// 1=c1:7400,2=c2:7400,3=c3:7400). Start every node with the same list: they form the
+    /// cluster once, and a restart reads the membership back from --data-dir (a list that
+    /// disagrees with it is refused). Without it this coordinator is a cluster of one.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) peers: Vec<String>,
+    /// Start as a new, empty node that waits to be added with `stoker cluster add-node`
+    /// instead of forming a cluster.
+    #[arg(long)]
+    pub(crate) join: bool,
+    /// Address other coordinators and clients reach this one at [default: its --peers entry,
+    /// else --listen].
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (alive) and /readyz
+    /// (a Raft leader is known), on this TCP address; `off` serves nothing.
+    #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7401", value_name = "ADDR|off")]
+    pub(crate) metrics_listen: MetricsListen,
+    /// The largest batch a job may have, in bytes (batch size x one output sample's bytes): a
+    /// trainer attaching a job over it is refused, before any worker allocates for it.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES, value_name = "BYTES")]
+    pub(crate) max_batch_bytes: u64,
+    /// The most ranks a job may have: a trainer attaching a new job with a larger world size
+    /// is refused.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_WORLD_SIZE, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_world_size: u32,
+    /// The largest flow window (`prefetch`, in steps) a new job may ask for.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_PREFETCH, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) max_prefetch: u32,
+    /// The most jobs kept: a trainer attaching a new job beyond it is refused (`stoker job rm`
+    /// removes finished ones; idle ones go after --job-ttl-hours).
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_JOBS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_jobs: u64,
+    /// The most datasets kept.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_DATASETS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_datasets: u64,
+    /// The most connections open at once (handshakes in progress count); more are refused
+    /// before their handshake, and their clients retry.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_connections: u64,
+    /// The most connections open at once from one IP address (a NAT or a host of many
+    /// trainers may need more).
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_connections_per_address: u64,
+    /// The most requests one connection may have open at once: a client waits for a free
+    /// one, a peer that ignores the limit is disconnected.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_STREAMS_PER_CONNECTION, value_parser = clap::value_parser!(u32).range(4..))]
+    pub(crate) max_streams_per_connection: u32,
+    /// Milliseconds one request may take to arrive, from its first byte to its last: a slower
+    /// sender (or one that opens requests and sends nothing) is disconnected.
+    #[arg(long = "request-timeout-ms", default_value_t = millis(coordinator_defaults().request_timeout), value_parser = clap::value_parser!(u64).range(100..))]
+    pub(crate) request_timeout_ms: u64,
+    /// A folder datasets must be in (repeat for several): `dataset add` of a manifest outside
+    /// every one (after symlinks are resolved) is refused [default: anywhere this coordinator
+    /// can read], and so is one listing a shard outside them (judged by its path where this
+    /// host lacks the file). Manifests must be regular files of at most 256 MiB in any case.
+    #[arg(long = "dataset-root", value_name = "DIR")]
+    pub(crate) dataset_roots: Vec<PathBuf>,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// The coordinator's address HOST:PORT, or the addresses of a replicated coordinator's nodes
+    /// as HOST:PORT,HOST:PORT,... (the worker follows the leader among them).
+    #[arg(long, env = "STOKER_COORDINATOR", default_value = "127.0.0.1:7400")]
+    pub(crate) coordinator: String,
+    /// Address to listen on for trainers: UDP (QUIC), and with --batch-transport tcp the same
+    /// port on TCP too (bulk connections).
+    #[arg(long, default_value = "0.0.0.0:7500")]
+    pub(crate) listen: String,
+    /// How batches go to trainers: `tcp` sends them on each trainer's bulk connection (TLS
+    /// 1.3 over TCP at --listen's port, about half QUIC's CPU per GB across hosts) and over
+    /// QUIC to trainers without one; `quic` listens on UDP only and sends every batch over
+    /// QUIC.
+    #[arg(long, env = "STOKER_BATCH_TRANSPORT", default_value = "tcp", value_name = "tcp|quic")]
+    pub(crate) batch_transport: BatchTransport,
+    /// Address trainers use to reach this worker [default: --listen; required when it is 0.0.0.0].
+    #[arg(long)]
+    pub(crate) advertise: Option<String>,
+    /// Decode threads [default: number of CPUs].
+    #[arg(long)]
+    pub(crate) threads: Option<usize>,
+    /// Batches made or in delivery at once [default: 2 x threads, at least 4].
+    #[arg(long)]
+    pub(crate) in_flight: Option<usize>,
+    /// Milliseconds one batch's delivery may take (until the trainer acknowledged every byte)
+    /// before it is failed and made again: a trainer that stopped reading does not hold this
+    /// worker's slots.
+    #[arg(long, default_value_t = millis(worker_defaults().delivery_timeout))]
+    pub(crate) delivery_timeout_ms: u64,
+    /// Milliseconds a job may go without work here before its pipeline (decode threads, batch
+    /// buffers, mapped shards) is released; a job the coordinator no longer lists as live (all
+    /// its trainers gone) is released at once.
+    #[arg(long, default_value_t = millis(worker_defaults().job_idle))]
+    pub(crate) job_idle_ms: u64,
+    /// Largest UDP payload for batches to trainers on other hosts. MTU discovery probes up to
+    /// it, so too high costs only probes. Raise it where every hop carries jumbo frames (9000-byte
+    /// MTU: 8952). Trainers on this host always get 65527 (loopback).
+    #[arg(long, default_value_t = stoker_net::ETHERNET_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    pub(crate) max_udp_payload: u16,
+    /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (alive) and /readyz
+    /// (registered with the coordinator), on this TCP address; `off` serves nothing.
+    #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7501", value_name = "ADDR|off")]
+    pub(crate) metrics_listen: MetricsListen,
+    /// Bytes of batch buffers one job may hold here (its batches in flight x one batch's
+    /// bytes; each job its own): a job with large batches gets fewer buffers, and a job two
+    /// batches of which do not fit is left to other workers [default: half the memory of the
+    /// machine or of the container's limit, whichever is less].
+    #[arg(long, value_name = "BYTES")]
+    pub(crate) max_batch_memory: Option<u64>,
+    /// A folder datasets must be in (repeat for several): a job whose manifest or shards are
+    /// outside every one (after symlinks are resolved) is refused here before anything of it
+    /// is read, said in the log and reported stuck (`stoker status`), so that workers whose
+    /// roots hold it make it [default: anywhere this worker can read]. Shards and manifests must be regular
+    /// files in any case (no devices, no FIFOs).
+    #[arg(long = "dataset-root", value_name = "DIR")]
+    pub(crate) dataset_roots: Vec<PathBuf>,
+    /// The most trainer connections open at once (handshakes in progress count); more are
+    /// refused before their handshake.
+    #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_connections: u64,
+    /// The most trainer connections open at once from one IP address.
+    #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_connections_per_address: u64,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
+}
 
 /// How long a stopping node waits for its blocking tasks: one stuck opening a dataset on a
 /// hung file system never returns, and must not keep the process from exiting.
@@ -23,6 +187,37 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let listen = resolve(&args.listen)?;
     let socket = UdpSocket::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let config = coordinator_config(&args)?;
+    let runtime = runtime()?;
+    let _guard = runtime.enter();
+    let tls = args.tls.source()?.load(Role::Coordinator)?;
+    let metrics = Metrics::for_role("coordinator")?;
+    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
+    let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &tls, &metrics))?;
+    eprintln!("coordinator {} listening on {} (data in {}); Ctrl-C stops it", args.node_id, handle.local_addr(), args.data_dir.display());
+    runtime.block_on(stop_signal())?;
+    handle.shutdown();
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a coordinator is told when nothing is said: the arguments' defaults.
+fn coordinator_defaults() -> CoordinatorConfig {
+    CoordinatorConfig::new(PathBuf::new())
+}
+
+/// What a worker is told when nothing is said: the arguments' defaults.
+fn worker_defaults() -> WorkerConfig {
+    WorkerConfig::new(1)
+}
+
+/// Whole milliseconds of `duration`, as the `--*-ms` arguments take them.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The coordinator's config as `args` say.
+fn coordinator_config(args: &CoordinatorArgs) -> anyhow::Result<CoordinatorConfig> {
     let mut config = CoordinatorConfig::new(args.data_dir.clone());
     config.lease_ttl = Duration::from_millis(args.lease_ttl_ms);
     config.trainer_ttl = Duration::from_millis(args.trainer_ttl_ms);
@@ -52,17 +247,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
     config.max_streams_per_connection = args.max_streams_per_connection;
     config.request_timeout = Duration::from_millis(args.request_timeout_ms);
-    let runtime = runtime()?;
-    let _guard = runtime.enter();
-    let tls = args.tls.source()?.load(Role::Coordinator)?;
-    let metrics = Metrics::for_role("coordinator")?;
-    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
-    let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &tls, &metrics))?;
-    eprintln!("coordinator {} listening on {} (data in {}); Ctrl-C stops it", args.node_id, handle.local_addr(), args.data_dir.display());
-    runtime.block_on(stop_signal())?;
-    handle.shutdown();
-    runtime.shutdown_timeout(SHUTDOWN_GRACE);
-    Ok(ExitCode::SUCCESS)
+    Ok(config)
 }
 
 /// Wait for Ctrl-C (SIGINT) or SIGTERM (what `docker stop` and Kubernetes send).
@@ -119,8 +304,25 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     }
     let socket = stoker_worker::bind_socket(listen, args.batch_transport).with_context(|| format!("cannot listen on {listen}"))?;
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
-    let mut config = WorkerConfig::new(threads);
+    let mut config = worker_config(&args, threads)?;
     config.advertise = advertise;
+    let runtime = runtime()?;
+    let _guard = runtime.enter();
+    let tls = args.tls.source()?.load(Role::Worker)?;
+    let api = QuicCoordinator::with_addrs(coordinator.clone(), &tls)?;
+    let metrics = Metrics::for_role("worker")?;
+    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
+    let handle = stoker_worker::start(config, socket, &tls, api, &metrics)?;
+    eprintln!("worker listening on {} with {threads} decode threads, coordinator {coordinator}; Ctrl-C stops it", handle.local_addr());
+    runtime.block_on(stop_signal())?;
+    runtime.block_on(handle.shutdown());
+    runtime.shutdown_timeout(SHUTDOWN_GRACE);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The worker's config as `args` say, with `threads` decode threads (its address aside).
+fn worker_config(args: &WorkerArgs, threads: usize) -> anyhow::Result<WorkerConfig> {
+    let mut config = WorkerConfig::new(threads);
     config.batch_transport = args.batch_transport;
     config.tuning.max_udp_payload = args.max_udp_payload;
     if let Some(in_flight) = args.in_flight {
@@ -134,16 +336,51 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     config.dataset_roots = DatasetRoots::new(args.dataset_roots.iter().cloned())?;
     config.max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
     config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
-    let runtime = runtime()?;
-    let _guard = runtime.enter();
-    let tls = args.tls.source()?.load(Role::Worker)?;
-    let api = QuicCoordinator::with_addrs(coordinator.clone(), &tls)?;
-    let metrics = Metrics::for_role("worker")?;
-    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
-    let handle = stoker_worker::start(config, socket, &tls, api, &metrics)?;
-    eprintln!("worker listening on {} with {threads} decode threads, coordinator {coordinator}; Ctrl-C stops it", handle.local_addr());
-    runtime.block_on(stop_signal())?;
-    runtime.block_on(handle.shutdown());
-    runtime.shutdown_timeout(SHUTDOWN_GRACE);
-    Ok(ExitCode::SUCCESS)
+    Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{coordinator_config, coordinator_defaults, worker_config, worker_defaults};
+    use crate::args::{Cli, Command};
+
+    /// `stoker coordinator` and `stoker worker` with no flags run as the libraries' configs do
+    /// by default: a default restated in the CLI cannot drift from the real one.
+    #[test]
+    fn the_clap_defaults_are_the_config_defaults() {
+        let Command::Coordinator(args) = Cli::parse_from(["stoker", "coordinator"]).command else { panic!("a coordinator command") };
+        let parsed = coordinator_config(&args).expect("config");
+        let defaults = coordinator_defaults();
+        assert_eq!(parsed.lease_ttl, defaults.lease_ttl);
+        assert_eq!(parsed.lease_stall, defaults.lease_stall);
+        assert_eq!(parsed.heartbeat, defaults.heartbeat);
+        assert_eq!(parsed.trainer_ttl, defaults.trainer_ttl);
+        assert_eq!(parsed.chunk_steps, defaults.chunk_steps);
+        assert_eq!(parsed.job_ttl, defaults.job_ttl);
+        assert_eq!(parsed.node_id, defaults.node_id);
+        assert_eq!(parsed.max_batch_bytes, defaults.max_batch_bytes);
+        assert_eq!(parsed.max_world_size, defaults.max_world_size);
+        assert_eq!(parsed.max_prefetch, defaults.max_prefetch);
+        assert_eq!(parsed.max_jobs, defaults.max_jobs);
+        assert_eq!(parsed.max_datasets, defaults.max_datasets);
+        assert_eq!(parsed.max_connections, defaults.max_connections);
+        assert_eq!(parsed.max_connections_per_address, defaults.max_connections_per_address);
+        assert_eq!(parsed.max_streams_per_connection, defaults.max_streams_per_connection);
+        assert_eq!(parsed.request_timeout, defaults.request_timeout);
+        assert_eq!(parsed.dataset_roots, defaults.dataset_roots);
+
+        let Command::Worker(args) = Cli::parse_from(["stoker", "worker"]).command else { panic!("a worker command") };
+        let parsed = worker_config(&args, 1).expect("config");
+        let defaults = worker_defaults();
+        assert_eq!(parsed.in_flight, defaults.in_flight);
+        assert_eq!(parsed.delivery_timeout, defaults.delivery_timeout);
+        assert_eq!(parsed.job_idle, defaults.job_idle);
+        assert_eq!(parsed.tuning.max_udp_payload, defaults.tuning.max_udp_payload);
+        assert_eq!(parsed.max_batch_memory, defaults.max_batch_memory);
+        assert_eq!(parsed.max_connections, defaults.max_connections);
+        assert_eq!(parsed.max_connections_per_address, defaults.max_connections_per_address);
+        assert_eq!(parsed.batch_transport, defaults.batch_transport);
+    }
 }

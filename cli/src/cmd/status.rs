@@ -1,12 +1,22 @@
 //! `stoker status`: one table of the cluster.
 
+use crate::flags::CoordinatorAddr;
+use clap::Args;
 use std::process::ExitCode;
 
 use stoker_proto::expect_response;
 use stoker_proto::{ClusterStatus, ControlRequest, JobStatus};
 
 use super::remote::call;
-use crate::args::StatusArgs;
+
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    pub(crate) coordinator: CoordinatorAddr,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
 
 pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     let status = expect_response!(call(&args.coordinator, ControlRequest::Status)?, Status { status })?;

@@ -4,14 +4,73 @@
 //! worker drew, then compare pixels.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
+use clap::Args;
 use serde_json::json;
 use stoker_plan::transform::{Recipe, SampleGeometry, TransformSpec};
 use stoker_worker::SampleMaker;
 
-use crate::args::TransformArgs;
+#[derive(Debug, Args)]
+pub(crate) struct TransformArgs {
+    /// The JPEG to transform. Without it, --source-size gives the source's size and only the
+    /// geometry is drawn.
+    #[arg(required_unless_present = "source_size")]
+    pub(crate) image: Option<PathBuf>,
+    /// The TransformSpec, JSON (what `stoker.Loader` sends: {"transforms": [...], "layout":
+    /// "NHWC", "dct_scaling": true}).
+    #[arg(long, value_name = "JSON")]
+    pub(crate) spec: String,
+    /// Augmentation seeds: `N`, `A..B` (B excluded) or a comma-separated list of both.
+    #[arg(long, default_value = "0", value_name = "SEEDS", value_parser = parse_seeds)]
+    pub(crate) seeds: Seeds,
+    /// Write each output to DIR/SEED.raw: the sample's bytes as they sit in a batch (the
+    /// spec's layout and dtype, little-endian).
+    #[arg(long, value_name = "DIR", conflicts_with = "source_size")]
+    pub(crate) out: Option<PathBuf>,
+    /// Draw only the geometry, for a source of WIDTHxHEIGHT pixels (no image is read).
+    #[arg(long, value_name = "WIDTHxHEIGHT", value_parser = parse_source_size)]
+    pub(crate) source_size: Option<(u32, u32)>,
+}
+
+/// The augmentation seeds of `stoker transform`.
+#[derive(Clone, Debug)]
+pub(crate) struct Seeds(pub(crate) Vec<u64>);
+
+/// `7`, `0..100` or `1,5,10..20`: the seeds of `stoker transform`, at most a million.
+pub(crate) fn parse_seeds(text: &str) -> Result<Seeds, String> {
+    const MAX_SEEDS: u64 = 1_000_000;
+    let mut seeds = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        let parse = |number: &str| number.trim().parse::<u64>().map_err(|error| format!("{number:?} is not a seed: {error}"));
+        match part.split_once("..") {
+            Some((start, end)) => {
+                let (start, end) = (parse(start)?, parse(end)?);
+                if end.saturating_sub(start) + seeds.len() as u64 > MAX_SEEDS {
+                    return Err(format!("{part}: at most {MAX_SEEDS} seeds"));
+                }
+                seeds.extend(start..end);
+            }
+            None => seeds.push(parse(part)?),
+        }
+    }
+    if seeds.is_empty() || seeds.len() as u64 > MAX_SEEDS {
+        return Err(format!("give between 1 and {MAX_SEEDS} seeds"));
+    }
+    Ok(Seeds(seeds))
+}
+
+/// `640x480` → (640, 480).
+pub(crate) fn parse_source_size(text: &str) -> Result<(u32, u32), String> {
+    let parsed = text.split_once('x').and_then(|(width, height)| Some((width.parse::<u32>().ok()?, height.parse::<u32>().ok()?)));
+    match parsed {
+        Some((width, height)) if width > 0 && height > 0 => Ok((width, height)),
+        _ => Err(format!("{text:?}: give WIDTHxHEIGHT, both positive, e.g. 640x480")),
+    }
+}
 
 pub(crate) fn run(args: TransformArgs) -> anyhow::Result<ExitCode> {
     let spec: TransformSpec = serde_json::from_str(&args.spec).context("--spec is not a valid TransformSpec")?;
@@ -73,7 +132,7 @@ fn geometry_json(geometry: &SampleGeometry) -> serde_json::Value {
 
 #[cfg(test)]
 mod tests {
-    use crate::args::{parse_seeds, parse_source_size};
+    use super::{parse_seeds, parse_source_size};
 
     #[test]
     fn seeds_are_numbers_ranges_and_lists_of_them() {

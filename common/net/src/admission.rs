@@ -5,9 +5,10 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use tracing::warn;
 
 /// How often at most a refusal is logged (each is counted in the metrics).
@@ -51,7 +52,7 @@ impl Admission {
     /// by their /64 (one host may hold a whole one).
     pub fn admit(self: &Arc<Self>, address: IpAddr) -> Result<Admitted, String> {
         let address = counted_as(address);
-        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = self.open.lock();
         let from_address = open.by_address.get(&address).copied().unwrap_or(0);
         let refusal_opt = if open.total >= self.total {
             Some(format!("{} connections are open, the limit (--max-connections {})", open.total, self.total))
@@ -91,7 +92,7 @@ fn counted_as(address: IpAddr) -> IpAddr {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        let mut open = self.admission.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut open = self.admission.open.lock();
         open.total = open.total.saturating_sub(1);
         if let Some(count) = open.by_address.get_mut(&self.address) {
             *count -= 1;

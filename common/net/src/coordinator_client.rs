@@ -5,9 +5,10 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex as SyncMutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex as SyncMutex;
 use quinn::{Connection, Endpoint};
 use tokio::sync::Mutex;
 use tracing::{debug, info};
@@ -95,12 +96,12 @@ impl QuicCoordinator {
         self.known().all().to_vec()
     }
 
-    fn known(&self) -> std::sync::MutexGuard<'_, KnownCoordinators> {
-        self.known.lock().unwrap_or_else(PoisonError::into_inner)
+    fn known(&self) -> parking_lot::MutexGuard<'_, KnownCoordinators> {
+        self.known.lock()
     }
 
     fn slot(&self, addr: SocketAddr) -> Slot {
-        let mut connections = self.connections.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut connections = self.connections.lock();
         Arc::clone(connections.entry(addr).or_default())
     }
 

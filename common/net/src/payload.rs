@@ -8,7 +8,9 @@
 //! unmapped.
 
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 /// Freed payload buffers, at most `keep` of them.
 #[derive(Clone, Debug)]
@@ -33,7 +35,7 @@ impl PayloadPool {
     /// one. Its contents are unspecified; the caller overwrites all of it.
     pub fn take(&self, len: usize) -> Payload {
         let reused_opt = {
-            let mut free = self.inner.free.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut free = self.inner.free.lock();
             // The smallest buffer that fits, so one short final batch does not pin a big one.
             let best_opt = free.iter().enumerate().filter(|(_, bytes)| bytes.len() >= len).min_by_key(|(_, bytes)| bytes.len());
             best_opt.map(|(index, _)| index).map(|index| free.swap_remove(index))
@@ -44,7 +46,7 @@ impl PayloadPool {
 
     /// Buffers waiting to be reused.
     pub fn free_buffers(&self) -> usize {
-        self.inner.free.lock().unwrap_or_else(PoisonError::into_inner).len()
+        self.inner.free.lock().len()
     }
 }
 
@@ -82,7 +84,7 @@ impl DerefMut for Payload {
 impl Drop for Payload {
     fn drop(&mut self) {
         let Some(pool) = self.home.upgrade() else { return };
-        let mut free = pool.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut free = pool.free.lock();
         if free.len() < pool.keep {
             free.push(std::mem::take(&mut self.bytes));
         }

@@ -11,13 +11,14 @@ pub mod error;
 mod http;
 pub mod process;
 
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 
 pub use self::http::{MetricsServer, serve};
 pub use prometheus;
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
 use crate::error::ObsError;
+use parking_lot::Mutex;
 
 type Hook = Box<dyn Fn() + Send + Sync>;
 type Readiness = Box<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -73,17 +74,17 @@ impl Metrics {
 
     /// Run `hook` before every scrape (to set figures computed from state).
     pub fn on_scrape(&self, hook: impl Fn() + Send + Sync + 'static) {
-        self.inner.scrape.lock().unwrap_or_else(PoisonError::into_inner).push(Box::new(hook));
+        self.inner.scrape.lock().push(Box::new(hook));
     }
 
     /// What `/readyz` checks: `Err(reason)` answers 503 with the reason. The last one set wins.
     pub fn set_readiness(&self, check: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
-        *self.inner.readiness.lock().unwrap_or_else(PoisonError::into_inner) = Some(Box::new(check));
+        *self.inner.readiness.lock() = Some(Box::new(check));
     }
 
     /// Whether the process is ready, and if not why.
     pub fn ready(&self) -> Result<(), String> {
-        match &*self.inner.readiness.lock().unwrap_or_else(PoisonError::into_inner) {
+        match &*self.inner.readiness.lock() {
             Some(check) => check(),
             None => Ok(()),
         }
@@ -91,7 +92,7 @@ impl Metrics {
 
     /// Every metric in Prometheus' text format, after running the scrape hooks.
     pub fn render(&self) -> Result<Vec<u8>, ObsError> {
-        let hooks = self.inner.scrape.lock().unwrap_or_else(PoisonError::into_inner);
+        let hooks = self.inner.scrape.lock();
         for hook in hooks.iter() {
             hook();
         }

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 
 use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
+use stoker_plan::transform::TransformSpec;
 use stoker_plan::{Checkpoint, PlanSpec};
 
 /// A dataset registered with the coordinator.
@@ -33,8 +34,10 @@ pub struct JobSpec {
     pub dataset: String,
     /// Seed, world size, per-rank batch size, shuffle and tail.
     pub plan: PlanSpec,
-    /// The [`stoker_plan::transform::TransformSpec`] as JSON (its serde form is self-describing).
-    pub transforms: String,
+    /// The transforms. On the wire and on disk, their JSON text (a string, as before the field
+    /// was typed: see [`stoker_plan::transform::json_text`]).
+    #[serde(with = "stoker_plan::transform::json_text")]
+    pub transforms: TransformSpec,
     /// Flow window: no batch is made more than this many steps ahead of the slowest rank.
     pub prefetch: u32,
 }
@@ -489,3 +492,8 @@ pub struct RankStatus {
     /// Seconds it waited for data in total.
     pub wait_seconds: f64,
 }
+
+/// The wire encoding of a `JobSpec` (its transforms as JSON text) is pinned.
+#[cfg(test)]
+#[path = "control_tests.rs"]
+mod tests;

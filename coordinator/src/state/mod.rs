@@ -235,6 +235,7 @@ mod tests {
     use std::num::NonZeroU32;
 
     use stoker_plan::ids::{Epoch, Position};
+    use stoker_plan::transform::TransformSpec;
     use stoker_plan::{PlanSpec, Shuffle, Tail};
 
     use super::*;
@@ -250,7 +251,7 @@ mod tests {
                 shuffle: Shuffle::Full,
                 tail: Tail::Partial,
             },
-            transforms: "{}".to_owned(),
+            transforms: TransformSpec::new(Vec::new()),
             prefetch: 4,
         }
     }
@@ -327,8 +328,12 @@ mod tests {
         let json = serde_json::to_string(&command).expect("serialises");
         assert_eq!(
             json,
-            r#"{"command":"create_job","spec":{"name":"a","dataset":"train","plan":{"seed":1,"world_size":1,"batch_size":1,"shuffle":"full","tail":"partial"},"transforms":"{}","prefetch":4}}"#
+            r#"{"command":"create_job","spec":{"name":"a","dataset":"train","plan":{"seed":1,"world_size":1,"batch_size":1,"shuffle":"full","tail":"partial"},"transforms":"{\"transforms\":[],\"layout\":\"NHWC\",\"dct_scaling\":true,\"on_error\":\"replace\",\"max_image_pixels\":89478485}","prefetch":4}}"#
         );
         assert_eq!(serde_json::from_str::<Command>(&json).expect("parses"), command);
+        // The transform spec is the JSON text a trainer sent (defaults left out) in entries
+        // written before the field was typed: they read the same.
+        let written_before = r#"{"command":"create_job","spec":{"name":"a","dataset":"train","plan":{"seed":1,"world_size":1,"batch_size":1,"shuffle":"full","tail":"partial"},"transforms":"{\"transforms\": []}","prefetch":4}}"#;
+        assert_eq!(serde_json::from_str::<Command>(written_before).expect("parses"), command);
     }
 }

@@ -82,7 +82,7 @@ fn job_spec() -> JobSpec {
             shuffle: Shuffle::Block { samples: nonzero(64), blocks: nonzero(16) },
             tail: Tail::Pad,
         },
-        transforms: r#"{"transforms":[{"type":"RandomResizedCrop","size":224},{"type":"RandomHorizontalFlip"}]}"#.into(),
+        transforms: TransformSpec::imagenet_train(224),
         prefetch: 4,
     }
 }

@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use stoker_client::reorder::RunId;
+use stoker_client::reorder::RunKey;
 use stoker_coordinator::state::ClusterState;
 use stoker_coordinator::{Coordinator, CoordinatorConfig};
 use stoker_format::manifest::MANIFEST_VERSION;
@@ -200,9 +200,9 @@ pub(crate) struct Ctx {
     /// Workers alive now (index, generation), for trainers' hellos.
     alive_workers: Vec<(usize, u64)>,
     /// Times each step of each run of each rank was made in the quiet phase.
-    quiet_makes: std::collections::HashMap<(RunId, Rank, Step), u32>,
+    quiet_makes: std::collections::HashMap<(RunKey, Rank, Step), u32>,
     /// Times each chunk (by its first step) was refused in the quiet phase.
-    quiet_refusals: std::collections::HashMap<(RunId, Rank, Step), u32>,
+    quiet_refusals: std::collections::HashMap<(RunKey, Rank, Step), u32>,
     pub(crate) counts: FaultCounts,
     log: Vec<String>,
 }
@@ -273,7 +273,7 @@ impl Ctx {
     }
 
     /// A worker made `step` of `run` for `rank`: in the quiet phase, count it.
-    pub(crate) fn made(&mut self, run: RunId, rank: Rank, step: Step) {
+    pub(crate) fn made(&mut self, run: RunKey, rank: Rank, step: Step) {
         if !self.quiet() {
             return;
         }
@@ -284,7 +284,7 @@ impl Ctx {
 
     /// A worker refused the chunk of `run` for `rank` from `first_step` (its pipeline for the
     /// job is stuck): in the quiet phase, count it.
-    pub(crate) fn refused(&mut self, run: RunId, rank: Rank, first_step: Step) {
+    pub(crate) fn refused(&mut self, run: RunKey, rank: Rank, first_step: Step) {
         self.counts.refusals += 1;
         if !self.quiet() {
             return;
@@ -391,8 +391,7 @@ impl World {
             shuffle,
             tail,
         };
-        let transforms = serde_json::to_string(&TransformSpec::imagenet_train(8)).map_err(|error| error.to_string())?;
-        let spec = JobSpec { name: "model".into(), dataset: "model".into(), plan, transforms, prefetch };
+        let spec = JobSpec { name: "model".into(), dataset: "model".into(), plan, transforms: TransformSpec::imagenet_train(8), prefetch };
         let attached = coordinator
             .handle(ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client: 1 }, base)
             .map_err(|error| error.to_string())?;

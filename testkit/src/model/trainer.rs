@@ -15,7 +15,7 @@
 use std::sync::Arc;
 
 use stoker_client::protocol::{Delivered, MissingDamper, Offered, Open, Report, TrainerProtocol};
-use stoker_client::reorder::RunId;
+use stoker_client::reorder::RunKey;
 use stoker_plan::ids::{Epoch, JobId, Rank, SessionId, Step};
 use stoker_plan::{Checkpoint, EpochPlan};
 use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
@@ -26,14 +26,14 @@ use super::{Ctx, Sender, Setup};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct SimBatch {
     pub(crate) job: JobId,
-    pub(crate) run: RunId,
+    pub(crate) run: RunKey,
     pub(crate) rank: Rank,
     pub(crate) step: Step,
     pub(crate) digest: u64,
 }
 
 impl Delivered for SimBatch {
-    fn run(&self) -> RunId {
+    fn run(&self) -> RunKey {
         self.run
     }
 

@@ -8,8 +8,10 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use parking_lot::{Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -50,7 +52,7 @@ pub(super) struct Impairments(pub(super) Arc<Mutex<BTreeMap<u8, Impairment>>>);
 
 impl Impairments {
     pub(super) fn lock(&self) -> MutexGuard<'_, BTreeMap<u8, Impairment>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.lock()
     }
 }
 
@@ -150,7 +152,7 @@ fn forward(tun: &OwnedFd, impairments: &Mutex<BTreeMap<u8, Impairment>>, stop: &
         let timeout = wait.min(Duration::from_millis(50)).as_micros().div_ceil(1000) as libc::c_int;
         // SAFETY: one valid pollfd.
         unsafe { libc::poll(&mut poll, 1, timeout) };
-        let table = impairments.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let table = impairments.lock().clone();
         for _ in 0..256 {
             // SAFETY: reading into a buffer of its own length.
             let read = unsafe { libc::read(tun.as_raw_fd(), buffer.as_mut_ptr().cast(), buffer.len()) };

@@ -25,8 +25,10 @@ use std::ffi::OsStr;
 use std::net::Ipv4Addr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 pub use self::delay_line::Impairment;
@@ -168,14 +170,14 @@ impl Lab {
     pub fn spawn(&self, mut command: Command) -> Result<u32, LabError> {
         let child = command.spawn().map_err(|error| format!("cannot start {command:?}: {error}"))?;
         let pid = child.id();
-        self.children.lock().unwrap_or_else(PoisonError::into_inner).push(child);
+        self.children.lock().push(child);
         Ok(pid)
     }
 
     /// Kill `child` (started with [`Lab::spawn_owned`]) when the lab is dropped; returns its pid.
     pub fn adopt(&self, child: Child) -> u32 {
         let pid = child.id();
-        self.children.lock().unwrap_or_else(PoisonError::into_inner).push(child);
+        self.children.lock().push(child);
         pid
     }
 
@@ -213,7 +215,7 @@ impl Lab {
 
     /// `kill -9` process `pid` (started by [`Lab::spawn`]) and reap it.
     pub fn kill(&self, pid: u32) -> Result<(), LabError> {
-        let mut children = self.children.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut children = self.children.lock();
         let position = children.iter().position(|child| child.id() == pid).ok_or_else(|| format!("no process {pid} in this lab"))?;
         let mut child = children.remove(position);
         let killed = child.kill().map_err(|error| format!("kill -9 {pid}: {error}"));
@@ -260,7 +262,7 @@ impl Lab {
 
     /// Send forwarded packets through the delay line (`on`), or straight (`off`).
     fn route_through_delay_line(&self, on: bool) -> Result<(), LabError> {
-        let mut line = self.delay_line.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut line = self.delay_line.lock();
         match (on, line.is_some()) {
             (true, false) => {
                 let started = DelayLine::start(&self.router, Arc::clone(&self.impairments.0))?;
@@ -288,18 +290,18 @@ impl Lab {
 
     /// Packets the delay line dropped for loss or a full queue, and forwarded.
     pub fn delay_line_counts(&self) -> (u64, u64) {
-        self.delay_line.lock().unwrap_or_else(PoisonError::into_inner).as_ref().map_or((0, 0), DelayLine::counts)
+        self.delay_line.lock().as_ref().map_or((0, 0), DelayLine::counts)
     }
 }
 
 impl Drop for Lab {
     fn drop(&mut self) {
         // Processes first: a process in a removed namespace would live on, unreachable.
-        for mut child in self.children.lock().unwrap_or_else(PoisonError::into_inner).drain(..) {
+        for mut child in self.children.lock().drain(..) {
             let _ = child.kill();
             let _ = child.wait();
         }
-        if let Some(line) = self.delay_line.lock().unwrap_or_else(PoisonError::into_inner).take() {
+        if let Some(line) = self.delay_line.lock().take() {
             line.stop();
         }
         kill_processes_in(self.hosts.iter().map(|host| host.namespace.as_str()).chain([self.router.as_str()]));

@@ -11,7 +11,9 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -89,7 +91,7 @@ impl BulkLink {
         });
         let writing = tokio::spawn(write_loop(writer, queued, Arc::clone(&owed), Arc::downgrade(&link)));
         let reading = tokio::spawn(read_loop(reader, owed, Arc::downgrade(&link)));
-        link.tasks.lock().unwrap_or_else(PoisonError::into_inner).extend([writing, reading]);
+        link.tasks.lock().extend([writing, reading]);
         link
     }
 
@@ -148,7 +150,7 @@ impl BulkLink {
             debug!(peer = %self.peer, why, "closing a bulk connection");
         }
         self.closing.notify_waiters();
-        for task in self.tasks.lock().unwrap_or_else(PoisonError::into_inner).drain(..) {
+        for task in self.tasks.lock().drain(..) {
             task.abort();
         }
         fail_owed(&self.owed, &BulkError::Closed);
@@ -163,7 +165,7 @@ impl Drop for BulkLink {
 
 /// Close the book of answers: every batch owed one fails, and none is filed or matched after.
 fn fail_owed(owed: &Owed, error: &BulkError) {
-    let closed = owed.lock().unwrap_or_else(PoisonError::into_inner).take();
+    let closed = owed.lock().take();
     for answer in closed.into_iter().flatten() {
         let _ = answer.send(Err(DeliveryError::Bulk(BulkError::Protocol(format!("the bulk connection failed: {error}")))));
     }
@@ -177,7 +179,7 @@ async fn write_loop(mut writer: BulkWriter, mut queued: mpsc::Receiver<Outgoing>
         if turn.compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_err() {
             continue;
         }
-        match owed.lock().unwrap_or_else(PoisonError::into_inner).as_mut() {
+        match owed.lock().as_mut() {
             Some(owed) => owed.push_back(answer),
             // Closed: the batch goes back unsent (its answer is dropped).
             None => return,
@@ -199,7 +201,7 @@ async fn read_loop(mut reader: BulkReader, owed: Arc<Owed>, link: Weak<BulkLink>
             Ok(reply) => reply,
             Err(error) => break error,
         };
-        let answer = match owed.lock().unwrap_or_else(PoisonError::into_inner).as_mut().map(VecDeque::pop_front) {
+        let answer = match owed.lock().as_mut().map(VecDeque::pop_front) {
             Some(Some(answer)) => answer,
             Some(None) => break BulkError::Protocol("the trainer answered a batch it was not sent".to_owned()),
             // Closed meanwhile: every batch owed an answer has failed already.

@@ -10,9 +10,10 @@
 //! that claims the rank's session, or a newer one, is kept apart and gets nothing of it.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use quinn::Connection;
 use stoker_net::{PeerIdentity, REQUEST_TIMEOUT, Role, SUPERSEDED_CLOSE_CODE, TlsConfigs};
 use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
@@ -97,7 +98,7 @@ impl Trainers {
 
     /// The rank's connection; with `patient`, not yet if its announced bulk connection is due.
     fn live(&self, job: JobId, rank: Rank, oldest: SessionId, owner: CertKey, patient: bool) -> Lookup {
-        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let connections = self.connections.lock();
         let Some(entries) = connections.get(&(job, rank)) else { return Lookup::Absent };
         for entry in entries.iter().filter(|entry| entry.is_open() && self.tls.is_denied(&entry.key)) {
             warn!(key = %entry.key, "closing a trainer connection: its certificate was revoked since it connected");
@@ -155,19 +156,19 @@ impl Trainers {
     /// Trainer connections still open (closed ones stay listed until a newer trainer of the
     /// rank connects).
     pub(crate) fn open(&self) -> usize {
-        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let connections = self.connections.lock();
         connections.values().flatten().filter(|entry| entry.is_open()).count()
     }
 
     /// Bulk connections open now.
     pub(crate) fn bulk_open(&self) -> usize {
-        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let connections = self.connections.lock();
         connections.values().flatten().filter(|entry| entry.bulk.as_ref().is_some_and(|bulk| bulk.is_open())).count()
     }
 
     /// Close every bulk connection (see `WorkerHandle::break_bulk_connections`).
     pub(crate) fn close_all_bulk(&self, why: &str) {
-        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let connections = self.connections.lock();
         for bulk in connections.values().flatten().filter_map(|entry| entry.bulk.as_ref()) {
             bulk.close(why);
         }
@@ -175,7 +176,7 @@ impl Trainers {
 
     /// Trainers connected now.
     pub(crate) fn count(&self) -> usize {
-        self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).values().map(Vec::len).sum()
+        self.connections.lock().values().map(Vec::len).sum()
     }
 
     /// Serve one incoming trainer connection of `peer`: read its hello, answer, and register it.
@@ -228,7 +229,7 @@ impl Trainers {
     /// certificate is connected; a session's own new connection (after a connection loss)
     /// replaces its old one.
     fn register(&self, hello: &TrainerHello, key: CertKey, connection: &Connection) -> Result<(), RemoteError> {
-        let mut connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut connections = self.connections.lock();
         // Closed connections go, every rank's (their bulk connections with them); and one
         // certificate holds a bounded number.
         connections.retain(|_, entries| {
@@ -286,7 +287,7 @@ impl Trainers {
     }
 
     fn with_entry<T>(&self, hello: &TrainerHello, key: CertKey, act: impl FnOnce(&mut Entry) -> T) -> Result<T, RemoteError> {
-        let mut connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut connections = self.connections.lock();
         let entry = connections
             .get_mut(&(hello.job, hello.rank))
             .and_then(|entries| entries.iter_mut().find(|entry| entry.key == key && entry.session == hello.session && entry.is_open()));
@@ -304,7 +305,7 @@ impl Trainers {
 
     /// `connection` closed: close its bulk connection too.
     pub(crate) fn closed(&self, connection: &Connection) {
-        let connections = self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let connections = self.connections.lock();
         for entry in connections.values().flatten().filter(|entry| entry.connection.stable_id() == connection.stable_id()) {
             if let Some(bulk) = &entry.bulk {
                 bulk.close("its trainer's QUIC connection closed");

@@ -13,6 +13,7 @@
 mod quic;
 mod tcp;
 
+use clap::Args;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -30,7 +31,36 @@ use stoker_proto::{ALPN, BatchHeader};
 
 use stoker_testkit::netns::Lab;
 
-use crate::args::BenchDeliveryArgs;
+#[derive(Debug, Args)]
+pub(crate) struct BenchDeliveryArgs {
+    /// Samples per batch (the batch is BATCH_SIZE x SIZE x SIZE x 3 bytes).
+    #[arg(long, default_value_t = 256)]
+    pub(crate) batch_size: u32,
+    /// Image side.
+    #[arg(long, default_value_t = 224)]
+    pub(crate) size: u32,
+    /// Seconds to measure each variant, after one second of warm-up.
+    #[arg(long, default_value_t = 5.0)]
+    pub(crate) seconds: f64,
+    /// Also measure Stoker's settings with this largest UDP payload [default: 65527 on
+    /// loopback; with --netns, what --mtu carries (MTU - 48: 8952 at 9000) when above 1500].
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    pub(crate) max_udp_payload: Option<u16>,
+    /// Measure between two hosts instead of on loopback: the sender and the receiver each in a
+    /// network namespace of its own, joined by veth links through a router at --mtu (needs
+    /// root; the namespaces are removed afterwards).
+    #[arg(long)]
+    pub(crate) netns: bool,
+    /// The links' MTU with --netns (1500; 9000 for jumbo frames, with --max-udp-payload 8952).
+    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u32).range(1280..=65000))]
+    pub(crate) mtu: u32,
+    /// Run only the variants whose name contains this (e.g. `bulk`, `tcp`, `rustls`, `defaults`, `pool`).
+    #[arg(long, value_name = "TEXT")]
+    pub(crate) only: Option<String>,
+    /// Print one JSON object.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
 
 /// Batches a worker has in flight to one trainer at once (its default `in_flight` is 4).
 const IN_FLIGHT: usize = 4;

@@ -14,9 +14,10 @@
 //! never resume). Anything else after the handshake is a protocol error.
 
 use std::ops::Range;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 
+use parking_lot::Mutex;
 use ring::aead::{AES_128_GCM, AES_256_GCM, Aad, CHACHA20_POLY1305, LessSafeKey, Nonce, UnboundKey};
 use rustls::ConnectionTrafficSecrets;
 use rustls::client::ClientConnectionData;
@@ -91,7 +92,7 @@ impl Shared {
     }
 
     fn next_secret(&self, sending: bool) -> Result<ConnectionTrafficSecrets, BulkError> {
-        self.kernel.lock().unwrap_or_else(PoisonError::into_inner).next_secret(sending)
+        self.kernel.lock().next_secret(sending)
     }
 }
 
@@ -144,7 +145,7 @@ where
     W: AsyncWrite + Unpin,
 {
     pub(crate) fn new(io: W, tx: Direction, shared: Arc<Shared>) -> Self {
-        let limit = shared.kernel.lock().unwrap_or_else(PoisonError::into_inner).confidentiality_limit();
+        let limit = shared.kernel.lock().confidentiality_limit();
         let per_key = RECORDS_PER_KEY.min(limit / 2).max(1);
         Self { io, tx, shared, out: Vec::with_capacity(WRITE_BATCH + MAX_CIPHERTEXT + HEADER), records: 0, per_key }
     }

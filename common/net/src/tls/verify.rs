@@ -4,9 +4,10 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::SystemTime;
 
+use parking_lot::Mutex;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
@@ -36,7 +37,7 @@ impl DenyList {
             && path.exists()
         {
             let keys = read_deny_list(path)?;
-            *list.loaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = (modified(path), keys);
+            *list.loaded.lock() = (modified(path), keys);
         }
         Ok(list)
     }
@@ -47,7 +48,7 @@ impl DenyList {
     /// does not cut off every peer. A list that was removed denies nothing.
     pub(crate) fn denies(&self, key: &CertKey) -> bool {
         let Some(path) = &self.path else { return false };
-        let mut loaded = self.loaded.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut loaded = self.loaded.lock();
         let stamp = modified(path);
         if stamp != loaded.0 {
             match path.exists().then(|| read_deny_list(path)).transpose() {

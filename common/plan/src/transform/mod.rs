@@ -10,6 +10,7 @@
 //!   are part of the determinism contract: a batch is a pure function of its inputs.
 
 pub mod crop;
+pub mod json_text;
 mod recipe;
 
 use serde::{Deserialize, Serialize};
@@ -211,6 +212,11 @@ pub struct TransformSpec {
     #[serde(default = "default_max_pixels")]
     pub max_image_pixels: u64,
 }
+
+/// Specs hold no NaN, so equality is total: JSON (their form on the wire) cannot carry one, and
+/// [`Recipe::new`], which every job's spec passes before anything makes it, refuses non-finite
+/// values.
+impl Eq for TransformSpec {}
 
 fn default_true() -> bool {
     true

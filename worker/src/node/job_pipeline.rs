@@ -1,30 +1,17 @@
-//! One decode pipeline per job (its transform spec and batch size fix the pipeline's recipe
-//! and buffers). Chunks become batch requests; a thread per pipeline hands finished batches,
-//! with the lease they belong to, to the node's async side.
-//!
-//! Pipelines and datasets are made on blocking threads and shared through once-cells, so no
-//! lock is held while a dataset opens (an NFS hang, a huge manifest) and other jobs go on. A
-//! job's pipeline (threads, pre-touched batch buffers) and its mapped dataset are released
-//! when the job has had no work for the configured idle time or the coordinator no longer
-//! lists it as live ([`release_idle`]).
+//! One job's decode pipeline: chunks become batch requests; a thread per pipeline hands
+//! finished batches, with the lease they belong to, to the node's async side.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
-use stoker_format::error::ShardError;
+use parking_lot::Mutex;
 use stoker_plan::EpochPlan;
 use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
-use stoker_plan::transform::TransformSpec;
 use stoker_proto::ChunkGrant;
-use stoker_proto::api::CoordinatorApi;
-use tokio::sync::{OnceCell, mpsc};
-use tracing::{info, warn};
+use tokio::sync::mpsc;
 
-use super::Shared;
-use super::link::ledger;
 use crate::batch::Batch;
 use crate::dataset::Dataset;
 use crate::error::PipelineError;
@@ -49,144 +36,6 @@ pub(crate) struct Meta {
 
 /// A finished (or failed) batch and its lease.
 pub(crate) type Made = (Meta, Result<Batch, PipelineError>);
-
-/// A job as this worker makes it: its id and a fingerprint of its spec and dataset, so that a
-/// job id reused by a coordinator that lost its state never gets another job's pipeline.
-pub(crate) type JobKey = (JobId, u64);
-
-fn job_key(grant: &ChunkGrant) -> JobKey {
-    let identity = format!("{:?}|{}|{}", grant.spec, grant.manifest, grant.dataset_version);
-    (grant.chunk.job, xxhash_rust::xxh3::xxh3_64(identity.as_bytes()))
-}
-
-/// A job's pipeline, made once by whichever chunk needs it first.
-#[derive(Debug)]
-pub(crate) struct JobSlot {
-    pipeline: Arc<OnceCell<Arc<JobPipeline>>>,
-    last_used: Instant,
-}
-
-/// A dataset, opened once by whichever job needs it first.
-pub(crate) type DatasetSlot = Arc<OnceCell<Arc<Dataset>>>;
-
-/// The pipeline of `grant`'s job, started (on a blocking thread, after opening its dataset
-/// the same way) if this worker has none, or if its last one stopped. Holds no lock while
-/// it waits.
-pub(crate) async fn job_pipeline<A>(shared: &Arc<Shared<A>>, grant: &ChunkGrant) -> Result<Arc<JobPipeline>, String>
-where
-    A: CoordinatorApi,
-{
-    let key = job_key(grant);
-    let cell = {
-        let mut jobs = shared.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let slot = jobs.entry(key).or_insert_with(|| JobSlot { pipeline: Arc::default(), last_used: Instant::now() });
-        if slot.pipeline.get().is_some_and(|pipeline| pipeline.is_dead()) {
-            slot.pipeline = Arc::default();
-        }
-        slot.last_used = Instant::now();
-        Arc::clone(&slot.pipeline)
-    };
-    let pipeline = cell
-        .get_or_try_init(|| async {
-            let dataset = dataset(shared, grant).await?;
-            let (grant, config, made_tx) = (grant.clone(), shared.config.clone(), shared.made_tx.clone());
-            let metrics = Some(PipelineMetrics { timed: shared.config.time_samples, ..shared.metrics.pipeline.clone() });
-            let started = tokio::task::spawn_blocking(move || {
-                // Fewer buffers for large batches, so that the job's stay within the budget.
-                let buffers = super::buffers_within(config.max_batch_memory, batch_bytes(&grant)?, config.in_flight);
-                JobPipeline::start(dataset, &grant, config.threads, buffers.max(1), made_tx, metrics)
-            })
-            .await
-            .map_err(|error| error.to_string())?
-            .map_err(|error| error.to_string())?;
-            info!(job = %key.0, "job pipeline started");
-            Ok::<_, String>(Arc::new(started))
-        })
-        .await?;
-    Ok(Arc::clone(pipeline))
-}
-
-/// The bytes of one batch of `grant`'s job (batch size × the bytes of one output sample).
-pub(crate) fn batch_bytes(grant: &ChunkGrant) -> Result<u64, PipelineError> {
-    let transforms: TransformSpec = serde_json::from_str(&grant.spec.transforms)
-        .map_err(|error| PipelineError::Start(format!("the job's transform spec is not valid: {error}")))?;
-    let recipe = stoker_plan::transform::Recipe::new(&transforms).map_err(|error| PipelineError::Start(error.to_string()))?;
-    Ok(u64::from(grant.spec.plan.batch_size.get()).saturating_mul(recipe.sample_bytes() as u64))
-}
-
-/// The dataset of `grant`, opened on a blocking thread if this worker has not opened it, and
-/// refused if its manifest is not the version the job was created with.
-async fn dataset<A>(shared: &Shared<A>, grant: &ChunkGrant) -> Result<Arc<Dataset>, String> {
-    let cell = {
-        let mut datasets = shared.datasets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(datasets.entry((grant.manifest.clone(), grant.dataset_version)).or_default())
-    };
-    let dataset = cell
-        .get_or_try_init(|| async {
-            let (path, version) = (std::path::PathBuf::from(&grant.manifest), grant.dataset_version);
-            let (roots, hook) = (shared.config.dataset_roots.clone(), shared.config.before_dataset_open);
-            let opened = tokio::task::spawn_blocking(move || {
-                if let Some(hook) = hook {
-                    hook(&path);
-                }
-                Dataset::open_confined(&path, version, &roots)
-            })
-            .await
-            .map_err(|error| error.to_string())?;
-            match opened {
-                Ok(opened) => Ok::<_, String>(Arc::new(opened)),
-                Err(error) => {
-                    if is_outside_roots(&error) {
-                        // Never made here: reported stuck with every heartbeat, so that workers
-                        // whose roots hold it make it.
-                        let refused = shared.unmakeable.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(grant.chunk.job);
-                        if refused {
-                            warn!(job = %grant.chunk.job, %error, "job refused: its data is outside this worker's --dataset-root");
-                        }
-                    }
-                    Err(error.to_string())
-                }
-            }
-        })
-        .await?;
-    Ok(Arc::clone(dataset))
-}
-
-/// Whether `error` says a manifest or shard is outside the worker's `--dataset-root`.
-fn is_outside_roots(error: &PipelineError) -> bool {
-    matches!(error, PipelineError::Shard(ShardError::Confined { reason, .. }) if reason.contains("--dataset-root"))
-}
-
-/// Release the pipelines of jobs that have nothing in flight here and either have had no work
-/// for the idle time or are not in `live_jobs_opt` (the coordinator's list of jobs that may
-/// still need work), and the datasets no pipeline uses any more.
-pub(crate) fn release_idle<A>(shared: &Shared<A>, live_jobs_opt: Option<&[JobId]>) {
-    let now = Instant::now();
-    let mut released = Vec::new();
-    {
-        let ledger = ledger(shared);
-        let mut jobs = shared.jobs.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        jobs.retain(|(job, _), slot| {
-            let idle = now.saturating_duration_since(slot.last_used) >= shared.config.job_idle;
-            let ended = live_jobs_opt.is_some_and(|live| !live.contains(job));
-            // A chunk task holding the cell is starting the pipeline or about to submit to it.
-            let in_use = Arc::strong_count(&slot.pipeline) > 1;
-            let keep = ledger.job_busy(*job) || in_use || !(idle || ended);
-            if !keep {
-                released.extend(slot.pipeline.get().cloned());
-            }
-            keep
-        });
-    }
-    for pipeline in &released {
-        info!(job = %pipeline.job, "job pipeline released (idle or ended)");
-    }
-    // Dropping the last reference closes the pipeline's channels; its threads end and free
-    // their buffers on their own (no join here, on an async thread).
-    drop(released);
-    let mut datasets = shared.datasets.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    datasets.retain(|_, cell| cell.get().is_none_or(|dataset| Arc::strong_count(dataset) > 1));
-}
 
 /// The pipeline of one job.
 pub(crate) struct JobPipeline {
@@ -218,12 +67,10 @@ impl JobPipeline {
         out: mpsc::Sender<Made>,
         metrics: Option<PipelineMetrics>,
     ) -> Result<Self, PipelineError> {
-        let transforms: TransformSpec = serde_json::from_str(&grant.spec.transforms)
-            .map_err(|error| PipelineError::Start(format!("the job's transform spec is not valid: {error}")))?;
         let (request_tx, request_rx) = unbounded::<BatchRequest>();
         let (meta_tx, meta_rx) = unbounded::<Meta>();
         let config = PipelineConfig { threads, in_flight, batch_size: grant.spec.plan.batch_size.get() as usize };
-        let pipeline = Pipeline::start_observed(Arc::clone(&dataset), &transforms, config, request_rx, metrics)?;
+        let pipeline = Pipeline::start_observed(Arc::clone(&dataset), &grant.spec.transforms, config, request_rx, metrics)?;
         let dead = Arc::new(AtomicBool::new(false));
         let thread_dead = Arc::clone(&dead);
         std::thread::Builder::new()
@@ -244,6 +91,11 @@ impl JobPipeline {
         })
     }
 
+    /// The job it makes.
+    pub(crate) fn job(&self) -> JobId {
+        self.job
+    }
+
     /// Whether the pipeline stopped (an `on_error=fail` sample, or a bug): make a new one.
     pub(crate) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
@@ -254,7 +106,7 @@ impl JobPipeline {
     /// rest never will (the pipeline stopped meanwhile) and are the caller's to fail.
     pub(crate) fn submit(&self, epoch: Epoch, rank: Rank, first: Step, steps: u32, meta: Meta) -> u32 {
         let plan = {
-            let mut plans = self.plans.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut plans = self.plans.lock();
             if plans.len() > 8 {
                 plans.clear();
             }
@@ -264,7 +116,7 @@ impl JobPipeline {
                     .or_insert_with(|| Arc::new(EpochPlan::starting_at(self.dataset.table(), self.spec, epoch, meta.start))),
             )
         };
-        let submit = self.submit.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let submit = self.submit.lock();
         for queued in 0..steps {
             let step = Step(first.0 + u64::from(queued));
             let meta = Meta { plan_digest: plan.batch_digest(self.dataset.version(), rank, step), ..meta };
@@ -380,13 +232,7 @@ mod tests {
             tail: Tail::Drop,
         };
         let chunk = Chunk { job: JobId(1), epoch: Epoch(0), start: Position(0), first_step: Step(0), rank: Rank(0), steps: 4 };
-        let spec = JobSpec {
-            name: "job".to_owned(),
-            dataset: "bad".to_owned(),
-            plan,
-            transforms: serde_json::to_string(&transforms).expect("json"),
-            prefetch: 8,
-        };
+        let spec = JobSpec { name: "job".to_owned(), dataset: "bad".to_owned(), plan, transforms, prefetch: 8 };
         let grant = ChunkGrant {
             lease: LeaseId(7),
             chunk,

@@ -1,0 +1,45 @@
+//! Arguments several subcommands share: where the coordinator is, this node's certificate,
+//! and how a shuffle is written.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use stoker_plan::Shuffle;
+
+/// Where the coordinator is, for the commands that call it, and this client's certificate.
+#[derive(Debug, Args)]
+pub(crate) struct CoordinatorAddr {
+    /// The coordinator's address HOST:PORT, or the addresses of a replicated coordinator's nodes
+    /// as HOST:PORT,HOST:PORT,... (calls follow the leader among them).
+    #[arg(long, env = "STOKER_COORDINATOR", default_value = "127.0.0.1:7400")]
+    pub(crate) coordinator: String,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
+}
+
+/// Where this node's certificate comes from (mutual TLS, DESIGN §10).
+#[derive(Debug, Args)]
+pub(crate) struct TlsArgs {
+    /// This node's TLS directory: ca.pem (the cluster CA, or two during a rotation), node.pem
+    /// and node.key (its certificate, whose role must fit the command), and optionally
+    /// `revoked` (SHA-256 fingerprints refused). `stoker certs issue` writes one. [default:
+    /// the local CA in ~/.local/share/stoker/local-ca, made on first use: one machine only]
+    #[arg(long, env = "STOKER_TLS_DIR", value_name = "DIR")]
+    pub(crate) tls_dir: Option<PathBuf>,
+    /// Check no certificates: traffic is encrypted, but anyone who reaches a Stoker port may
+    /// do anything (take batches, fail jobs). For demos on a trusted network; every node says
+    /// so in its log. Nodes with --insecure and nodes with certificates cannot talk.
+    #[arg(long)]
+    pub(crate) insecure: bool,
+}
+
+impl TlsArgs {
+    /// Where TLS comes from, as the flags say.
+    pub(crate) fn source(&self) -> Result<stoker_net::TlsSource, stoker_net::TlsError> {
+        stoker_net::TlsSource::from_flags(self.tls_dir.clone(), self.insecure)
+    }
+}
+
+pub(crate) fn parse_shuffle(text: &str) -> Result<Shuffle, String> {
+    text.parse().map_err(|error: stoker_plan::error::PlanError| error.to_string())
+}
