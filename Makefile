@@ -77,7 +77,7 @@ $(VENV)/.docs-installed: docs/requirements.txt | deps
 	touch $@
 
 docs: $(VENV)/.docs-installed
-	$(VENV)/bin/mkdocs build --strict --site-dir target/site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir target/site
 	@echo "site: target/site/index.html"
 
 lint:
