@@ -86,10 +86,7 @@ fn is_external(target: &str) -> bool {
 
 /// The files a page pulls in with pymdownx.snippets (`--8<-- "FILE"`), relative to the root.
 fn snippet_includes(text: &str) -> Vec<String> {
-    text.lines()
-        .filter_map(|line| line.trim().strip_prefix("--8<--"))
-        .map(|name| name.trim().trim_matches('"').to_string())
-        .collect()
+    text.lines().filter_map(|line| line.trim().strip_prefix("--8<--")).map(|name| name.trim().trim_matches('"').to_string()).collect()
 }
 
 #[test]
@@ -120,10 +117,7 @@ fn every_relative_link_in_the_docs_resolves_to_a_file() {
             assert!(is_file(&included), "{} includes {include}, which does not exist", doc.display());
             for target in link_targets(&prose(&read(&included))) {
                 if !is_external(&target) {
-                    broken.push(format!(
-                        "{include}: {target} (a relative link in a file that {} includes)",
-                        doc.display()
-                    ));
+                    broken.push(format!("{include}: {target} (a relative link in a file that {} includes)", doc.display()));
                 }
             }
         }
