@@ -4,6 +4,7 @@
 #   make bench  criterion benchmarks and the pipeline benchmark (see BENCHMARKS.md)
 #   make lint   rustfmt + clippy
 #   make fuzz   every fuzz target for FUZZ_SECONDS each (see ARCHITECTURE.md, "Fuzzing")
+#   make docs   the documentation site (docs/, MkDocs) into target/site
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -14,7 +15,7 @@ PYTHON := $(abspath $(VENV))/bin/python
 FUZZ_SECONDS ?= 300
 FUZZ_SHORT_SECONDS ?= 15
 
-.PHONY: demo test bench lint deps test-deps venv wheel
+.PHONY: demo test bench lint deps test-deps venv wheel docs
 
 deps:
 	@scripts/ensure-deps.sh
@@ -62,6 +63,18 @@ bench: deps venv
 .PHONY: fuzz
 fuzz: deps
 	JOBS=$(JOBS) scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# The documentation site: MkDocs + Material (pinned in docs/requirements.txt), installed into
+# .venv on first use (~15 s), built with --strict so a broken link or a page missing from the
+# nav fails. The links themselves are also checked by `cargo test` (testkit/tests/it/docs.rs).
+$(VENV)/.docs-installed: docs/requirements.txt | deps
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r docs/requirements.txt
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir target/site
+	@echo "site: target/site/index.html"
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -5,6 +5,7 @@ mod bulk;
 mod common;
 mod dataset_binding;
 mod delivery;
+mod docs;
 mod exactly_once;
 mod faults;
 mod job_removal;
