@@ -1,13 +1,17 @@
-//! The driver of a replicated coordinator: it answers each request with the pure core
-//! ([`Coordinator::step`]) when this node leads, commits what the core asks through Raft, and
-//! redirects callers to the leader otherwise. Raft messages, this node's status and membership
-//! changes are answered here.
+//! The driver of a replicated coordinator: when this node leads, it answers each request with
+//! the runtime's drive loop ([`Coordinator::serve`]), committing what the core asks through
+//! Raft (the driver is the [`Committer`]); otherwise it redirects callers to the leader. Raft
+//! messages, this node's status and membership changes are answered here. Requests are
+//! dispatched in one place: [`Driver::serve_as`] takes the Raft and membership requests, the
+//! core every other.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
@@ -21,7 +25,7 @@ use tracing::{info, warn};
 use crate::authz::authorize;
 use crate::error::CoordinatorError;
 use crate::raft::{Raft, answer_raft_rpc};
-use crate::service::{Coordinator, Outcome, Then};
+use crate::runtime::{Committer, Coordinator};
 use crate::state::{Applied, ClusterState, Command};
 
 /// How long the leader waits for each other coordinator's status in `stoker status`.
@@ -50,7 +54,7 @@ pub(crate) struct Driver {
     /// (clients still reach it).
     isolated: Arc<AtomicBool>,
     /// When a majority last confirmed this node's leadership, in which term.
-    confirmed: std::sync::Mutex<Option<(u64, Instant)>>,
+    confirmed: Mutex<Option<(u64, Instant)>>,
     /// Held while a confirmation is under way.
     confirming: tokio::sync::Mutex<()>,
 }
@@ -81,7 +85,7 @@ impl Driver {
             core,
             endpoint,
             isolated,
-            confirmed: std::sync::Mutex::new(None),
+            confirmed: Mutex::new(None),
             confirming: tokio::sync::Mutex::new(()),
         }
     }
@@ -129,37 +133,9 @@ impl Driver {
             }
             request => {
                 self.ensure_leader().await?;
-                self.step_through(request, caller).await
+                self.core.serve(self, request, caller, Instant::now()).await
             }
         }
-    }
-
-    /// Step the core, committing what it asks, until it answers.
-    async fn step_through(&self, request: ControlRequest, caller: CertKey) -> Result<ControlResponse, RemoteError> {
-        let mut request = request;
-        // A request commits at most twice (create a job, clear its failure), then answers.
-        for _ in 0..4 {
-            let core = Arc::clone(&self.core);
-            let outcome = if matches!(request, ControlRequest::AddDataset { .. }) {
-                // Reads the manifest: off the async threads.
-                tokio::task::spawn_blocking(move || core.step_as(request, caller, Instant::now()))
-                    .await
-                    .map_err(|error| RemoteError::new(ErrorCode::Internal, format!("request task failed: {error}")))?
-            } else {
-                core.step_as(request, caller, Instant::now())
-            };
-            match outcome {
-                Outcome::Reply(answer) => return answer,
-                Outcome::Commit { command, then } => {
-                    self.commit(command).await?;
-                    match then {
-                        Then::Again(again) => request = again,
-                        Then::Reply(answer) => return Ok(answer),
-                    }
-                }
-            }
-        }
-        Err(RemoteError::new(ErrorCode::Internal, "a request kept asking for commits"))
     }
 
     /// Commit `command` through Raft; it is applied when this returns.
@@ -218,7 +194,7 @@ impl Driver {
     /// that requests seldom find it stale). One confirmation runs at a time.
     async fn confirm(&self, term: u64, refresh: bool) -> bool {
         let fresh = |within: Duration| {
-            let confirmed = self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let confirmed = self.confirmed.lock();
             confirmed.is_some_and(|(at_term, at)| at_term == term && at.elapsed() < within)
         };
         let wanted = if refresh { TICK_CONFIRMATION_AGE } else { LEADERSHIP_LEASE };
@@ -233,7 +209,7 @@ impl Driver {
         let asked = Instant::now();
         match tokio::time::timeout(CONFIRM_WITHIN, self.raft.ensure_linearizable()).await {
             Ok(Ok(_)) => {
-                *self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((term, asked));
+                *self.confirmed.lock() = Some((term, asked));
                 true
             }
             _ => false,
@@ -249,7 +225,7 @@ impl Driver {
             let metrics = metrics.borrow();
             (metrics.state, metrics.current_term)
         };
-        let confirmed = self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let confirmed = self.confirmed.lock();
         state == ServerState::Leader && confirmed.is_some_and(|(at_term, at)| at_term == term && at.elapsed() < LEADERSHIP_LEASE)
     }
 
@@ -303,7 +279,7 @@ impl Driver {
             (metrics.state == ServerState::Leader && metrics.current_leader == Some(self.id), metrics.current_term)
         };
         if !leading {
-            self.core.follow();
+            self.core.follow(now);
             return;
         }
         // Confirmed at every tick, so requests seldom wait for a confirmation. Unconfirmed
@@ -312,27 +288,8 @@ impl Driver {
             return;
         }
         self.core.lead(term, now);
-        let mut commands = self.core.tick(now);
-        commands.extend(self.newly_joined());
-        if flush {
-            commands.extend(self.core.take_checkpoints());
-        }
-        for command in commands {
-            let pending = match &command {
-                Command::RecordCheckpoints { checkpoints } => Some(checkpoints.clone()),
-                _ => None,
-            };
-            let committed = tokio::time::timeout(TICK_COMMIT_WITHIN, self.commit(command)).await;
-            let failure = match committed {
-                Ok(Ok(_)) => continue,
-                Ok(Err(error)) => error.message,
-                Err(_) => format!("no commit within {TICK_COMMIT_WITHIN:?}"),
-            };
-            warn!(%failure, "cannot commit; trying again at the next tick");
-            if let Some(checkpoints) = pending {
-                self.core.restore_checkpoints(checkpoints);
-            }
-        }
+        let joined = self.newly_joined();
+        self.core.tick(&Within { driver: self, within: TICK_COMMIT_WITHIN }, now, flush, joined).await;
     }
 
     /// `NodeJoined` for each voter whose log the leader has seen match and the state does not
@@ -491,6 +448,48 @@ impl Driver {
         let metrics = metrics.borrow();
         let config = metrics.membership_config.membership();
         config.voter_ids().filter_map(|id| config.get_node(&id).map(|node| (id, node.addr.clone()))).collect()
+    }
+}
+
+impl Committer for Driver {
+    /// Through Raft: applied on this node when it returns.
+    async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
+        Driver::commit(self, command).await
+    }
+
+    /// On tokio's blocking threads, off the async ones.
+    async fn blocking<T, F>(&self, work: F) -> Result<T, RemoteError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|error| RemoteError::new(ErrorCode::Internal, format!("request task failed: {error}")))
+    }
+}
+
+/// The driver's commits, each given up after `within` (the timer's: it tries again at its
+/// next tick).
+struct Within<'a> {
+    driver: &'a Driver,
+    within: Duration,
+}
+
+impl Committer for Within<'_> {
+    async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
+        match tokio::time::timeout(self.within, self.driver.commit(command)).await {
+            Ok(committed) => committed,
+            Err(_) => Err(unavailable(format!("no commit within {:?}", self.within))),
+        }
+    }
+
+    async fn blocking<T, F>(&self, work: F) -> Result<T, RemoteError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        Committer::blocking(self.driver, work).await
     }
 }
 

@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use openraft::BasicNode;
+use parking_lot::Mutex;
 use stoker_common::net::{Admission, Role, ServeLimits, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
 use stoker_common::obs::Metrics;
 use stoker_common::obs::prometheus::IntCounter;
@@ -24,7 +25,9 @@ use crate::driver::Driver;
 use crate::error::CoordinatorError;
 use crate::legacy;
 use crate::raft::{LogStore, Network, Raft, StateMachine, StoreFile, raft_config};
-use crate::service::Coordinator;
+use crate::runtime::Coordinator;
+use crate::sources::{OsIds, wall_millis};
+use crate::state::ClusterState;
 
 /// How long a coordinator alone waits to lead at start (an election timeout or two).
 const LEAD_ALONE_WITHIN: Duration = Duration::from_secs(10);
@@ -41,7 +44,7 @@ pub struct CoordinatorHandle {
     driver: Arc<Driver>,
     tasks: Vec<JoinHandle<()>>,
     /// Raft stopping (its store closes when it has).
-    stopping: std::sync::Mutex<Option<JoinHandle<()>>>,
+    stopping: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Start a coordinator serving on `socket` (already bound), with its figures in `metrics`
@@ -80,7 +83,8 @@ pub async fn start(
         });
     }
 
-    let core = Arc::new(Coordinator::replicated(config.clone(), advertised.clone())?);
+    // Ids from the OS's randomness; counted ones from the wall clock, above an earlier run's.
+    let core = Arc::new(Coordinator::new(&config, advertised.clone(), ClusterState::new(), Box::new(OsIds), wall_millis(), Instant::now()));
     let machine = StateMachine::open(file.clone(), core.clone())?;
     // Requests only: small windows, no unidirectional streams; large sends (Raft) still go out.
     let tuning = Tuning { max_bidi_streams: config.max_streams_per_connection, receives_batches: false, ..Tuning::default() };
@@ -146,7 +150,7 @@ pub async fn start(
     let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.clone(), handshakes, limits));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
     info!(%addr, node = config.node_id, "coordinator listening");
-    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: std::sync::Mutex::new(None) })
+    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: Mutex::new(None) })
 }
 
 /// Refuse to start when `--peers` (or this node alone) disagrees with the membership the
@@ -361,7 +365,7 @@ impl CoordinatorHandle {
         for task in self.tasks.drain(..) {
             task.abort();
         }
-        let mut stopping = self.stopping.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut stopping = self.stopping.lock();
         if stopping.is_none() && tokio::runtime::Handle::try_current().is_ok() {
             *stopping = Some(shut_down(&self.driver.raft()));
         }
@@ -370,7 +374,7 @@ impl CoordinatorHandle {
     /// Wait until the endpoint is closed and Raft has stopped (its store is closed).
     pub async fn join(&self) {
         self.endpoint.wait_idle().await;
-        let stopping = self.stopping.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let stopping = self.stopping.lock().take();
         if let Some(stopping) = stopping {
             let _ = stopping.await;
         }

@@ -490,8 +490,7 @@ impl TestCluster {
         let expected = self.workers.iter().filter(|worker| worker.is_some()).count();
         wait_until(Duration::from_secs(20), "every worker registered", || {
             let Some(core) = self.coordinator() else { return false };
-            let answer = core.handle(ControlRequest::Status, Instant::now());
-            matches!(answer, Ok(stoker_common::proto::ControlResponse::Status { status }) if status.workers.iter().filter(|w| w.alive).count() >= expected)
+            core.status(Instant::now()).workers.iter().filter(|worker| worker.alive).count() >= expected
         })
     }
 

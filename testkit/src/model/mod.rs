@@ -31,7 +31,8 @@ use stoker_common::shard::manifest::MANIFEST_VERSION;
 use stoker_common::shard::{Manifest, ManifestShard};
 use stoker_common::transform::TransformSpec;
 use stoker_coordinator::state::ClusterState;
-use stoker_coordinator::{Coordinator, CoordinatorConfig};
+use stoker_coordinator::{CoordinatorConfig, LocalCoordinator};
+use stoker_coordinator_core::SeededIds;
 
 use self::net::Net;
 use self::trainer::{Program, SimBatch, SimTrainer};
@@ -342,11 +343,20 @@ const MAX_QUIET_MAKES: u32 = 6;
 /// the job at its next heartbeat, and then gets none of it.
 const MAX_QUIET_REFUSALS: u32 = 2;
 
+/// The real coordinator in local mode (commits applied at once) over `state`, with ids drawn
+/// from `seed` and counted from `id_base`, started at `now`.
+fn coordinator(config: &CoordinatorConfig, state: ClusterState, seed: u64, id_base: u64, now: Instant) -> Result<LocalCoordinator, String> {
+    let ids = Box::new(SeededIds::new(seed ^ id_base.rotate_left(17)));
+    LocalCoordinator::new(config.clone(), state, ids, id_base, now).map_err(|error| error.to_string())
+}
+
 struct World {
     ctx: Ctx,
     setup: Setup,
     config: CoordinatorConfig,
-    coordinator: Coordinator,
+    coordinator: LocalCoordinator,
+    /// The schedule's seed: the coordinator's ids are drawn from it (and the id base).
+    seed: u64,
     id_base: u64,
     trainers: Vec<SimTrainer>,
     workers: Vec<SimWorker>,
@@ -377,8 +387,8 @@ impl World {
         config.lease_stall = Duration::from_secs(10);
         config.missing_grace = Duration::from_secs(1);
         let id_base = 1_000;
-        let coordinator = Coordinator::in_memory(config.clone(), ClusterState::new(), id_base).map_err(|error| error.to_string())?;
         let base = Instant::now();
+        let coordinator = coordinator(&config, ClusterState::new(), seed, id_base, base)?;
         let path = manifest()?;
         let added = coordinator
             .handle(ControlRequest::AddDataset { name: "model".into(), manifest: path.to_string_lossy().into_owned() }, base)
@@ -433,7 +443,7 @@ impl World {
             simulated_workers.push(SimWorker::new(index, next_generation));
             next_generation += 1;
         }
-        Ok(Self { ctx, setup, config, coordinator, id_base, trainers, workers: simulated_workers, next_generation, fault_until_ms })
+        Ok(Self { ctx, setup, config, coordinator, seed, id_base, trainers, workers: simulated_workers, next_generation, fault_until_ms })
     }
 
     fn run(&mut self) -> Result<Outcome, String> {
@@ -521,8 +531,7 @@ impl World {
             self.ctx.counts.coordinator_restarts += 1;
             self.ctx.note("coordinator restarts (soft state lost)".to_owned());
             self.id_base += 1_000_000_000;
-            self.coordinator =
-                Coordinator::in_memory(self.config.clone(), self.coordinator.state(), self.id_base).map_err(|error| error.to_string())?;
+            self.coordinator = coordinator(&self.config, self.coordinator.state(), self.seed, self.id_base, self.ctx.now())?;
         }
         Ok(())
     }

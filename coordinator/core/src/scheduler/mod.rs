@@ -14,9 +14,10 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, WorkerId};
-use stoker_common::net::random_u64;
 use stoker_common::proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
 use tracing::{info, warn};
+
+use crate::ids::IdSource;
 
 pub use self::run::{Counted, Run, RunKey};
 use self::seats::Seats;
@@ -137,10 +138,6 @@ pub struct Scheduler {
     /// taken back here counts too, until the next heartbeat). A worker stuck on a job would
     /// otherwise take the very steps it stalled on straight back.
     stalled: BTreeMap<(WorkerId, JobId), Instant>,
-    next_lease: u64,
-    /// Draw lease ids at random (a peer cannot guess another worker's lease), rather than
-    /// counting from the id base (simulations, which must replay the same).
-    random_leases: bool,
     next_worker: u64,
     /// The certificate each worker registered with: requests under its id must come with it.
     worker_keys: BTreeMap<WorkerId, CertKey>,
@@ -168,8 +165,6 @@ impl Scheduler {
             workers: BTreeMap::new(),
             seats: Seats::default(),
             stalled: BTreeMap::new(),
-            next_lease: id_base,
-            random_leases: false,
             next_worker: id_base,
             worker_keys: BTreeMap::new(),
             leases_expired: 0,
@@ -446,12 +441,6 @@ impl Scheduler {
         Ok(revoked)
     }
 
-    /// Lease ids at random from now on.
-    pub fn with_random_leases(mut self) -> Self {
-        self.random_leases = true;
-        self
-    }
-
     /// Refuse `caller` speaking for `worker` if the worker registered with another certificate.
     pub fn check_worker_key(&self, worker: WorkerId, caller: CertKey) -> Result<(), Refusal> {
         match self.worker_keys.get(&worker) {
@@ -460,16 +449,16 @@ impl Scheduler {
         }
     }
 
-    /// Grant up to `max` chunks to `worker`, in (step, rank) order over the open runs.
-    pub fn pull(&mut self, worker: WorkerId, max: u32, now: Instant) -> Result<Vec<(LeaseId, Chunk)>, Refusal> {
+    /// Grant up to `max` chunks to `worker`, in (step, rank) order over the open runs, under
+    /// lease ids drawn from `ids` (unpredictable: a peer cannot guess another worker's lease).
+    pub fn pull(&mut self, worker: WorkerId, max: u32, now: Instant, ids: &mut dyn IdSource) -> Result<Vec<(LeaseId, Chunk)>, Refusal> {
         self.expire(now);
         let entry = self.workers.get_mut(&worker).ok_or(Refusal::UnknownWorker(worker))?;
         entry.last_seen = now;
         let mut granted = Vec::new();
         let mut room = max as usize;
         let (seats, trainer_ttl) = (&self.seats, self.config.trainer_ttl);
-        let next_lease = &mut self.next_lease;
-        let (random_leases, leases) = (self.random_leases, &self.leases);
+        let leases = &self.leases;
         let stalled = &self.stalled;
         let early = &self.early;
         // Runs trainers opened first, then those opened early for them (cross-epoch prefetch):
@@ -485,16 +474,11 @@ impl Scheduler {
             }
             let live = |rank: Rank| seats.is_live(key.job, rank, now, trainer_ttl);
             let chunks = run.grant(room, now, live, || {
-                if random_leases {
-                    // 2^64 ids: a clash with a live lease is a formality, but cheap to rule out.
-                    let mut lease = LeaseId(random_u64());
-                    while lease.0 == 0 || leases.contains_key(&lease) {
-                        lease = LeaseId(random_u64());
-                    }
-                    return lease;
+                // 2^64 ids: a clash with a live lease is a formality, but cheap to rule out.
+                let mut lease = LeaseId(ids.next_u64());
+                while lease.0 == 0 || leases.contains_key(&lease) {
+                    lease = LeaseId(ids.next_u64());
                 }
-                let lease = LeaseId(*next_lease);
-                *next_lease += 1;
                 lease
             });
             room -= chunks.len();
