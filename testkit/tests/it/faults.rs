@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use stoker_common::plan::Tail;
-use stoker_common::proto::{ControlRequest, ControlResponse};
+
 use stoker_testkit::{TestCluster, poll_until, wait_until};
 use tracing::info;
 
