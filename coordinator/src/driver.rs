@@ -78,16 +78,7 @@ impl Driver {
         endpoint: Endpoint,
         isolated: Arc<AtomicBool>,
     ) -> Self {
-        Self {
-            id,
-            advertised,
-            raft,
-            core,
-            endpoint,
-            isolated,
-            confirmed: Mutex::new(None),
-            confirming: tokio::sync::Mutex::new(()),
-        }
+        Self { id, advertised, raft, core, endpoint, isolated, confirmed: Mutex::new(None), confirming: tokio::sync::Mutex::new(()) }
     }
 
     pub(crate) fn set_isolated(&self, isolated: bool) {
@@ -139,7 +130,7 @@ impl Driver {
     }
 
     /// Commit `command` through Raft; it is applied when this returns.
-    pub(crate) async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
+    pub(crate) async fn propose(&self, command: Command) -> Result<Applied, RemoteError> {
         match self.raft.client_write(command).await {
             Ok(written) => Ok(written.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
@@ -244,7 +235,7 @@ impl Driver {
 
     /// Import the state of an earlier version's store (this node alone leads).
     pub(crate) async fn import(&self, state: ClusterState) -> Result<(), CoordinatorError> {
-        self.commit(Command::Import { state: Box::new(state) })
+        self.propose(Command::Import { state: Box::new(state) })
             .await
             .map(|_| ())
             .map_err(|error| CoordinatorError::Internal { message: format!("cannot import the old store: {}", error.message) })
@@ -422,7 +413,7 @@ impl Driver {
         let changed = self.change_voters(voters).await?;
         // Its id may start afresh on an empty data directory from now on. (Best effort: a
         // leader that removed itself no longer leads, and the id stays refused.)
-        if let Err(error) = self.commit(Command::NodeLeft { id }).await {
+        if let Err(error) = self.propose(Command::NodeLeft { id }).await {
             warn!(node = id, %error, "cannot record that the node left; its id stays refused on an empty data directory");
         }
         Ok(changed)
@@ -454,7 +445,7 @@ impl Driver {
 impl Committer for Driver {
     /// Through Raft: applied on this node when it returns.
     async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
-        Driver::commit(self, command).await
+        self.propose(command).await
     }
 
     /// On tokio's blocking threads, off the async ones.
@@ -478,7 +469,7 @@ struct Within<'a> {
 
 impl Committer for Within<'_> {
     async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
-        match tokio::time::timeout(self.within, self.driver.commit(command)).await {
+        match tokio::time::timeout(self.within, self.driver.propose(command)).await {
             Ok(committed) => committed,
             Err(_) => Err(unavailable(format!("no commit within {:?}", self.within))),
         }

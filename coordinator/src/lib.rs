@@ -25,10 +25,10 @@ pub mod runtime;
 /// The OS's randomness and the wall clock, for the core.
 pub mod sources;
 
-/// The durable state machine: datasets, jobs, checkpoints, changed by commands.
-pub use stoker_coordinator_core::state;
 /// Leader-only soft state: runs, seats, leases, the worker registry.
 pub use stoker_coordinator_core::scheduler;
+/// The durable state machine: datasets, jobs, checkpoints, changed by commands.
+pub use stoker_coordinator_core::state;
 
 pub use self::config::CoordinatorConfig;
 pub use self::error::CoordinatorError;

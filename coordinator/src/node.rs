@@ -356,7 +356,7 @@ impl CoordinatorHandle {
     /// Commit `command` through Raft (this node must lead): for tools and tests that write
     /// the state directly.
     pub async fn commit(&self, command: crate::state::Command) -> Result<crate::state::Applied, RemoteError> {
-        self.driver.commit(command).await
+        self.driver.propose(command).await
     }
 
     /// Stop serving: close every connection and the endpoint, and stop Raft.

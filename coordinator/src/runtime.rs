@@ -82,7 +82,13 @@ impl Coordinator {
     /// Answer one request of `caller`: step the core, commit what it asks through
     /// `committer` and read the manifests it asks for, until it answers. The drive loop of
     /// both modes.
-    pub async fn serve<C>(&self, committer: &C, request: ControlRequest, caller: CertKey, now: Instant) -> Result<ControlResponse, RemoteError>
+    pub async fn serve<C>(
+        &self,
+        committer: &C,
+        request: ControlRequest,
+        caller: CertKey,
+        now: Instant,
+    ) -> Result<ControlResponse, RemoteError>
     where
         C: Committer,
     {

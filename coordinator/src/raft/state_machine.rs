@@ -15,7 +15,6 @@ use super::{Replica, TypeConfig};
 use crate::error::CoordinatorError;
 use crate::state::{Applied, ClusterState};
 
-
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
     meta: SnapshotMeta<u64, BasicNode>,

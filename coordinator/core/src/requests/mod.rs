@@ -73,7 +73,10 @@ impl Core {
                 self.scheduler.deregister(worker);
                 Outcome::reply(Ok(ControlResponse::Ack))
             }
-            ControlRequest::Raft { .. } | ControlRequest::NodeStatus | ControlRequest::AddNode { .. } | ControlRequest::RemoveNode { .. } => {
+            ControlRequest::Raft { .. }
+            | ControlRequest::NodeStatus
+            | ControlRequest::AddNode { .. }
+            | ControlRequest::RemoveNode { .. } => {
                 Outcome::reply(Err(RemoteError::new(ErrorCode::InvalidArgument, "this coordinator does not answer that request here")))
             }
         }

@@ -71,7 +71,7 @@ impl Core {
         caller: CertKey,
         now: Instant,
     ) -> Result<Option<ControlResponse>, AttachNeeds> {
-                let Some(current) = self.state.datasets.get(&spec.dataset).cloned() else {
+        let Some(current) = self.state.datasets.get(&spec.dataset).cloned() else {
             return Err(AttachNeeds::Refusal(not_found(format!(
                 "dataset {:?} is not registered: add it with `stoker dataset add {} PATH`",
                 spec.dataset, spec.dataset
@@ -113,8 +113,7 @@ impl Core {
         let dataset = self.state.job_dataset(job).cloned().unwrap_or(current);
         // The same loader asking again (its answer was lost) keeps its session; anyone else,
         // even with the same client number, gets a new one.
-        let repeated =
-            self.scheduler.attached(job, rank, client).filter(|session| self.owners.owner(job, rank, *session).admits(&caller));
+        let repeated = self.scheduler.attached(job, rank, client).filter(|session| self.owners.owner(job, rank, *session).admits(&caller));
         let session = match repeated {
             Some(session) => session,
             None => {

@@ -156,6 +156,10 @@ impl Leases {
 
     /// The jobs `worker` is stuck on at `now`.
     pub(super) fn stuck_jobs(&self, worker: WorkerId, now: Instant) -> Vec<JobId> {
-        self.stalled.range((worker, JobId(0))..=(worker, JobId(u64::MAX))).filter(|(_, until)| **until > now).map(|((_, job), _)| *job).collect()
+        self.stalled
+            .range((worker, JobId(0))..=(worker, JobId(u64::MAX)))
+            .filter(|(_, until)| **until > now)
+            .map(|((_, job), _)| *job)
+            .collect()
     }
 }

@@ -126,7 +126,7 @@ impl Scheduler {
     pub fn new(config: SchedulerConfig, id_base: u64) -> Self {
         Self {
             config,
-            runs: Runs::default(),
+            runs: Runs::new(config),
             seats: Seats::default(),
             leases: Leases::default(),
             workers: WorkerRegistry::new(id_base),
@@ -183,7 +183,7 @@ impl Scheduler {
     pub fn open_run(&mut self, key: RunKey, rank: Rank, opening: &Opening, shape: RunShape, now: Instant) -> Result<(), Refusal> {
         let previous_opt = self.seats.run_of(key.job, rank, opening.session);
         let fresh = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat)?;
-        self.runs.open(key, rank, opening, fresh, previous_opt, shape, self.config.chunk_steps, &self.seats, now);
+        self.runs.open(key, rank, opening, fresh, previous_opt, shape, &self.seats, now);
         Ok(())
     }
 
@@ -196,7 +196,7 @@ impl Scheduler {
             Standing::Stale => return Ok(Recorded { run_known: true, slowest_opt: None }),
             Standing::Unopened => return Ok(Recorded { run_known: false, slowest_opt: None }),
         }
-        let consumed = self.runs.consumed(key, rank, reporting, self.config.missing_grace, self.config.chunk_steps, &self.seats, now);
+        let consumed = self.runs.consumed(key, rank, reporting, &self.seats, now);
         Ok(match consumed {
             Some(consumed) => Recorded { run_known: true, slowest_opt: consumed.slowest_opt },
             None => Recorded { run_known: false, slowest_opt: None },

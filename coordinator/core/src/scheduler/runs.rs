@@ -2,7 +2,7 @@
 //! cross-epoch prefetch), consumption, delivery, requeues, and what they hold.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank};
 use stoker_common::proto::Chunk;
@@ -10,11 +10,12 @@ use tracing::{info, warn};
 
 use super::run::{Counted, Run, RunKey};
 use super::seats::{Opening, Reporting, Seats};
-use super::{Done, RunShape};
+use super::{Done, RunShape, SchedulerConfig};
 
 /// Runs by key, with what is delivered per job.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct Runs {
+    config: SchedulerConfig,
     runs: BTreeMap<RunKey, Run>,
     /// Chunks and steps delivered, by job (for metrics; forgotten with the job).
     done: BTreeMap<JobId, Done>,
@@ -34,6 +35,11 @@ pub(super) struct Consumed {
 }
 
 impl Runs {
+    /// No runs.
+    pub(super) fn new(config: SchedulerConfig) -> Self {
+        Self { config, runs: BTreeMap::new(), done: BTreeMap::new(), early: BTreeSet::new(), not_early: BTreeSet::new() }
+    }
+
     /// `rank` opens `key` in `opening` (`fresh`: a new pass; `previous_opt`: the run its session
     /// was in): a new pass starts the rank afresh in the run (creating it if it is new) and
     /// takes it out of every other run of the job. The other ranks of a new run count in only
@@ -47,10 +53,10 @@ impl Runs {
         fresh: bool,
         previous_opt: Option<RunKey>,
         shape: RunShape,
-        chunk_steps: u32,
         seats: &Seats,
         now: Instant,
     ) {
+        let chunk_steps = self.config.chunk_steps;
         match previous_opt {
             Some(previous) if fresh && key.epoch <= previous.epoch => {
                 self.not_early.insert(key.job);
@@ -80,19 +86,10 @@ impl Runs {
     /// `rank` consumed steps `0..consumed` of `key` and misses `reporting.missing`; `None` if
     /// the run is unknown. A run from its start that is nearly done opens the next epoch's
     /// early.
-    pub(super) fn consumed(
-        &mut self,
-        key: RunKey,
-        rank: Rank,
-        reporting: &Reporting,
-        missing_grace: Duration,
-        chunk_steps: u32,
-        seats: &Seats,
-        now: Instant,
-    ) -> Option<Consumed> {
+    pub(super) fn consumed(&mut self, key: RunKey, rank: Rank, reporting: &Reporting, seats: &Seats, now: Instant) -> Option<Consumed> {
         let run = self.runs.get_mut(&key)?;
         run.set_consumed(rank, reporting.consumed);
-        let requeued = run.missing(rank, &reporting.missing, missing_grace, now);
+        let requeued = run.missing(rank, &reporting.missing, self.config.missing_grace, now);
         if requeued > 0 {
             warn!(job = %key.job, %rank, epoch = %key.epoch, requeued, "steps delivered but missing at the trainer: making them again");
         }
@@ -102,7 +99,7 @@ impl Runs {
             self.runs.remove(&key);
         }
         if let Some(shape) = next_opt {
-            self.open_next_epoch_early(key, shape, chunk_steps, seats);
+            self.open_next_epoch_early(key, shape, seats);
         }
         Some(Consumed { slowest_opt })
     }
@@ -114,7 +111,8 @@ impl Runs {
     /// whose trainer is in this epoch counts in (`Seats::counted`: it may come); the batches
     /// reach its trainer early, which names them in `holding` when it opens the run, so none
     /// is made twice. Nothing happens if a rank already opened a later run of the job.
-    fn open_next_epoch_early(&mut self, key: RunKey, shape: RunShape, chunk_steps: u32, seats: &Seats) {
+    fn open_next_epoch_early(&mut self, key: RunKey, shape: RunShape, seats: &Seats) {
+        let chunk_steps = self.config.chunk_steps;
         let next = RunKey { epoch: Epoch(key.epoch.0 + 1), start: Position(0), job: key.job };
         if self.not_early.contains(&key.job) || self.runs.keys().any(|other| other.job == key.job && other.epoch >= next.epoch) {
             return;
