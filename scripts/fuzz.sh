@@ -29,7 +29,7 @@ LOGS=$TARGET_DIR/logs
 # Coverage instrumentation (edges, 8-bit counters, the PC table libFuzzer reports with, and
 # comparison tracing that lets it solve magic numbers and lengths), `cfg(fuzzing)`, and the
 # checks a release build drops. `--target` keeps these flags off build scripts and proc macros.
-# Not `--locked`: when common or the worker gain a dependency, cargo adds it to fuzz/Cargo.lock
+# Not `--locked`: when a crate the targets use gains a dependency, cargo adds it to fuzz/Cargo.lock
 # (commit that change with them).
 RUSTFLAGS_FUZZ="--cfg fuzzing -Cpasses=sancov-module -Cllvm-args=-sanitizer-coverage-level=4"
 RUSTFLAGS_FUZZ+=" -Cllvm-args=-sanitizer-coverage-inline-8bit-counters -Cllvm-args=-sanitizer-coverage-pc-table"

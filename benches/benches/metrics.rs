@@ -8,7 +8,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use stoker_common::obs::{Metrics, latency_buckets};
+use stoker_obs::{Metrics, latency_buckets};
 
 fn bench_metrics(criterion: &mut Criterion) {
     let metrics = Metrics::new();

@@ -8,8 +8,8 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use stoker_common::ids::{Epoch, Rank, Step};
-use stoker_common::plan::{EpochPlan, PlanSpec, ShardTable, Shuffle, Tail};
+use stoker_plan::ids::{Epoch, Rank, Step};
+use stoker_plan::{EpochPlan, PlanSpec, ShardTable, Shuffle, Tail};
 
 fn spec(shuffle: Shuffle) -> PlanSpec {
     PlanSpec {

@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use memmap2::Mmap;
-use stoker_common::plan::prng::SplitMix64;
-use stoker_common::shard::tar_writer::TarWriter;
-use stoker_common::shard::{IndexPolicy, Shard, build_index};
+use stoker_format::tar_writer::TarWriter;
+use stoker_format::{IndexPolicy, Shard, build_index};
+use stoker_plan::prng::SplitMix64;
 
 const SHARD_BYTES: u64 = 256 << 20;
 

@@ -4,9 +4,9 @@ use std::num::NonZeroU32;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use stoker_common::net::bulk::BatchTransport;
-use stoker_common::obs::MetricsListen;
-use stoker_common::plan::Shuffle;
+use stoker_net::bulk::BatchTransport;
+use stoker_obs::MetricsListen;
+use stoker_plan::Shuffle;
 
 /// Stoker: a distributed data loader for deep-learning training.
 ///
@@ -55,6 +55,7 @@ pub(crate) enum Command {
     Consume(ConsumeArgs),
     /// Generate a sample dataset and run a coordinator, 2 workers and 2 trainer ranks on
     /// loopback for 2 epochs; verify every sample arrives exactly once per epoch.
+    #[cfg(feature = "demo")]
     Demo(DemoArgs),
     /// Make the cluster CA and the certificates of nodes and clients (mutual TLS), revoke
     /// them, and show what a certificate is.
@@ -148,12 +149,14 @@ pub(crate) enum BenchCommand {
     /// Run a whole cluster in this process (coordinator, N workers, R trainer ranks over QUIC
     /// on loopback) over a dataset and report images/s, per-rank wait, first-batch latency and
     /// peak memory.
+    #[cfg(feature = "demo")]
     Cluster(BenchClusterArgs),
     /// Move batches to one trainer over one connection, on loopback or between two hosts
     /// (--netns), through the same send and receive code as workers and trainers, and report
     /// GB/s, CPU-seconds per GB on each side and for the machine, and the trainer's CPU per
     /// batch: plain TCP (the baseline), rustls's TLS stream, bulk connections (the default),
     /// and QUIC from quinn's defaults to Stoker's settings.
+    #[cfg(feature = "demo")]
     Delivery(BenchDeliveryArgs),
 }
 
@@ -186,8 +189,8 @@ pub(crate) struct TlsArgs {
 
 impl TlsArgs {
     /// Where TLS comes from, as the flags say.
-    pub(crate) fn source(&self) -> Result<stoker_common::net::TlsSource, stoker_common::net::TlsError> {
-        stoker_common::net::TlsSource::from_flags(self.tls_dir.clone(), self.insecure)
+    pub(crate) fn source(&self) -> Result<stoker_net::TlsSource, stoker_net::TlsError> {
+        stoker_net::TlsSource::from_flags(self.tls_dir.clone(), self.insecure)
     }
 }
 
@@ -322,7 +325,7 @@ pub(crate) struct WorkerArgs {
     /// Largest UDP payload for batches to trainers on other hosts. MTU discovery probes up to
     /// it, so too high costs only probes. Raise it where every hop carries jumbo frames (9000-byte
     /// MTU: 8952). Trainers on this host always get 65527 (loopback).
-    #[arg(long, default_value_t = stoker_common::net::ETHERNET_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
+    #[arg(long, default_value_t = stoker_net::ETHERNET_UDP_PAYLOAD, value_parser = clap::value_parser!(u16).range(1200..=65527))]
     pub(crate) max_udp_payload: u16,
     /// Serve Prometheus metrics at http://ADDR/metrics, with /healthz (alive) and /readyz
     /// (registered with the coordinator), on this TCP address; `off` serves nothing.
@@ -343,10 +346,10 @@ pub(crate) struct WorkerArgs {
     pub(crate) dataset_roots: Vec<PathBuf>,
     /// The most trainer connections open at once (handshakes in progress count); more are
     /// refused before their handshake.
-    #[arg(long, default_value_t = stoker_common::net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_connections: u64,
     /// The most trainer connections open at once from one IP address.
-    #[arg(long, default_value_t = stoker_common::net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_connections_per_address: u64,
     #[command(flatten)]
     pub(crate) tls: TlsArgs,
@@ -493,6 +496,7 @@ pub(crate) struct ConsumeArgs {
     pub(crate) batch_transport: BatchTransport,
 }
 
+#[cfg(feature = "demo")]
 #[derive(Debug, Args)]
 pub(crate) struct BenchClusterArgs {
     /// The dataset: a manifest.json, or the folder holding one.
@@ -536,6 +540,7 @@ pub(crate) struct BenchClusterArgs {
     pub(crate) json: bool,
 }
 
+#[cfg(feature = "demo")]
 #[derive(Debug, Args)]
 pub(crate) struct BenchDeliveryArgs {
     /// Samples per batch (the batch is BATCH_SIZE x SIZE x SIZE x 3 bytes).
@@ -693,9 +698,10 @@ pub(crate) struct InspectArgs {
 }
 
 fn parse_shuffle(text: &str) -> Result<Shuffle, String> {
-    text.parse().map_err(|error: stoker_common::error::PlanError| error.to_string())
+    text.parse().map_err(|error: stoker_plan::error::PlanError| error.to_string())
 }
 
+#[cfg(feature = "demo")]
 #[derive(Debug, Args)]
 pub(crate) struct DemoArgs {
     /// Epochs to run.

@@ -26,13 +26,16 @@ fn main() -> std::process::ExitCode {
         Command::Cluster(ClusterCommand::RemoveNode(args)) => cmd::cluster::remove_node(args),
         Command::Status(args) => cmd::status::run(args),
         Command::Consume(args) => cmd::consume::run(args),
+        #[cfg(feature = "demo")]
         Command::Demo(args) => cmd::demo::run(args),
         Command::Certs(CertsCommand::Init(args)) => cmd::certs::init(args),
         Command::Certs(CertsCommand::Issue(args)) => cmd::certs::issue(args),
         Command::Certs(CertsCommand::Revoke(args)) => cmd::certs::revoke(args),
         Command::Certs(CertsCommand::Show(args)) => cmd::certs::show(args),
         Command::Bench(BenchCommand::Pipeline(args)) => cmd::bench_pipeline::run(args),
+        #[cfg(feature = "demo")]
         Command::Bench(BenchCommand::Cluster(args)) => cmd::bench_cluster::run(args),
+        #[cfg(feature = "demo")]
         Command::Bench(BenchCommand::Delivery(args)) => cmd::bench_delivery::run(args),
     };
     match result {
@@ -46,5 +49,5 @@ fn main() -> std::process::ExitCode {
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
 fn init_tracing() {
-    stoker_common::obs::init_tracing(std::env::var("RUST_LOG").ok().as_deref(), "warn", false);
+    stoker_obs::init_tracing(std::env::var("RUST_LOG").ok().as_deref(), "warn", false);
 }

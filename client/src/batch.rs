@@ -1,9 +1,9 @@
 //! A batch as the trainer receives it: the verified header and the image bytes.
 
-use stoker_common::ids::{Epoch, Position, Rank, Step};
-use stoker_common::net::Payload;
-use stoker_common::proto::BatchHeader;
-use stoker_common::transform::{OutputDtype, OutputLayout};
+use stoker_net::Payload;
+use stoker_plan::ids::{Epoch, Position, Rank, Step};
+use stoker_plan::transform::{OutputDtype, OutputLayout};
+use stoker_proto::BatchHeader;
 
 /// One received, verified batch.
 #[derive(Debug)]

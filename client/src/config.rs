@@ -3,13 +3,13 @@
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use stoker_common::ids::Rank;
-use stoker_common::net::CoordinatorAddrs;
-use stoker_common::net::TlsSource;
-use stoker_common::net::bulk::BatchTransport;
-use stoker_common::plan::{PlanSpec, Shuffle, Tail};
-use stoker_common::proto::JobSpec;
-use stoker_common::transform::{Recipe, TransformSpec};
+use stoker_net::CoordinatorAddrs;
+use stoker_net::TlsSource;
+use stoker_net::bulk::BatchTransport;
+use stoker_plan::ids::Rank;
+use stoker_plan::transform::{Recipe, TransformSpec};
+use stoker_plan::{PlanSpec, Shuffle, Tail};
+use stoker_proto::JobSpec;
 
 use crate::error::ClientError;
 

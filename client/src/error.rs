@@ -1,6 +1,6 @@
 //! Errors of the trainer client.
 
-use stoker_common::proto::RemoteError;
+use stoker_proto::RemoteError;
 
 /// What can go wrong for a trainer.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +44,7 @@ pub enum ClientError {
     },
     /// The QUIC endpoint could not be set up.
     #[error(transparent)]
-    Net(#[from] stoker_common::net::NetError),
+    Net(#[from] stoker_net::NetError),
     /// The background runtime could not start or has stopped.
     #[error("the loader's background runtime failed: {message}")]
     Runtime {
@@ -62,9 +62,7 @@ impl ClientError {
             // A refused or wrong certificate stays refused; the network itself may come back.
             Self::Net(error) => !matches!(
                 error,
-                stoker_common::net::NetError::Refused { .. }
-                    | stoker_common::net::NetError::WrongPeer { .. }
-                    | stoker_common::net::NetError::Tls(_)
+                stoker_net::NetError::Refused { .. } | stoker_net::NetError::WrongPeer { .. } | stoker_net::NetError::Tls(_)
             ),
             Self::Config { .. } | Self::Resume { .. } | Self::Runtime { .. } | Self::Superseded { .. } => false,
         }

@@ -8,16 +8,16 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quinn::{Connection, Endpoint};
-use stoker_common::api::CoordinatorApi;
-use stoker_common::error::ObsError;
-use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, JobId, Rank, SessionId, Step, WorkerId};
-use stoker_common::net::bulk::BatchTransport;
-use stoker_common::net::{NetError, PayloadPool, QuicCoordinator, Role, TlsConfigs, Tuning, client_endpoint};
-use stoker_common::obs::{Metrics, MetricsServer};
-use stoker_common::plan::{Checkpoint, EpochPlan, Layout, ShardTable};
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
-use stoker_common::transform::Recipe;
+use stoker_net::bulk::BatchTransport;
+use stoker_net::{NetError, PayloadPool, QuicCoordinator, Role, TlsConfigs, Tuning, client_endpoint};
+use stoker_obs::error::ObsError;
+use stoker_obs::{Metrics, MetricsServer};
+use stoker_plan::ids::{Epoch, JobId, Rank, SessionId, Step, WorkerId};
+use stoker_plan::transform::Recipe;
+use stoker_plan::{Checkpoint, EpochPlan, Layout, ShardTable};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RemoteError, WorkerInfo};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
@@ -178,16 +178,9 @@ where
     }
 }
 
-/// A random id for this loader (its attach is idempotent under it): the process, the time and a
-/// counter, hashed with the standard library's randomly keyed hasher.
+/// A random id for this loader (its attach is idempotent under it); never 0.
 fn loader_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u32(std::process::id());
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |elapsed| elapsed.as_nanos()));
-    hasher.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
-    hasher.finish().max(1)
+    stoker_net::random::random_u64().max(1)
 }
 
 fn new_runtime() -> Result<Runtime, ClientError> {
@@ -558,7 +551,7 @@ where
         metrics.set_readiness(move || {
             if superseded.load(Ordering::Acquire) { Err("a newer trainer of this rank took over".to_owned()) } else { Ok(()) }
         });
-        let server = self.runtime.block_on(stoker_common::obs::serve(listen, metrics)).map_err(failed)?;
+        let server = self.runtime.block_on(stoker_obs::serve(listen, metrics)).map_err(failed)?;
         let addr = server.local_addr();
         info!(%addr, rank = %self.rank, "trainer metrics on http://{addr}/metrics");
         self.metrics_server_opt = Some(server);

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use stoker_common::error::ObsError;
-use stoker_common::obs::{Metrics, mirror_counter};
+use stoker_obs::error::ObsError;
+use stoker_obs::{Metrics, mirror_counter};
 
 /// Running totals the loader keeps as it yields batches; read at scrape time.
 #[derive(Debug)]

@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{Pass, Step};
+use stoker_plan::ids::{Pass, Step};
 
 use crate::reorder::{Offer, Reorder, RunId};
 
@@ -156,7 +156,7 @@ where
         self.close();
         self.pass = Pass(self.pass.0 + 1);
         let mut reorder = Reorder::new(run, steps);
-        let later = self.early.split_off(&((run.0, stoker_common::ids::Position(run.1.0.saturating_add(1))), 0));
+        let later = self.early.split_off(&((run.0, stoker_plan::ids::Position(run.1.0.saturating_add(1))), 0));
         for ((batch_run, step), batch) in std::mem::replace(&mut self.early, later) {
             if batch_run == run {
                 let _ = reorder.offer(batch_run, Step(step), batch);

@@ -1,4 +1,4 @@
-use stoker_common::ids::{Epoch, Position};
+use stoker_plan::ids::{Epoch, Position};
 
 use super::*;
 

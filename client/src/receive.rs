@@ -7,12 +7,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::{Connection, Endpoint};
-use stoker_common::ids::{Epoch, JobId, Position, Rank, SessionId};
-use stoker_common::net::bulk::{self, Received};
-use stoker_common::net::{DeliveryError, NetError, PayloadPool, PeerIdentity, Role, TlsConfigs, call, check_peer, connect, receive_batch};
-use stoker_common::plan::{EpochPlan, PlanSpec, ShardTable};
-use stoker_common::proto::{BatchHeader, BatchReply, RemoteError, TrainerHello, WorkerInfo};
-use stoker_common::wire::{BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
+use stoker_net::bulk::{self, Received};
+use stoker_net::{DeliveryError, NetError, PayloadPool, PeerIdentity, Role, TlsConfigs, call, check_peer, connect, receive_batch};
+use stoker_plan::ids::{Epoch, JobId, Position, Rank, SessionId};
+use stoker_plan::{EpochPlan, PlanSpec, ShardTable};
+use stoker_proto::wire::{BATCH_PAYLOAD_LIMIT, CONTROL_FRAME_LIMIT};
+use stoker_proto::{BatchHeader, BatchReply, RemoteError, TrainerHello, WorkerInfo};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
@@ -326,9 +326,9 @@ fn check_header(header: &BatchHeader, expect: &Expect) -> Result<(), String> {
 mod tests {
     use std::num::NonZeroU32;
 
-    use stoker_common::ids::{Epoch, Step};
-    use stoker_common::plan::{Shuffle, Tail};
-    use stoker_common::transform::{OutputDtype, OutputLayout};
+    use stoker_plan::ids::{Epoch, Step};
+    use stoker_plan::transform::{OutputDtype, OutputLayout};
+    use stoker_plan::{Shuffle, Tail};
 
     use super::*;
 

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use stoker_common::ids::{Epoch, Position, Step};
+use stoker_plan::ids::{Epoch, Position, Step};
 
 /// Which run a batch belongs to: (epoch, start position). Runs order by epoch, then start.
 pub type RunId = (Epoch, Position);

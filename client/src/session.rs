@@ -19,10 +19,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::expect_response;
-use stoker_common::ids::{JobId, Rank, SessionId};
-use stoker_common::proto::{ControlRequest, ErrorCode, RemoteError, WorkerInfo};
+use stoker_plan::ids::{JobId, Rank, SessionId};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, ErrorCode, RemoteError, WorkerInfo};
 use tokio::sync::{OwnedMutexGuard, watch};
 use tracing::{debug, info, warn};
 
@@ -211,8 +211,8 @@ pub(crate) async fn report_progress<A>(
 mod tests {
     use std::time::Instant;
 
-    use stoker_common::ids::{Epoch, Pass, Position};
-    use stoker_common::proto::ControlResponse;
+    use stoker_plan::ids::{Epoch, Pass, Position};
+    use stoker_proto::ControlResponse;
     use tokio::sync::Notify;
 
     use super::*;

@@ -3,8 +3,8 @@
 //! may speak for (the core's `authz::Owners`, and the worker keys its scheduler keeps). Under `--insecure`
 //! every peer is [`PeerIdentity::Unchecked`] and may do everything.
 
-use stoker_common::net::{PeerIdentity, Role};
-use stoker_common::proto::{ControlRequest, ErrorCode, RemoteError};
+use stoker_net::{PeerIdentity, Role};
+use stoker_proto::{ControlRequest, ErrorCode, RemoteError};
 
 /// Refuse `request` if `caller`'s role may not make it.
 pub(crate) fn authorize(caller: &PeerIdentity, request: &ControlRequest) -> Result<(), RemoteError> {
@@ -39,10 +39,10 @@ fn request_name(request: &ControlRequest) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use stoker_common::net::Peer;
-    use stoker_common::proto::RaftKind;
+    use stoker_net::Peer;
+    use stoker_proto::RaftKind;
 
-    use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
+    use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
 
     use super::*;
 
@@ -54,7 +54,7 @@ mod tests {
     fn each_role_is_refused_the_requests_of_the_others() {
         let requests = [
             (ControlRequest::AddDataset { name: "d".to_owned(), manifest: "/m".to_owned() }, Some(Role::Admin)),
-            (ControlRequest::PullChunks { worker: stoker_common::ids::WorkerId(1), max: 1 }, Some(Role::Worker)),
+            (ControlRequest::PullChunks { worker: stoker_plan::ids::WorkerId(1), max: 1 }, Some(Role::Worker)),
             (ControlRequest::Raft { kind: RaftKind::Vote, payload: Vec::new() }, Some(Role::Coordinator)),
             (ControlRequest::Detach { job: JobId(1), rank: Rank(0), session: SessionId(1) }, Some(Role::Trainer)),
             (ControlRequest::Status, None),

@@ -85,9 +85,9 @@ pub const DEFAULT_MAX_JOBS: usize = 1_000;
 /// [`CoordinatorConfig::max_datasets`] by default.
 pub const DEFAULT_MAX_DATASETS: usize = 1_000;
 /// [`CoordinatorConfig::max_connections`] by default.
-pub const DEFAULT_MAX_CONNECTIONS: usize = stoker_common::net::DEFAULT_MAX_CONNECTIONS;
+pub const DEFAULT_MAX_CONNECTIONS: usize = stoker_net::DEFAULT_MAX_CONNECTIONS;
 /// [`CoordinatorConfig::max_connections_per_address`] by default.
-pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = stoker_common::net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS;
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = stoker_net::DEFAULT_MAX_CONNECTIONS_PER_ADDRESS;
 /// [`CoordinatorConfig::max_streams_per_connection`] by default: a worker or trainer has a
 /// few requests open at once, a Raft leader a few per follower.
 pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 64;
@@ -120,18 +120,18 @@ impl CoordinatorConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
-            request_timeout: stoker_common::net::REQUEST_TIMEOUT,
+            request_timeout: stoker_net::REQUEST_TIMEOUT,
         }
     }
 
     /// Check the values fit together.
     pub fn validate(self) -> Result<Self, CoordinatorError> {
-        if self.max_batch_bytes == 0 || self.max_batch_bytes > stoker_common::wire::BATCH_PAYLOAD_LIMIT {
+        if self.max_batch_bytes == 0 || self.max_batch_bytes > stoker_proto::wire::BATCH_PAYLOAD_LIMIT {
             return Err(CoordinatorError::Config {
                 message: format!(
                     "the largest batch ({} bytes) must be above 0 and at most the {} bytes a trainer takes",
                     self.max_batch_bytes,
-                    stoker_common::wire::BATCH_PAYLOAD_LIMIT
+                    stoker_proto::wire::BATCH_PAYLOAD_LIMIT
                 ),
             });
         }

@@ -16,10 +16,10 @@ use parking_lot::Mutex;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use quinn::Endpoint;
-use stoker_common::ids::CertKey;
-use stoker_common::net::{PeerIdentity, Role, call, connect_to};
-use stoker_common::proto::{ControlRequest, ControlResponse, CoordinatorStatus, ErrorCode, RemoteError};
-use stoker_common::wire::CONTROL_FRAME_LIMIT;
+use stoker_net::{PeerIdentity, Role, call, connect_to};
+use stoker_plan::ids::CertKey;
+use stoker_proto::wire::CONTROL_FRAME_LIMIT;
+use stoker_proto::{ControlRequest, ControlResponse, CoordinatorStatus, ErrorCode, RemoteError};
 use tracing::{info, warn};
 
 use crate::authz::authorize;

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use stoker_common::proto::{ErrorCode, RemoteError};
+use stoker_proto::{ErrorCode, RemoteError};
 
 /// What can go wrong in the coordinator.
 #[derive(Debug, thiserror::Error)]
@@ -39,7 +39,7 @@ pub enum CoordinatorError {
     },
     /// The QUIC endpoint could not be set up.
     #[error(transparent)]
-    Net(#[from] stoker_common::net::NetError),
+    Net(#[from] stoker_net::NetError),
     /// A bug.
     #[error("internal error: {message}")]
     Internal {

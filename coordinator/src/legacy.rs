@@ -115,7 +115,7 @@ fn replay(log_path: &Path, state: &mut ClusterState) -> Result<(u64, Option<u64>
 mod tests {
     use std::io::Write;
 
-    use stoker_common::proto::DatasetInfo;
+    use stoker_proto::DatasetInfo;
 
     use super::*;
 

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::ids::CertKey;
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_proto::api::CoordinatorApi;
+use stoker_plan::ids::CertKey;
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use stoker_coordinator_core::state::{Applied, ClusterState, Command};
 use stoker_coordinator_core::{Figures, IdSource};
 

@@ -6,11 +6,11 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use stoker_common::ids::{CertKey, Epoch, JobId, Pass, Position, Rank, SessionId};
-use stoker_common::plan::{PlanSpec, Shuffle, Tail};
-use stoker_common::proto::JobSpec;
-use stoker_common::shard::{Manifest, ManifestShard};
-use stoker_common::transform::TransformSpec;
+use stoker_plan::ids::{CertKey, Epoch, JobId, Pass, Position, Rank, SessionId};
+use stoker_plan::{PlanSpec, Shuffle, Tail};
+use stoker_proto::JobSpec;
+use stoker_format::{Manifest, ManifestShard};
+use stoker_plan::transform::TransformSpec;
 use stoker_coordinator_core::{CountingIds, Event, MAX_BATCH_SIZE, Outcome, RankTotals};
 
 use super::*;
@@ -31,7 +31,7 @@ fn manifest_of_two_shards() -> (tempfile::TempDir, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
     let shards =
         vec![ManifestShard { uri: "a.tar".into(), samples: 8, bytes: 1 }, ManifestShard { uri: "b.tar".into(), samples: 8, bytes: 1 }];
-    let manifest = Manifest { version: stoker_common::shard::manifest::MANIFEST_VERSION, shards, classes: Vec::new(), packed: None };
+    let manifest = Manifest { version: stoker_format::manifest::MANIFEST_VERSION, shards, classes: Vec::new(), packed: None };
     let path = dir.path().join("manifest.json");
     manifest.save(&path).unwrap_or_else(|error| panic!("{error}"));
     (dir, path)

@@ -3,9 +3,9 @@
 
 use std::path::{Path, PathBuf};
 
-use stoker_common::error::ShardError;
-use stoker_common::proto::{DatasetInfo, ErrorCode, RemoteError};
-use stoker_common::shard::{DatasetRoots, Manifest};
+use stoker_format::error::ShardError;
+use stoker_proto::{DatasetInfo, ErrorCode, RemoteError};
+use stoker_format::{DatasetRoots, Manifest};
 
 fn invalid(message: impl Into<String>) -> RemoteError {
     RemoteError::new(ErrorCode::InvalidArgument, message)

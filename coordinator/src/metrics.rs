@@ -6,9 +6,9 @@
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-use stoker_common::error::ObsError;
-use stoker_common::obs::prometheus::{CounterVec, GaugeVec, IntCounter, IntGauge, IntGaugeVec};
-use stoker_common::obs::{Metrics, latency_buckets, mirror_counter};
+use stoker_obs::error::ObsError;
+use stoker_obs::prometheus::{CounterVec, GaugeVec, IntCounter, IntGauge, IntGaugeVec};
+use stoker_obs::{Metrics, latency_buckets, mirror_counter};
 
 use crate::driver::Driver;
 use stoker_coordinator_core::Figures;
@@ -152,7 +152,7 @@ impl Families {
 /// Remove every label set of `counter` whose `stoker_job` (and `rank`, where it has one) is not
 /// in `kept` (the rank empty for per-job counters).
 fn retain_labels(counter: &CounterVec, kept: &[(String, String)]) {
-    use stoker_common::obs::prometheus::core::Collector;
+    use stoker_obs::prometheus::core::Collector;
     for family in counter.collect() {
         for metric in family.get_metric() {
             // The pairs come sorted by label name, not in the declared order: look them up.

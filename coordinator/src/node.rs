@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use openraft::BasicNode;
 use parking_lot::Mutex;
-use stoker_common::net::{Admission, Role, ServeLimits, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
-use stoker_common::obs::Metrics;
-use stoker_common::obs::prometheus::IntCounter;
-use stoker_common::proto::{ControlRequest, ErrorCode, RemoteError};
-use stoker_common::wire::CONTROL_FRAME_LIMIT;
+use stoker_net::{Admission, Role, ServeLimits, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
+use stoker_obs::Metrics;
+use stoker_obs::prometheus::IntCounter;
+use stoker_proto::{ControlRequest, ErrorCode, RemoteError};
+use stoker_proto::wire::CONTROL_FRAME_LIMIT;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 

@@ -10,9 +10,9 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use stoker_common::ids::CertKey;
-use stoker_common::obs::prometheus::Histogram;
-use stoker_common::proto::{ClusterStatus, ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_plan::ids::CertKey;
+use stoker_obs::prometheus::Histogram;
+use stoker_proto::{ClusterStatus, ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use stoker_coordinator_core::state::{Applied, ClusterState, Command};
 use stoker_coordinator_core::{Core, Event, Figures, IdSource, Outcome, Then};
 use tracing::warn;

@@ -3,7 +3,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use stoker_common::net::random_u64;
+use stoker_net::random::random_u64;
 use stoker_coordinator_core::IdSource;
 
 /// Ids from the OS's randomness: a peer cannot guess another's lease or session.

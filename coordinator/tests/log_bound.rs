@@ -5,13 +5,13 @@ use std::net::UdpSocket;
 use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{Epoch, JobId, Position};
-use stoker_common::net::TlsConfigs;
-use stoker_common::plan::{Checkpoint, PlanSpec, Shuffle, Tail};
-use stoker_common::proto::{DatasetInfo, JobSpec};
 use stoker_coordinator::raft::{KEEP_BEHIND_SNAPSHOT, SNAPSHOT_EVERY};
 use stoker_coordinator::state::Command;
 use stoker_coordinator::{CoordinatorConfig, start};
+use stoker_net::TlsConfigs;
+use stoker_plan::ids::{Epoch, JobId, Position};
+use stoker_plan::{Checkpoint, PlanSpec, Shuffle, Tail};
+use stoker_proto::{DatasetInfo, JobSpec};
 
 const RECORDS: u64 = 100_000;
 /// Commits in flight at once (openraft batches them into one append and one fsync).
@@ -35,9 +35,8 @@ fn the_log_stays_bounded_across_100_000_checkpoints() {
     let started = Instant::now();
     let last = runtime.block_on(async {
         let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
-        let handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_common::obs::Metrics::new())
-            .await
-            .expect("coordinator");
+        let handle =
+            start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_obs::Metrics::new()).await.expect("coordinator");
         let dataset = DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![10], version: 1 };
         handle.commit(Command::AddDataset { dataset }).await.expect("dataset");
         handle.commit(Command::CreateJob { spec: spec() }).await.expect("job");
@@ -72,9 +71,8 @@ fn the_log_stays_bounded_across_100_000_checkpoints() {
     let reopened = runtime.block_on(async {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
-        let handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_common::obs::Metrics::new())
-            .await
-            .expect("reopens");
+        let handle =
+            start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_obs::Metrics::new()).await.expect("reopens");
         handle.core().state()
     });
     assert_eq!(reopened, last, "snapshot plus the rest of the log give the same state");

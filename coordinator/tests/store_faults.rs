@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
 
-use stoker_common::net::TlsConfigs;
 use stoker_coordinator::{CoordinatorConfig, start};
+use stoker_net::TlsConfigs;
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime")
@@ -19,9 +19,7 @@ fn a_corrupt_store_file_is_an_error_naming_it() {
     let tls = TlsConfigs::insecure().expect("tls");
     let error = runtime().block_on(async {
         let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
-        start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_common::obs::Metrics::new())
-            .await
-            .expect_err("refused")
+        start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_obs::Metrics::new()).await.expect_err("refused")
     });
     let message = error.to_string();
     assert!(message.contains("raft.redb") && message.contains("cannot open the Raft store"), "{message}");
@@ -36,7 +34,7 @@ fn peers_that_disagree_with_the_stored_membership_are_refused_and_a_lone_node_ma
         // Alone, twice, on a new port each time: the same cluster of one.
         runtime.block_on(async {
             let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
-            let mut handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_common::obs::Metrics::new())
+            let mut handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_obs::Metrics::new())
                 .await
                 .unwrap_or_else(|error| panic!("round {round}: {error}"));
             assert!(handle.is_leader());
@@ -51,7 +49,7 @@ fn peers_that_disagree_with_the_stored_membership_are_refused_and_a_lone_node_ma
         let addr = socket.local_addr().expect("address").to_string();
         let mut config = CoordinatorConfig::new(dir.path().to_path_buf());
         config.peers = BTreeMap::from([(1, addr), (2, "127.0.0.1:9".to_owned()), (3, "127.0.0.1:10".to_owned())]);
-        start(config, socket, &tls, &stoker_common::obs::Metrics::new()).await.expect_err("refused")
+        start(config, socket, &tls, &stoker_obs::Metrics::new()).await.expect_err("refused")
     });
     let message = error.to_string();
     assert!(message.contains("says the cluster is 1=") && message.contains("--peers 1="), "{message}");
@@ -69,9 +67,8 @@ fn an_old_single_node_store_is_imported_once() {
     for round in 0..2 {
         let state = runtime.block_on(async {
             let socket = UdpSocket::bind("127.0.0.1:0").expect("socket");
-            let mut handle = start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_common::obs::Metrics::new())
-                .await
-                .expect("starts");
+            let mut handle =
+                start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_obs::Metrics::new()).await.expect("starts");
             let state = handle.core().state();
             handle.shutdown();
             handle.join().await;

@@ -1,4 +1,4 @@
-//! The shard index (`stoker_common::shard::index`): `ShardIndex::from_bytes` on arbitrary index
+//! The shard index (`stoker_format::index`): `ShardIndex::from_bytes` on arbitrary index
 //! and shard bytes (optionally with the shard fields and checksum fixed up, to reach the record
 //! checks), every accessor of an index it accepts, and `build_index` on the shard bytes, whose
 //! output must load and agree with the tar reader. The shard's tar header checksums are fixed
@@ -8,9 +8,9 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use stoker_common::shard::index::{IndexBytes, ShardIndex, build_index, region_hash};
-use stoker_common::shard::sample_key::split_member_name;
-use stoker_common::shard::tar_reader::TarMembers;
+use stoker_format::index::{IndexBytes, ShardIndex, build_index, region_hash};
+use stoker_format::sample_key::split_member_name;
+use stoker_format::tar_reader::TarMembers;
 use stoker_fuzz::index_input::{self, FIX_CHECKSUM, FIX_SHARD};
 use stoker_fuzz::with_tar_checksums_fixed;
 use xxhash_rust::xxh3::xxh3_64;

@@ -1,5 +1,5 @@
 //! The restart-interval band builder of the worker's JPEG decode (`decode::restart`, through
-//! `stoker_worker::fuzzing`): `Layout::parse` on arbitrary bytes, then bands for regions at
+//! `stoker_pipeline::fuzzing`): `Layout::parse` on arbitrary bytes, then bands for regions at
 //! several scales, as the decoder asks for them (inside the scaled image). A band must start at
 //! or before its region (the decoder subtracts its origin) and be a JPEG of its own that
 //! covers the region.
@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use stoker_fuzz::jpeg_input;
-use stoker_worker::fuzzing::{RestartScratch, restart_layout};
+use stoker_pipeline::fuzzing::{RestartScratch, restart_layout};
 
 fuzz_target!(|data: &[u8]| {
     let Some((jpeg, params)) = jpeg_input::decode(data) else { return };

@@ -6,8 +6,8 @@
 use std::path::Path;
 
 use libfuzzer_sys::fuzz_target;
-use stoker_common::shard::brace::{self, MAX_EXPANSION, MAX_EXPANSION_BYTES};
-use stoker_common::shard::{Manifest, ShardLocation, resolve_uri};
+use stoker_format::brace::{self, MAX_EXPANSION, MAX_EXPANSION_BYTES};
+use stoker_format::{Manifest, ShardLocation, resolve_uri};
 
 fuzz_target!(|data: &[u8]| {
     let text = String::from_utf8_lossy(data);

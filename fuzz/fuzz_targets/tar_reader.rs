@@ -1,11 +1,11 @@
-//! The tar reader (`stoker_common::shard::tar_reader`) over arbitrary bytes: every member it
+//! The tar reader (`stoker_format::tar_reader`) over arbitrary bytes: every member it
 //! yields lies inside the shard, headers advance, and it never panics. The bytes are read as
 //! they are, then with their header checksums fixed up (see `with_tar_checksums_fixed`).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stoker_common::shard::sample_key::split_member_name;
-use stoker_common::shard::tar_reader::{BLOCK, TarMembers};
+use stoker_format::sample_key::split_member_name;
+use stoker_format::tar_reader::{BLOCK, TarMembers};
 use stoker_fuzz::with_tar_checksums_fixed;
 
 fuzz_target!(|data: &[u8]| {

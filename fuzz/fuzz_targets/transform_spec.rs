@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stoker_common::transform::{Recipe, TransformSpec};
+use stoker_plan::transform::{Recipe, TransformSpec};
 use stoker_fuzz::transform_input;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,4 +1,4 @@
-//! Every wire message decoded from arbitrary bytes (`stoker_common::wire`): decoding must never
+//! Every wire message decoded from arbitrary bytes (`stoker_proto::wire`): decoding must never
 //! panic nor allocate past its limit, and whatever decodes must encode again to a frame that
 //! decodes to the same bytes.
 #![no_main]
@@ -8,8 +8,8 @@ use std::fmt::Debug;
 use libfuzzer_sys::fuzz_target;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use stoker_common::proto::{BatchHeader, ControlRequest, ControlResponse, RemoteError, TrainerHello};
-use stoker_common::wire::{self, BATCH_HEADER_LIMIT, CONTROL_FRAME_LIMIT, PREFIX_BYTES};
+use stoker_proto::{BatchHeader, ControlRequest, ControlResponse, RemoteError, TrainerHello};
+use stoker_proto::wire::{self, BATCH_HEADER_LIMIT, CONTROL_FRAME_LIMIT, PREFIX_BYTES};
 use stoker_fuzz::WireKind;
 
 fuzz_target!(|data: &[u8]| {

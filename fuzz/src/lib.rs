@@ -103,8 +103,8 @@ pub mod transform_input {
 /// its checksum, and this lets them reach the parsing behind it. (The targets also read the
 /// bytes as they are, so the checksum test itself is fuzzed too.)
 pub fn with_tar_checksums_fixed(shard: &[u8]) -> Vec<u8> {
-    use stoker_common::error::ShardError;
-    use stoker_common::shard::tar_reader::{BLOCK, TarMembers};
+    use stoker_format::error::ShardError;
+    use stoker_format::tar_reader::{BLOCK, TarMembers};
 
     let mut bytes = shard.to_vec();
     for _ in 0..=bytes.len() / BLOCK as usize {

@@ -6,8 +6,8 @@ use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use stoker_client::ReceivedBatch;
-use stoker_common::net::Payload;
-use stoker_common::transform::{FloatDtype, OutputDtype, OutputLayout};
+use stoker_net::Payload;
+use stoker_plan::transform::{FloatDtype, OutputDtype, OutputLayout};
 
 /// `(images_u8_flat, shape, dtype, layout, labels, keys, epoch, step, rank, replaced, checksum,
 /// corrupt)`: the order `stoker/batch.py` unpacks.

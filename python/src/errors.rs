@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PyTuple, PyType};
 use stoker_client::ClientError;
-use stoker_common::proto::ErrorCode;
+use stoker_proto::ErrorCode;
 
 create_exception!(stoker, StokerError, PyException, "Base class of every error Stoker raises.");
 create_exception!(stoker, ConfigError, StokerError, "Invalid settings, or a request the coordinator refused as invalid.");
@@ -75,7 +75,7 @@ pub(crate) fn to_py(error: ClientError) -> PyErr {
         ClientError::Config { .. } => ConfigError::new_err(message),
         ClientError::Resume { .. } => ResumeError::new_err(message),
         ClientError::Timeout { .. } => dual_error(timeout_error, message),
-        ClientError::Net(stoker_common::net::NetError::Tls(_)) => ConfigError::new_err(message),
+        ClientError::Net(stoker_net::NetError::Tls(_)) => ConfigError::new_err(message),
         ClientError::Net(_) => dual_error(connection_error, message),
         ClientError::Runtime { .. } | ClientError::Superseded { .. } => StokerError::new_err(message),
         ClientError::Coordinator { source } => match source.code {

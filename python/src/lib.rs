@@ -23,5 +23,5 @@ fn _stoker(module: &Bound<'_, PyModule>) -> PyResult<()> {
 /// `stoker_client=debug`, ...); silent otherwise, as a library inside a trainer should be.
 fn init_logging() {
     let Ok(filter) = std::env::var("STOKER_LOG") else { return };
-    stoker_common::obs::init_tracing(Some(&filter), "info", false);
+    stoker_obs::init_tracing(Some(&filter), "info", false);
 }

@@ -13,9 +13,9 @@ use std::time::Duration;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use stoker_client::{Loader, LoaderConfig, LoaderState, Next};
-use stoker_common::ids::Epoch;
-use stoker_common::net::{CoordinatorAddrs, TlsSource};
-use stoker_common::transform::TransformSpec;
+use stoker_net::{CoordinatorAddrs, TlsSource};
+use stoker_plan::ids::Epoch;
+use stoker_plan::transform::TransformSpec;
 
 use crate::batch;
 use crate::errors::{self, ConfigError};

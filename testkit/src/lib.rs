@@ -15,15 +15,15 @@ use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use stoker_client::LoaderConfig;
-use stoker_common::api::CoordinatorApi;
-use stoker_common::expect_response;
-use stoker_common::net::bulk::BatchTransport;
-use stoker_common::net::{ClusterCa, CoordinatorAddrs, QuicCoordinator, Role, TlsConfigs, TlsSource};
-use stoker_common::obs::Metrics;
-use stoker_common::proto::{ControlRequest, DatasetInfo};
-use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
-use stoker_common::shard::pack::{PackOptions, pack};
 use stoker_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle};
+use stoker_format::pack::{PackOptions, pack};
+use stoker_net::bulk::BatchTransport;
+use stoker_net::{ClusterCa, CoordinatorAddrs, QuicCoordinator, Role, TlsConfigs, TlsSource};
+use stoker_obs::Metrics;
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, DatasetInfo};
+use stoker_sample_data::{SampleDataSpec, write_image_folder};
 use stoker_worker::{WorkerConfig, WorkerHandle};
 
 pub use crate::tls::{ClusterTls, issue_configs};
@@ -156,7 +156,7 @@ fn bind(ip: Ipv4Addr, port: u16) -> Result<UdpSocket, TestkitError> {
 /// Log to stderr once per process, filtered by `RUST_LOG` (default: warnings).
 pub fn init_tracing() {
     static ONCE: Once = Once::new();
-    ONCE.call_once(|| stoker_common::obs::init_tracing(std::env::var("RUST_LOG").ok().as_deref(), "warn", true));
+    ONCE.call_once(|| stoker_obs::init_tracing(std::env::var("RUST_LOG").ok().as_deref(), "warn", true));
 }
 
 fn metrics_text(metrics: &Metrics) -> Result<String, TestkitError> {
@@ -436,20 +436,16 @@ impl TestCluster {
 
     /// Call the coordinator over QUIC, as an operator's CLI would, with a certificate of the
     /// role the request needs (admin for read-only ones).
-    pub fn call(&self, request: ControlRequest) -> Result<stoker_common::proto::ControlResponse, stoker_common::proto::RemoteError> {
+    pub fn call(&self, request: ControlRequest) -> Result<stoker_proto::ControlResponse, stoker_proto::RemoteError> {
         let role = Role::required_for(&request).unwrap_or(Role::Admin);
         self.call_with(&self.tls.configs(role), request)
     }
 
     /// [`TestCluster::call`] with `tls` (a certificate of another role, another CA, expired).
-    pub fn call_with(
-        &self,
-        tls: &TlsConfigs,
-        request: ControlRequest,
-    ) -> Result<stoker_common::proto::ControlResponse, stoker_common::proto::RemoteError> {
+    pub fn call_with(&self, tls: &TlsConfigs, request: ControlRequest) -> Result<stoker_proto::ControlResponse, stoker_proto::RemoteError> {
         let _guard = self.runtime.enter();
         let api = QuicCoordinator::with_addrs(self.coordinator_list(), tls)
-            .map_err(|error| stoker_common::proto::RemoteError::new(stoker_common::proto::ErrorCode::Unavailable, error.to_string()))?;
+            .map_err(|error| stoker_proto::RemoteError::new(stoker_proto::ErrorCode::Unavailable, error.to_string()))?;
         let answer = self.runtime.block_on(api.call(request));
         api.close();
         answer
@@ -466,7 +462,7 @@ impl TestCluster {
     }
 
     /// Deny a certificate: every node of the cluster refuses it from its next handshake.
-    pub fn deny(&self, key: stoker_common::ids::CertKey) -> Result<(), TestkitError> {
+    pub fn deny(&self, key: stoker_plan::ids::CertKey) -> Result<(), TestkitError> {
         self.tls.deny(key)
     }
 

@@ -5,9 +5,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 
-use stoker_common::ids::CertKey;
-use stoker_common::net::{CERT_VALIDITY, ClusterCa, DENY_LIST, Role, TlsConfigs, Validity, mutual_tls};
-use stoker_common::proto::ALPN;
+use stoker_net::{CERT_VALIDITY, ClusterCa, DENY_LIST, Role, TlsConfigs, Validity, mutual_tls};
+use stoker_plan::ids::CertKey;
+use stoker_proto::ALPN;
 
 use crate::TestkitError;
 

@@ -16,11 +16,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use stoker_client::Loader;
-use stoker_common::ids::Epoch;
-use stoker_common::net::{Role, TlsConfigs, Tuning, connect, server_endpoint};
-use stoker_common::proto::ControlRequest;
-use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
 use stoker_coordinator::CoordinatorConfig;
+use stoker_net::{Role, TlsConfigs, Tuning, connect, server_endpoint};
+use stoker_plan::ids::Epoch;
+use stoker_proto::ControlRequest;
+use stoker_proto::wire::{self, CONTROL_FRAME_LIMIT};
 use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
 
@@ -47,7 +47,7 @@ struct Tally {
 /// Seconds for one trainer to consume `epochs` epochs of the test dataset.
 fn epochs_seconds(cluster: &TestCluster, epochs: u64) -> f64 {
     let mut config = config_for(&cluster.loader_config("train", 4), 0, 1);
-    config.job_name = Some(format!("flood-{}", stoker_common::net::random_u64()));
+    config.job_name = Some(format!("flood-{}", stoker_net::random::random_u64()));
     let mut loader = Loader::attach(&config).expect("attach");
     let started = Instant::now();
     for epoch in 0..epochs {
@@ -185,7 +185,7 @@ fn a_worker_closes_a_connection_that_sends_no_hello() {
     let reason = cluster.block_on(async {
         let endpoint = endpoint_on(Ipv4Addr::new(127, 0, 0, 79), &tls);
         let connection = connect(&endpoint, worker, Duration::from_secs(5)).await.expect("connect");
-        let limit = stoker_common::net::REQUEST_TIMEOUT + Duration::from_secs(5);
+        let limit = stoker_net::REQUEST_TIMEOUT + Duration::from_secs(5);
         tokio::time::timeout(limit, connection.closed()).await.map(|reason| reason.to_string())
     });
     let reason = reason.expect("closed within the request timeout");

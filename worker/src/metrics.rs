@@ -2,51 +2,30 @@
 //! deliveries take, and how full each stage is. Counters live in the registry the caller
 //! passes to [`crate::start`]; stage depths are read from the worker's state at scrape time.
 
-use stoker_common::error::ObsError;
-use stoker_common::obs::prometheus::{Histogram, IntCounter, IntGauge, IntGaugeVec};
-use stoker_common::obs::{Metrics, latency_buckets};
+use stoker_obs::error::ObsError;
+use stoker_obs::prometheus::{Histogram, IntCounter, IntGauge, IntGaugeVec};
+use stoker_obs::{Metrics, latency_buckets};
+pub use stoker_pipeline::metrics::PipelineMetrics;
 
-/// Figures the pipeline itself updates (shared by every job's pipeline on the worker).
-#[derive(Clone, Debug)]
-pub struct PipelineMetrics {
-    /// Whether samples and batches are timed (`decode_seconds`, `batch_make_seconds`); the
-    /// bad-sample counters count either way.
-    pub timed: bool,
-    /// Decode and augment time of one sample.
-    pub decode_seconds: Histogram,
-    /// One batch: from its buffer handed to the decode threads to its last sample done.
-    pub batch_make_seconds: Histogram,
-    /// Samples sent as a black image (undecodable).
-    pub replaced: IntCounter,
-    /// Samples decoded with warnings (corrupt data), kept as decoded.
-    pub corrupt: IntCounter,
-}
-
-impl PipelineMetrics {
-    /// Register the pipeline's metrics in `metrics`.
-    pub fn register(metrics: &Metrics) -> Result<Self, ObsError> {
-        let bad = metrics.counter_vec(
-            "stoker_worker_bad_samples_total",
-            "Samples that did not decode cleanly, by reason: replaced (undecodable, sent as a black image and flagged) or \
-             corrupt (decoded with warnings, kept and flagged).",
-            &["reason"],
-        )?;
-        Ok(Self {
-            timed: true,
-            decode_seconds: metrics.histogram(
-                "stoker_worker_decode_seconds",
-                "Decode and augment time of one sample.",
-                latency_buckets(),
-            )?,
-            batch_make_seconds: metrics.histogram(
-                "stoker_worker_batch_make_seconds",
-                "Time to make one batch, from its buffer handed to the decode threads to its last sample done.",
-                latency_buckets(),
-            )?,
-            replaced: bad.with_label_values(&["replaced"]),
-            corrupt: bad.with_label_values(&["corrupt"]),
-        })
-    }
+/// Register the pipeline's metrics in `metrics`.
+pub fn register_pipeline_metrics(metrics: &Metrics) -> Result<PipelineMetrics, ObsError> {
+    let bad = metrics.counter_vec(
+        "stoker_worker_bad_samples_total",
+        "Samples that did not decode cleanly, by reason: replaced (undecodable, sent as a black image and flagged) or \
+         corrupt (decoded with warnings, kept and flagged).",
+        &["reason"],
+    )?;
+    Ok(PipelineMetrics {
+        timed: true,
+        decode_seconds: metrics.histogram("stoker_worker_decode_seconds", "Decode and augment time of one sample.", latency_buckets())?,
+        batch_make_seconds: metrics.histogram(
+            "stoker_worker_batch_make_seconds",
+            "Time to make one batch, from its buffer handed to the decode threads to its last sample done.",
+            latency_buckets(),
+        )?,
+        replaced: bad.with_label_values(&["replaced"]),
+        corrupt: bad.with_label_values(&["corrupt"]),
+    })
 }
 
 /// Everything a worker counts.
@@ -74,7 +53,7 @@ impl WorkerMetrics {
     /// Register the worker's metrics in `metrics`.
     pub fn register(metrics: &Metrics) -> Result<Self, ObsError> {
         Ok(Self {
-            pipeline: PipelineMetrics::register(metrics)?,
+            pipeline: register_pipeline_metrics(metrics)?,
             samples: metrics.counter("stoker_worker_samples_total", "Samples made (replaced ones included).")?,
             batches: metrics.counter("stoker_worker_batches_total", "Batches delivered: sent and acknowledged by their trainer.")?,
             bytes_sent: metrics.counter("stoker_worker_bytes_sent_total", "Image bytes of the batches delivered.")?,

@@ -5,9 +5,9 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
-use stoker_common::plan::Tail;
-use stoker_common::shard::MANIFEST_FILE;
-use stoker_common::transform::TransformSpec;
+use stoker_format::MANIFEST_FILE;
+use stoker_plan::Tail;
+use stoker_plan::transform::TransformSpec;
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use super::ranks::{consume_ranks, peak_rss_mib};

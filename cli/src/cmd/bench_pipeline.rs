@@ -7,11 +7,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use stoker_common::ids::{Epoch, Rank, Step};
-use stoker_common::plan::{EpochPlan, PlanSpec, SampleRef, Shuffle, Tail};
-use stoker_common::shard::MANIFEST_FILE;
-use stoker_common::transform::{Recipe, TransformSpec};
-use stoker_worker::metrics::PipelineMetrics;
+use stoker_format::MANIFEST_FILE;
+use stoker_plan::ids::{Epoch, Rank, Step};
+use stoker_plan::transform::{Recipe, TransformSpec};
+use stoker_plan::{EpochPlan, PlanSpec, SampleRef, Shuffle, Tail};
+use stoker_worker::metrics::{PipelineMetrics, register_pipeline_metrics};
 use stoker_worker::{BatchRequest, Dataset, Pipeline, PipelineConfig, floor};
 
 use crate::args::BenchPipelineArgs;
@@ -70,7 +70,7 @@ pub(crate) fn run(args: BenchPipelineArgs) -> anyhow::Result<ExitCode> {
     // Pipeline and floor (and the baseline thread count's) take turns, so that a slow spell of
     // a shared machine falls on all of them.
     // The pipeline times every sample and batch into metrics, as a worker's does.
-    let metrics = PipelineMetrics::register(&stoker_common::obs::Metrics::new())?;
+    let metrics = register_pipeline_metrics(&stoker_obs::Metrics::new())?;
     let turns = Turns {
         dataset: &dataset,
         spec: &spec,

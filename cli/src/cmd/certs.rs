@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use stoker_common::net::{CA_CERT, CertSummary, ClusterCa, NODE_CERT, Role, Validity, summarize_pem};
+use stoker_net::{CA_CERT, CertSummary, ClusterCa, NODE_CERT, Role, Validity, summarize_pem};
 
 use crate::args::{CertsInitArgs, CertsIssueArgs, CertsRevokeArgs, CertsShowArgs};
 

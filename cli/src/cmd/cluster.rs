@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use stoker_common::expect_response;
-use stoker_common::proto::ControlRequest;
+use stoker_proto::ControlRequest;
+use stoker_proto::expect_response;
 
 use super::remote::call;
 use crate::args::{AddNodeArgs, RemoveNodeArgs};

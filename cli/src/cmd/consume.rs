@@ -4,8 +4,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use stoker_client::LoaderConfig;
-use stoker_common::obs::MetricsListen;
-use stoker_common::transform::TransformSpec;
+use stoker_obs::MetricsListen;
+use stoker_plan::transform::TransformSpec;
 
 use super::ranks::{Keys, consume};
 use super::remote::resolve_coordinators;

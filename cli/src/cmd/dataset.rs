@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use stoker_common::expect_response;
-use stoker_common::proto::{ControlRequest, DatasetInfo};
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, DatasetInfo};
 
 use super::remote::call;
 use crate::args::{CoordinatorAddr, DatasetAddArgs};

@@ -10,10 +10,10 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Context;
-use stoker_common::plan::{Shuffle, Tail};
-use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
-use stoker_common::shard::pack::PackOptions;
-use stoker_common::shard::{IndexPolicy, Manifest, Shard, ShardLocation, resolve_uri};
+use stoker_format::pack::PackOptions;
+use stoker_format::{IndexPolicy, Manifest, Shard, ShardLocation, resolve_uri};
+use stoker_plan::{Shuffle, Tail};
+use stoker_sample_data::{SampleDataSpec, write_image_folder};
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use super::ranks::{RankReport, consume_ranks, peak_rss_mib};

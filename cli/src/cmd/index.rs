@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
-use stoker_common::shard::brace;
-use stoker_common::shard::{IndexPolicy, IndexStatus, Manifest, ManifestShard, Shard};
+use stoker_format::brace;
+use stoker_format::{IndexPolicy, IndexStatus, Manifest, ManifestShard, Shard};
 
 use crate::args::IndexArgs;
 use crate::progress;

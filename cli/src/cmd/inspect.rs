@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::json;
-use stoker_common::plan::mixing::{LabelMixing, label_mixing};
-use stoker_common::plan::{SampleRef, ShardTable, Shuffle};
-use stoker_common::shard::manifest::PackedOrder;
-use stoker_common::shard::{IndexPolicy, IndexStatus, MANIFEST_FILE, Manifest, Shard, ShardLocation, resolve_uri};
+use stoker_format::manifest::PackedOrder;
+use stoker_format::{IndexPolicy, IndexStatus, MANIFEST_FILE, Manifest, Shard, ShardLocation, resolve_uri};
+use stoker_plan::mixing::{LabelMixing, label_mixing};
+use stoker_plan::{SampleRef, ShardTable, Shuffle};
 
 use crate::args::InspectArgs;
 

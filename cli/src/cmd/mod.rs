@@ -1,12 +1,15 @@
 //! One module per subcommand; each is a thin call into the libraries.
 
+#[cfg(feature = "demo")]
 pub(crate) mod bench_cluster;
+#[cfg(feature = "demo")]
 pub(crate) mod bench_delivery;
 pub(crate) mod bench_pipeline;
 pub(crate) mod certs;
 pub(crate) mod cluster;
 pub(crate) mod consume;
 pub(crate) mod dataset;
+#[cfg(feature = "demo")]
 pub(crate) mod demo;
 pub(crate) mod index;
 pub(crate) mod inspect;

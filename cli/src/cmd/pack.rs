@@ -4,8 +4,8 @@ use std::num::NonZeroUsize;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use stoker_common::shard::manifest::PackedOrder;
-use stoker_common::shard::pack::{PackOptions, PackSummary, RewriteJpeg, pack};
+use stoker_format::manifest::PackedOrder;
+use stoker_format::pack::{PackOptions, PackSummary, RewriteJpeg, pack};
 
 use crate::args::PackArgs;
 use crate::progress;

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use stoker_client::{Loader, LoaderConfig};
-use stoker_common::ids::Epoch;
+use stoker_plan::ids::Epoch;
 
 /// What one rank measured.
 #[derive(Debug, Default)]
@@ -37,6 +37,8 @@ impl RankReport {
 /// lines, flushed after every batch, so that others can watch its progress).
 pub(crate) enum Keys<'a> {
     Drop,
+    /// Only the in-process runs (`demo`, `bench cluster`) keep keys.
+    #[cfg_attr(not(feature = "demo"), allow(dead_code))]
     Keep,
     Write(&'a mut dyn Write),
 }
@@ -96,6 +98,7 @@ pub(crate) fn consume(
 
 /// Every rank of `world_size` consumes `epochs` epochs on its own thread, from `base`'s
 /// settings; returns their reports in rank order.
+#[cfg(feature = "demo")]
 pub(crate) fn consume_ranks(base: &LoaderConfig, world_size: u32, epochs: u64, keep_keys: bool) -> anyhow::Result<Vec<RankReport>> {
     let handles: Vec<_> = (0..world_size)
         .map(|rank| {
@@ -113,6 +116,7 @@ pub(crate) fn consume_ranks(base: &LoaderConfig, world_size: u32, epochs: u64, k
 }
 
 /// Peak resident memory of this process, in MiB (Linux), if known.
+#[cfg(feature = "demo")]
 pub(crate) fn peak_rss_mib() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;

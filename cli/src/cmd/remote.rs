@@ -3,9 +3,9 @@
 use std::net::{SocketAddr, ToSocketAddrs};
 
 use anyhow::Context;
-use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{CoordinatorAddrs, QuicCoordinator, Role};
-use stoker_common::proto::{ControlRequest, ControlResponse};
+use stoker_net::{CoordinatorAddrs, QuicCoordinator, Role};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::{ControlRequest, ControlResponse};
 
 use crate::args::CoordinatorAddr;
 

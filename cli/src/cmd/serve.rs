@@ -7,10 +7,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context;
-use stoker_common::net::{QuicCoordinator, Role};
-use stoker_common::obs::{Metrics, MetricsListen, MetricsServer};
-use stoker_common::shard::DatasetRoots;
 use stoker_coordinator::CoordinatorConfig;
+use stoker_format::DatasetRoots;
+use stoker_net::{QuicCoordinator, Role};
+use stoker_obs::{Metrics, MetricsListen, MetricsServer};
 use stoker_worker::WorkerConfig;
 
 use super::remote::{resolve, resolve_coordinators, runtime};
@@ -82,7 +82,7 @@ fn serve_metrics(runtime: &tokio::runtime::Runtime, listen: MetricsListen, metri
     // Not ready until the node has started (its start sets the real check).
     metrics.set_readiness(|| Err("starting".to_owned()));
     let server = runtime
-        .block_on(stoker_common::obs::serve(addr, metrics.clone()))
+        .block_on(stoker_obs::serve(addr, metrics.clone()))
         .context("pass --metrics-listen with a free HOST:PORT (or STOKER_METRICS_LISTEN), or `off`")?;
     eprintln!("metrics on http://{}/metrics (and /healthz, /readyz)", server.local_addr());
     Ok(Some(server))

@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
-use stoker_common::expect_response;
-use stoker_common::proto::{ClusterStatus, ControlRequest};
+use stoker_proto::expect_response;
+use stoker_proto::{ClusterStatus, ControlRequest};
 
 use super::remote::call;
 use crate::args::StatusArgs;

@@ -1,7 +1,7 @@
 //! `stoker bench pipeline` end to end: the pipeline and its floor take turns and report both,
 //! with the floor from the same dataset or from the same images stored another way.
 
-use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
+use stoker_sample_data::{SampleDataSpec, write_image_folder};
 
 use crate::support::{path_str, stoker, text};
 

@@ -12,9 +12,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{QuicCoordinator, Role};
-use stoker_common::proto::{ClusterStatus, ControlRequest, ControlResponse};
+use stoker_net::{QuicCoordinator, Role};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::{ClusterStatus, ControlRequest, ControlResponse};
 use stoker_testkit::netns::{Impairment, Lab};
 
 use crate::support::{assert_two_ranks_saw_every_key_once_in, local_ca, local_tls, path_str};

@@ -3,8 +3,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
-use stoker_common::shard::{IndexPolicy, Shard};
+use stoker_format::{IndexPolicy, Shard};
+use stoker_sample_data::{SampleDataSpec, write_image_folder};
 
 use crate::support::{path_str, stoker, text};
 

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{QuicCoordinator, Role};
-use stoker_common::proto::{ControlRequest, ControlResponse};
+use stoker_net::{QuicCoordinator, Role};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::{ControlRequest, ControlResponse};
 
 use crate::support::{
     assert_two_ranks_saw_every_key_once, local_tls, spawn_two_consumers, start_node, stoker_command as stoker, wait_for_consumers,

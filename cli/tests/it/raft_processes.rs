@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::net::{QuicCoordinator, Role};
-use stoker_common::proto::{ControlRequest, ControlResponse, CoordinatorStatus};
+use stoker_net::{QuicCoordinator, Role};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::{ControlRequest, ControlResponse, CoordinatorStatus};
 
 use crate::support::{
     Node, assert_two_ranks_saw_every_key_once, local_tls, path_str, read_keys, spawn_two_consumers, start_node, stoker_command as stoker,
@@ -42,7 +42,7 @@ impl Probe {
 
     fn call(&self, addrs: &str, request: ControlRequest) -> Result<ControlResponse, String> {
         let _guard = self.runtime.enter();
-        let list = stoker_common::net::CoordinatorAddrs::parse(addrs).map_err(|error| error.to_string())?;
+        let list = stoker_net::CoordinatorAddrs::parse(addrs).map_err(|error| error.to_string())?;
         let client = QuicCoordinator::with_addrs(list, &local_tls(Role::Admin)).map_err(|error| error.to_string())?;
         let answer = self.runtime.block_on(client.call(request)).map_err(|error| error.to_string());
         client.close();

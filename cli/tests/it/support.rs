@@ -46,9 +46,9 @@ pub(crate) fn local_ca() -> std::path::PathBuf {
 }
 
 /// TLS configs of `role` from the tests' local CA, for calls made from the test itself.
-pub(crate) fn local_tls(role: stoker_common::net::Role) -> stoker_common::net::TlsConfigs {
-    let dir = stoker_common::net::ensure_local(&local_ca(), role).expect("the tests' local CA");
-    stoker_common::net::TlsConfigs::from_dir(&dir).expect("a local certificate")
+pub(crate) fn local_tls(role: stoker_net::Role) -> stoker_net::TlsConfigs {
+    let dir = stoker_net::ensure_local(&local_ca(), role).expect("the tests' local CA");
+    stoker_net::TlsConfigs::from_dir(&dir).expect("a local certificate")
 }
 
 /// Start a node and read its "listening on ADDR" line from stderr.

@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
-use stoker_common::proto::{ErrorCode, RemoteError};
+use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
+use stoker_proto::{ErrorCode, RemoteError};
 
 /// The refusal of a request that speaks for what another certificate owns.
 pub fn not_yours(what: impl std::fmt::Display, owner: CertKey, caller: CertKey) -> RemoteError {

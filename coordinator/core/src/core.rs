@@ -6,9 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use stoker_common::ids::{JobId, Rank, SessionId};
-use stoker_common::plan::{Checkpoint, EpochPlan};
-use stoker_common::proto::RankStatus;
+use stoker_plan::ids::{JobId, Rank, SessionId};
+use stoker_plan::{Checkpoint, EpochPlan};
+use stoker_proto::RankStatus;
 
 use crate::authz::Owners;
 use crate::config::CoreConfig;

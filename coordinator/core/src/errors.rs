@@ -1,6 +1,6 @@
 //! The refusals the core answers with, as wire errors.
 
-use stoker_common::proto::{ErrorCode, RemoteError};
+use stoker_proto::{ErrorCode, RemoteError};
 
 use crate::scheduler::{Refusal, SeatRefusal};
 

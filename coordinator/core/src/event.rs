@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use stoker_common::ids::CertKey;
-use stoker_common::proto::{ControlRequest, ControlResponse, DatasetInfo, RemoteError};
+use stoker_plan::ids::CertKey;
+use stoker_proto::{ControlRequest, ControlResponse, DatasetInfo, RemoteError};
 
 use crate::state::Command;
 

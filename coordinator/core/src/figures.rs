@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use stoker_common::ids::{Rank, SessionId};
-use stoker_common::proto::{ClusterStatus, JobStatus, RankStatus};
+use stoker_plan::ids::{Rank, SessionId};
+use stoker_proto::{ClusterStatus, JobStatus, RankStatus};
 
 use crate::core::Core;
 use crate::scheduler::Done;

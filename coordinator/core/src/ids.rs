@@ -3,7 +3,7 @@
 //! them from the OS; the protocol model and tests from a seeded or counting source, so that a
 //! schedule replays the same.
 
-use stoker_common::plan::prng::SplitMix64;
+use stoker_plan::prng::SplitMix64;
 
 /// A source of unpredictable 64-bit numbers.
 pub trait IdSource: Send {

@@ -6,9 +6,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
-use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
-use stoker_common::plan::Checkpoint;
-use stoker_common::proto::{DatasetInfo, JobSpec};
+use stoker_plan::Checkpoint;
+use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
+use stoker_proto::{DatasetInfo, JobSpec};
 
 /// Version of [`Command`] and [`ClusterState`] as persisted; bump when a field changes meaning.
 pub const STATE_VERSION: u32 = 1;
@@ -234,8 +234,8 @@ impl ClusterState {
 mod tests {
     use std::num::NonZeroU32;
 
-    use stoker_common::ids::{Epoch, Position};
-    use stoker_common::plan::{PlanSpec, Shuffle, Tail};
+    use stoker_plan::ids::{Epoch, Position};
+    use stoker_plan::{PlanSpec, Shuffle, Tail};
 
     use super::*;
 

@@ -1,9 +1,9 @@
 //! Checks of what a request asks for: job specs, the coordinator's limits on new jobs, and the
 //! lengths of lists in requests.
 
-use stoker_common::ids::Rank;
-use stoker_common::proto::{JobSpec, RemoteError};
-use stoker_common::transform::{Recipe, TransformSpec};
+use stoker_plan::ids::Rank;
+use stoker_proto::{JobSpec, RemoteError};
+use stoker_plan::transform::{Recipe, TransformSpec};
 
 use crate::config::CoreConfig;
 use crate::errors::invalid;

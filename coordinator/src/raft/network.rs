@@ -17,9 +17,9 @@ use openraft::raft::{
 use quinn::{Connection, Endpoint};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use stoker_common::net::{NetError, Role, call, connect_to};
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RaftKind, RemoteError};
-use stoker_common::wire::CONTROL_FRAME_LIMIT;
+use stoker_net::{NetError, Role, call, connect_to};
+use stoker_proto::wire::CONTROL_FRAME_LIMIT;
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RaftKind, RemoteError};
 
 use super::{Raft, TypeConfig};
 

@@ -10,18 +10,18 @@ use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
-use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
-use stoker_common::plan::{CHECKPOINT_VERSION, Checkpoint, PlanSpec, Shuffle, Tail};
-use stoker_common::proto::{
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
+use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, PlanSpec, Shuffle, Tail};
+use stoker_proto::{
     BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, JobSpec,
     LeaseProgress, RaftKind, RemoteError, TrainerHello, WorkerInfo, WorkerStatus,
 };
-use stoker_common::shard::brace;
-use stoker_common::shard::index::{IndexBytes, ShardIndex, build_index};
-use stoker_common::shard::manifest::{Manifest, ManifestShard, PackedOrder};
-use stoker_common::shard::tar_writer::TarWriter;
-use stoker_common::transform::{OutputDtype, OutputLayout, Recipe, TransformSpec};
-use stoker_common::wire::{self, BATCH_HEADER_LIMIT, CONTROL_FRAME_LIMIT};
+use stoker_format::brace;
+use stoker_format::index::{IndexBytes, ShardIndex, build_index};
+use stoker_format::manifest::{Manifest, ManifestShard, PackedOrder};
+use stoker_format::tar_writer::TarWriter;
+use stoker_plan::transform::{OutputDtype, OutputLayout, Recipe, TransformSpec};
+use stoker_proto::wire::{self, BATCH_HEADER_LIMIT, CONTROL_FRAME_LIMIT};
 use stoker_fuzz::{WireKind, index_input, jpeg_input, transform_input};
 use turbojpeg::{Image, PixelFormat, Subsamp, raw};
 
@@ -209,7 +209,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
         rank: Rank(1),
         step: Step(8),
         shape: [2, 3, 4, 4],
-        dtype: OutputDtype::Float(stoker_common::transform::FloatDtype::F16),
+        dtype: OutputDtype::Float(stoker_plan::transform::FloatDtype::F16),
         layout: OutputLayout::Nchw,
         labels: vec![3, -1],
         keys: vec!["n01440764/img_0001".into(), "n01440764/img_0002".into()],
@@ -262,13 +262,13 @@ fn jpegs() -> Fallible<Vec<(String, Vec<u8>)>> {
         ("gray", Subsamp::Gray, 20, 12),
     ] {
         let plain = compress(width, height, subsamp, None)?;
-        let seekable = stoker_worker::make_seekable(&plain, 1 << 20).ok_or("make_seekable refused a fresh JPEG")?;
+        let seekable = stoker_pipeline::make_seekable(&plain, 1 << 20).ok_or("make_seekable refused a fresh JPEG")?;
         out.push((format!("{name}-per-mcu"), seekable));
     }
     out.push(("420-per-row".into(), compress(40, 40, Subsamp::Sub2x2, Some(1))?));
     out.push(("444-two-rows".into(), compress(16, 32, Subsamp::None, Some(2))?));
     for (name, jpeg) in &out {
-        stoker_worker::fuzzing::restart_layout(jpeg).ok_or_else(|| format!("{name}: the restart layout does not parse"))?;
+        stoker_pipeline::fuzzing::restart_layout(jpeg).ok_or_else(|| format!("{name}: the restart layout does not parse"))?;
     }
     Ok(out)
 }
@@ -390,10 +390,10 @@ fn jpeg_inputs(jpegs: &[(String, Vec<u8>)]) -> Fallible<Vec<(String, Vec<u8>)>> 
         // A small region at full scale and one at 1/2 (scale byte + 1 = M in M/8), as fractions
         // of the image (x, y, size) that the target maps into it.
         let params: [u8; jpeg_input::PARAMS] = [7, 40 + 20 * i as u8, 30, 20, 1, 128, 64 + 10 * i as u8, 10];
-        let layout = stoker_worker::fuzzing::restart_layout(jpeg).ok_or_else(|| format!("{name}: no restart layout"))?;
+        let layout = stoker_pipeline::fuzzing::restart_layout(jpeg).ok_or_else(|| format!("{name}: no restart layout"))?;
         let (width, height) = layout.size();
         let region = [width * (40 + 20 * i as u32) / 256, height * 30 / 256, 1, 1];
-        let mut scratch = stoker_worker::fuzzing::RestartScratch::default();
+        let mut scratch = stoker_pipeline::fuzzing::RestartScratch::default();
         layout.band(jpeg, 8, region, &mut scratch, &mut Vec::new()).ok_or_else(|| format!("{name}: no band for {region:?}"))?;
         let mut bytes = jpeg.clone();
         bytes.extend_from_slice(&params);

@@ -23,16 +23,16 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use stoker_client::reorder::RunId;
-use stoker_common::ids::{Epoch, JobId, LeaseId, Rank, SessionId, Step};
-use stoker_common::plan::prng::SplitMix64;
-use stoker_common::plan::{PlanSpec, ShardTable, Shuffle, Tail};
-use stoker_common::proto::{ControlRequest, ControlResponse, JobSpec, RemoteError};
-use stoker_common::shard::manifest::MANIFEST_VERSION;
-use stoker_common::shard::{Manifest, ManifestShard};
-use stoker_common::transform::TransformSpec;
 use stoker_coordinator::state::ClusterState;
 use stoker_coordinator::{CoordinatorConfig, LocalCoordinator};
 use stoker_coordinator_core::SeededIds;
+use stoker_format::manifest::MANIFEST_VERSION;
+use stoker_format::{Manifest, ManifestShard};
+use stoker_plan::ids::{Epoch, JobId, LeaseId, Rank, SessionId, Step};
+use stoker_plan::prng::SplitMix64;
+use stoker_plan::transform::TransformSpec;
+use stoker_plan::{PlanSpec, ShardTable, Shuffle, Tail};
+use stoker_proto::{ControlRequest, ControlResponse, JobSpec, RemoteError};
 
 use self::net::Net;
 use self::trainer::{Program, SimBatch, SimTrainer};

@@ -16,9 +16,9 @@ use std::sync::Arc;
 
 use stoker_client::protocol::{Delivered, MissingDamper, Offered, Open, Report, TrainerProtocol};
 use stoker_client::reorder::RunId;
-use stoker_common::ids::{Epoch, JobId, Rank, SessionId, Step};
-use stoker_common::plan::{Checkpoint, EpochPlan};
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_plan::ids::{Epoch, JobId, Rank, SessionId, Step};
+use stoker_plan::{Checkpoint, EpochPlan};
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 
 use super::{Ctx, Sender, Setup};
 

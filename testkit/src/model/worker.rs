@@ -6,9 +6,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use stoker_common::ids::{LeaseId, Rank, SessionId, Step, WorkerId};
-use stoker_common::plan::EpochPlan;
-use stoker_common::proto::{ChunkGrant, ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_plan::EpochPlan;
+use stoker_plan::ids::{LeaseId, Rank, SessionId, Step, WorkerId};
+use stoker_proto::{ChunkGrant, ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use stoker_worker::node::ledger::{Ending, Failure, LeaseLedger};
 
 use super::trainer::SimBatch;

@@ -4,9 +4,9 @@
 use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 
-use stoker_common::proto::ErrorCode;
-use stoker_common::shard::pack::{PackOptions, pack};
-use stoker_common::transform::OnError;
+use stoker_format::pack::{PackOptions, pack};
+use stoker_plan::transform::OnError;
+use stoker_proto::ErrorCode;
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use super::common::small_transforms;

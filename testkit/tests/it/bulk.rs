@@ -7,12 +7,12 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{JobId, Rank, SessionId};
-use stoker_common::net::bulk::{self, BatchTransport, BulkError};
-use stoker_common::net::{Role, Tuning, client_endpoint};
-use stoker_common::plan::Tail;
-use stoker_common::proto::{RemoteError, TrainerHello};
-use stoker_common::wire::CONTROL_FRAME_LIMIT;
+use stoker_net::bulk::{self, BatchTransport, BulkError};
+use stoker_net::{Role, Tuning, client_endpoint};
+use stoker_plan::Tail;
+use stoker_plan::ids::{JobId, Rank, SessionId};
+use stoker_proto::wire::CONTROL_FRAME_LIMIT;
+use stoker_proto::{RemoteError, TrainerHello};
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use crate::common::{assert_in_order, cluster_with, consume, dataset, trainer_hello};
@@ -118,7 +118,7 @@ fn a_bulk_connection_needs_a_trainer_certificate_that_owns_the_quic_session() {
     let worker = cluster.worker(0).expect("worker").local_addr();
     let trainer = cluster.tls(Role::Trainer);
     let hello = TrainerHello { job: JobId(77), rank: Rank(0), session: SessionId(5), bulk: true };
-    let answer = |tls: stoker_common::net::TlsConfigs, hello: TrainerHello| {
+    let answer = |tls: stoker_net::TlsConfigs, hello: TrainerHello| {
         cluster.block_on(async move {
             let mut connection = bulk::connect(worker, &tls, Duration::from_secs(5)).await?;
             connection.writer.write_frame(&hello, CONTROL_FRAME_LIMIT).await?;

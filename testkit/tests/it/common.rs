@@ -6,12 +6,12 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use stoker_client::{Loader, LoaderConfig};
-use stoker_common::ids::Epoch;
-use stoker_common::net::connect;
-use stoker_common::plan::Shuffle;
-use stoker_common::proto::{RemoteError, TrainerHello};
-use stoker_common::transform::{Size, Transform, TransformSpec};
-use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
+use stoker_net::connect;
+use stoker_plan::Shuffle;
+use stoker_plan::ids::Epoch;
+use stoker_plan::transform::{Size, Transform, TransformSpec};
+use stoker_proto::wire::{self, CONTROL_FRAME_LIMIT};
+use stoker_proto::{RemoteError, TrainerHello};
 
 /// What a rank saw of one step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,6 +107,6 @@ pub(crate) async fn trainer_hello(
     let (mut send, mut recv) = connection.open_bi().await.expect("stream");
     send.write_all(&wire::encode(&hello, CONTROL_FRAME_LIMIT).expect("encode")).await.expect("write");
     let _ = send.finish();
-    let answer = wire::read_frame::<Result<(), RemoteError>>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("answer");
+    let answer = stoker_net::frame::read_frame::<Result<(), RemoteError>>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("answer");
     (connection, answer)
 }

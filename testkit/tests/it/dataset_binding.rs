@@ -10,8 +10,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use stoker_client::{Loader, LoaderConfig, Next};
-use stoker_common::ids::{Epoch, Rank, Step};
-use stoker_common::plan::{EpochPlan, Tail};
+use stoker_plan::ids::{Epoch, Rank, Step};
+use stoker_plan::{EpochPlan, Tail};
 use stoker_testkit::{ClusterConfig, TestCluster};
 use stoker_worker::Dataset;
 use tracing::info;
@@ -54,7 +54,7 @@ fn a_manifest_rewritten_under_its_job_is_refused_not_trained_on() {
     loader.set_epoch(Epoch(0));
     {
         info!("--- the manifest is rewritten in place; a worker joins");
-        let mut rewritten = stoker_common::shard::Manifest::load(&manifest).expect("load");
+        let mut rewritten = stoker_format::Manifest::load(&manifest).expect("load");
         rewritten.shards.reverse();
         rewritten.save(&manifest).expect("save");
         cluster.add_worker().expect("worker");

@@ -4,13 +4,13 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::Duration;
 
 use bytes::Bytes;
-use stoker_common::ids::{Epoch, JobId, Position, Rank, Step};
-use stoker_common::net::{
+use stoker_net::{
     DeliveryError, ETHERNET_UDP_PAYLOAD, PayloadPool, TlsConfigs, Tuning, accept_with_tuning, client_endpoint, connect, receive_batch,
     send_batch, server_endpoint,
 };
-use stoker_common::proto::BatchHeader;
-use stoker_common::transform::{OutputDtype, OutputLayout};
+use stoker_plan::ids::{Epoch, JobId, Position, Rank, Step};
+use stoker_plan::transform::{OutputDtype, OutputLayout};
+use stoker_proto::BatchHeader;
 
 const SIDE: u32 = 512;
 const TIMEOUT: Duration = Duration::from_secs(30);

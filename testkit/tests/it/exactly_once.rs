@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use stoker_common::plan::Tail;
+use stoker_plan::Tail;
 use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
 

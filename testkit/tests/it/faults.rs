@@ -2,8 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use stoker_common::plan::Tail;
-
+use stoker_plan::Tail;
 use stoker_testkit::{TestCluster, poll_until, wait_until};
 use tracing::info;
 
@@ -23,7 +22,7 @@ fn slow_ranks(cluster: &TestCluster, world_size: u32, pause: Duration) -> Vec<st
                 let mut loader = stoker_client::Loader::attach(&config).expect("attach");
                 let mut seen = Vec::new();
                 for epoch in 0..2 {
-                    loader.set_epoch(stoker_common::ids::Epoch(epoch));
+                    loader.set_epoch(stoker_plan::ids::Epoch(epoch));
                     for batch in &mut loader {
                         let batch = batch.expect("batch");
                         seen.push(Seen { epoch, step: batch.step().0, keys: batch.keys().to_vec(), checksum: batch.checksum() });

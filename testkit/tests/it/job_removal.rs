@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use stoker_client::{ClientError, Loader};
-use stoker_common::ids::Epoch;
-use stoker_common::proto::ControlRequest;
+use stoker_plan::ids::Epoch;
+use stoker_proto::ControlRequest;
 
 use crate::common::{cluster_with, config_for};
 

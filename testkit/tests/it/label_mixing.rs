@@ -7,10 +7,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use stoker_client::Loader;
-use stoker_common::ids::Epoch;
-use stoker_common::plan::prng::SplitMix64;
-use stoker_common::plan::{Shuffle, Tail};
-use stoker_common::sample_data::{SampleDataSpec, write_image_folder};
+use stoker_plan::ids::Epoch;
+use stoker_plan::prng::SplitMix64;
+use stoker_plan::{Shuffle, Tail};
+use stoker_sample_data::{SampleDataSpec, write_image_folder};
 
 use crate::common::config_for;
 

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use stoker_common::proto::{ControlRequest, ControlResponse};
+use stoker_proto::{ControlRequest, ControlResponse};
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use crate::common::{assert_in_order, config_for, consume, dataset};

@@ -10,13 +10,13 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use stoker_client::{Loader, Next};
-use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, Rank};
-use stoker_common::net::{Role, Tuning, send_batch, server_endpoint};
-use stoker_common::plan::{EpochPlan, ShardTable, Tail};
-use stoker_common::proto::{BatchHeader, ControlRequest, LeaseProgress, TrainerHello};
-use stoker_common::transform::{OutputDtype, OutputLayout};
-use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
+use stoker_net::{Role, Tuning, send_batch, server_endpoint};
+use stoker_plan::ids::{Epoch, Rank};
+use stoker_plan::transform::{OutputDtype, OutputLayout};
+use stoker_plan::{EpochPlan, ShardTable, Tail};
+use stoker_proto::expect_response;
+use stoker_proto::wire::{self, CONTROL_FRAME_LIMIT};
+use stoker_proto::{BatchHeader, ControlRequest, LeaseProgress, TrainerHello};
 use stoker_testkit::wait_until;
 use tracing::info;
 
@@ -147,8 +147,8 @@ fn a_batch_refused_after_acknowledgement_is_made_again() {
         let incoming = tokio::time::timeout(Duration::from_secs(20), fake.accept()).await.expect("the trainer dials").expect("incoming");
         let connection = incoming.await.expect("connection");
         let (mut send, mut recv) = connection.accept_bi().await.expect("hello stream");
-        let hello: TrainerHello = wire::read_frame(&mut recv, CONTROL_FRAME_LIMIT).await.expect("hello");
-        let accepted = wire::encode(&Ok::<(), stoker_common::proto::RemoteError>(()), CONTROL_FRAME_LIMIT).expect("encode");
+        let hello: TrainerHello = stoker_net::frame::read_frame(&mut recv, CONTROL_FRAME_LIMIT).await.expect("hello");
+        let accepted = wire::encode(&Ok::<(), stoker_proto::RemoteError>(()), CONTROL_FRAME_LIMIT).expect("encode");
         send.write_all(&accepted).await.expect("answer");
         let _ = send.finish();
         assert_eq!(hello.rank, Rank(0));

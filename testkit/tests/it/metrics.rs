@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use std::time::Duration;
 
-use stoker_common::proto::{ControlRequest, ControlResponse};
+use stoker_proto::{ControlRequest, ControlResponse};
 
 use crate::common::{cluster_with, consume};
 

@@ -4,8 +4,8 @@
 use std::time::{Duration, Instant};
 
 use stoker_client::Loader;
-use stoker_common::ids::Epoch;
-use stoker_common::plan::Tail;
+use stoker_plan::Tail;
+use stoker_plan::ids::Epoch;
 
 use crate::common::{cluster_with, config_for};
 

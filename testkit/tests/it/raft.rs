@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use stoker_client::{Loader, LoaderConfig};
-use stoker_common::ids::Epoch;
-use stoker_common::plan::Tail;
 use stoker_coordinator::state::Command;
+use stoker_plan::Tail;
+use stoker_plan::ids::Epoch;
 use stoker_testkit::{ClusterConfig, TestCluster, wait_until};
 use tracing::info;
 
@@ -234,9 +234,9 @@ fn a_leader_cut_off_from_the_other_coordinators_stops_serving() {
     let addr = cluster.coordinator_node(leader).expect("leader").local_addr();
     let ask_it = || {
         cluster.block_on(async {
-            let client = stoker_common::net::QuicCoordinator::new(addr, &cluster.tls(stoker_common::net::Role::Admin)).expect("client");
-            let answer = stoker_common::api::CoordinatorApi::call(&client, stoker_common::proto::ControlRequest::Status).await;
-            stoker_common::api::CoordinatorApi::close(&client);
+            let client = stoker_net::QuicCoordinator::new(addr, &cluster.tls(stoker_net::Role::Admin)).expect("client");
+            let answer = stoker_proto::api::CoordinatorApi::call(&client, stoker_proto::ControlRequest::Status).await;
+            stoker_proto::api::CoordinatorApi::close(&client);
             answer
         })
     };
@@ -248,7 +248,7 @@ fn a_leader_cut_off_from_the_other_coordinators_stops_serving() {
     })
     .expect("a new leader");
     wait_until(Duration::from_secs(5), "the cut-off leader refuses to serve", || {
-        ask_it().is_err_and(|error| matches!(error.code, stoker_common::proto::ErrorCode::NotLeader { .. }))
+        ask_it().is_err_and(|error| matches!(error.code, stoker_proto::ErrorCode::NotLeader { .. }))
     })
     .expect("refusal");
     info!(after = ?cut_at.elapsed(), "the cut-off leader stopped serving");
@@ -260,7 +260,7 @@ fn a_leader_cut_off_from_the_other_coordinators_stops_serving() {
 /// joins under a new id, catches up, votes, and can lead.
 #[test]
 fn a_dead_node_is_replaced_by_a_new_one_through_remove_and_add() {
-    use stoker_common::proto::{ControlRequest, ControlResponse};
+    use stoker_proto::{ControlRequest, ControlResponse};
     let mut cluster = raft_cluster();
     let leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("leader");
     let dead = (leader + 1) % 3;
@@ -269,7 +269,7 @@ fn a_dead_node_is_replaced_by_a_new_one_through_remove_and_add() {
     let ControlResponse::MembershipChanged { voters } = removed else { panic!("{removed:?}") };
     assert_eq!(voters.len(), 2, "{voters:?}");
     let unknown = cluster.call(ControlRequest::RemoveNode { id: 42 }).expect_err("not a member");
-    assert_eq!(unknown.code, stoker_common::proto::ErrorCode::NotFound, "{unknown:?}");
+    assert_eq!(unknown.code, stoker_proto::ErrorCode::NotFound, "{unknown:?}");
     let new = cluster.start_joining_coordinator().expect("a new node");
     let addr = cluster.coordinator_node(new).expect("running").local_addr().to_string();
     let bad = cluster.call(ControlRequest::AddNode { id: new as u64 + 1, addr: "no-port".into() }).expect_err("refused");

@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use stoker_client::Loader;
-use stoker_common::ids::{Epoch, JobId, Position};
-use stoker_common::plan::{Checkpoint, Tail};
 use stoker_coordinator::state::Command;
+use stoker_plan::ids::{Epoch, JobId, Position};
+use stoker_plan::{Checkpoint, Tail};
 use stoker_testkit::{ClusterConfig, TestCluster};
 
 use crate::common::{config_for, dataset};

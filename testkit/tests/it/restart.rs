@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use stoker_client::Loader;
-use stoker_common::ids::Epoch;
+use stoker_plan::ids::Epoch;
 use tracing::info;
 
 use crate::common::{cluster_with, config_for};

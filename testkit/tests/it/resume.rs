@@ -4,11 +4,11 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use stoker_client::Loader;
-use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, Pass, Position, Rank};
-use stoker_common::net::{PayloadPool, Role, Tuning, client_endpoint, receive_batch};
-use stoker_common::plan::Tail;
-use stoker_common::proto::{ControlRequest, TrainerHello};
+use stoker_net::{PayloadPool, Role, Tuning, client_endpoint, receive_batch};
+use stoker_plan::Tail;
+use stoker_plan::ids::{Epoch, Pass, Position, Rank};
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, TrainerHello};
 use stoker_testkit::wait_until;
 use tracing::info;
 

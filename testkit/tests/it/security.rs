@@ -7,14 +7,14 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use stoker_client::Loader;
-use stoker_common::api::CoordinatorApi;
-use stoker_common::expect_response;
-use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, WorkerId};
-use stoker_common::net::{
+use stoker_net::{
     CERT_VALIDITY, ClusterCa, NetError, QuicCoordinator, Role, TlsConfigs, Tuning, Validity, client_endpoint, connect, insecure_tls,
 };
-use stoker_common::proto::{ALPN, ControlRequest, ErrorCode, RaftKind, RemoteError, TrainerHello};
-use stoker_common::wire::CONTROL_FRAME_LIMIT;
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, WorkerId};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::expect_response;
+use stoker_proto::wire::CONTROL_FRAME_LIMIT;
+use stoker_proto::{ALPN, ControlRequest, ErrorCode, RaftKind, RemoteError, TrainerHello};
 use stoker_testkit::{TestCluster, issue_configs};
 use tracing::info;
 
@@ -24,7 +24,7 @@ use crate::common::{cluster_with, config_for};
 fn issued(cluster: &TestCluster, role: Role, name: &str, validity: Validity) -> (TlsConfigs, CertKey) {
     let ca = cluster.ca().expect("a secure cluster");
     let cert = ca.issue(role, name, &[], validity).expect("issue");
-    let tls = stoker_common::net::mutual_tls(ca.cert_pem(), &cert.cert_pem, &cert.key_pem, None, ALPN).expect("tls");
+    let tls = stoker_net::mutual_tls(ca.cert_pem(), &cert.cert_pem, &cert.key_pem, None, ALPN).expect("tls");
     (tls, cert.key)
 }
 
@@ -47,7 +47,7 @@ fn worker_refusal(cluster: &TestCluster, tls: &TlsConfigs) -> Option<String> {
             Err(error) => return Some(error.to_string()),
         };
         let hello = TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(1), bulk: false };
-        let answer = stoker_common::net::call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await;
+        let answer = stoker_net::call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await;
         answer.err().map(|error: NetError| error.to_string())
     })
 }
@@ -56,7 +56,7 @@ fn worker_refusal(cluster: &TestCluster, tls: &TlsConfigs) -> Option<String> {
 fn bulk_refusal(cluster: &TestCluster, tls: &TlsConfigs) -> Option<String> {
     let worker = cluster.worker(0).expect("worker").local_addr();
     cluster.block_on(async {
-        let mut connection = match stoker_common::net::bulk::connect(worker, tls, Duration::from_secs(5)).await {
+        let mut connection = match stoker_net::bulk::connect(worker, tls, Duration::from_secs(5)).await {
             Ok(connection) => connection,
             Err(error) => return Some(error.to_string()),
         };
@@ -124,7 +124,7 @@ fn every_endpoint_refuses_peers_without_a_valid_certificate_of_the_cluster() {
     assert!(plain.call(ControlRequest::Status).is_ok(), "an insecure cluster serves insecure clients");
 }
 
-fn forbidden(answer: Result<stoker_common::proto::ControlResponse, RemoteError>, what: &str) -> String {
+fn forbidden(answer: Result<stoker_proto::ControlResponse, RemoteError>, what: &str) -> String {
     let error = answer.expect_err(what);
     assert_eq!(error.code, ErrorCode::Forbidden, "{what}: {error}");
     error.message

@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use stoker_client::Loader;
-use stoker_common::expect_response;
-use stoker_common::ids::{Epoch, Pass, Position, Rank};
-use stoker_common::net::{Role, Tuning, client_endpoint};
-use stoker_common::plan::Tail;
-use stoker_common::proto::{ControlRequest, TrainerHello};
-use stoker_common::shard::{Manifest, ManifestShard};
-use stoker_common::transform::{Size, Transform, TransformSpec};
+use stoker_format::{Manifest, ManifestShard};
+use stoker_net::{Role, Tuning, client_endpoint};
+use stoker_plan::Tail;
+use stoker_plan::ids::{Epoch, Pass, Position, Rank};
+use stoker_plan::transform::{Size, Transform, TransformSpec};
+use stoker_proto::expect_response;
+use stoker_proto::{ControlRequest, TrainerHello};
 use stoker_testkit::{ClusterConfig, TestCluster, wait_until};
 use tracing::info;
 
@@ -91,7 +91,7 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
     HUNG.store(true, Ordering::Release);
     let _unblock = Unblock;
     let manifest = Manifest {
-        version: stoker_common::shard::manifest::MANIFEST_VERSION,
+        version: stoker_format::manifest::MANIFEST_VERSION,
         shards: vec![ManifestShard { uri: "shard-000000.tar".into(), samples: 40, bytes: 1 << 20 }],
         classes: Vec::new(),
         packed: None,
@@ -125,7 +125,7 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
     }
     wait_until(Duration::from_secs(20), "the stuck lease expires without progress", || core.leases_expired() >= 1).expect("expired");
     info!("--- the worker reports the job stuck, and is granted none of it while it is");
-    let stuck_job = |status: &stoker_common::proto::ClusterStatus| {
+    let stuck_job = |status: &stoker_proto::ClusterStatus| {
         status.jobs.iter().find(|job| job.spec.dataset == "stuck").map(|job| (job.id, job.chunks_leased))
     };
     let status = || core.status(std::time::Instant::now());

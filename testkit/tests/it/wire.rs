@@ -2,10 +2,10 @@
 
 use std::time::Duration;
 
-use stoker_common::ids::{Epoch, JobId, Pass, Position, Rank, SessionId};
-use stoker_common::net::{NetError, Role, Tuning, call, client_endpoint, connect, insecure_tls};
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError, TrainerHello};
-use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
+use stoker_net::{NetError, Role, Tuning, call, client_endpoint, connect, insecure_tls};
+use stoker_plan::ids::{Epoch, JobId, Pass, Position, Rank, SessionId};
+use stoker_proto::wire::CONTROL_FRAME_LIMIT;
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError, TrainerHello};
 use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
 
@@ -18,7 +18,7 @@ async fn raw_call(connection: &quinn::Connection, bytes: &[u8]) -> Answer {
     let (mut send, mut recv) = connection.open_bi().await.expect("stream");
     send.write_all(bytes).await.expect("write");
     let _ = send.finish();
-    wire::read_frame::<Answer>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("an answer frame")
+    stoker_net::frame::read_frame::<Answer>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("an answer frame")
 }
 
 #[test]
@@ -87,7 +87,7 @@ fn a_peer_with_another_protocol_version_is_refused_in_the_handshake() {
         let endpoint = client_endpoint(&old, addr, Tuning::default()).expect("endpoint");
         let error = connect(&endpoint, addr, Duration::from_secs(5)).await.expect_err("refused");
         assert!(matches!(error, NetError::VersionMismatch { .. }), "{error:?}");
-        assert!(error.to_string().contains(&format!("does not speak {}", stoker_common::proto::ALPN_TEXT)), "{error}");
+        assert!(error.to_string().contains(&format!("does not speak {}", stoker_proto::ALPN_TEXT)), "{error}");
         let current = cluster.tls(Role::Admin);
         let endpoint = client_endpoint(&current, addr, Tuning::default()).expect("endpoint");
         let connection = connect(&endpoint, addr, Duration::from_secs(5)).await.expect("a current peer connects");
@@ -107,7 +107,7 @@ fn a_worker_refuses_a_malformed_trainer_hello() {
         let (mut send, mut recv) = connection.open_bi().await.expect("stream");
         send.write_all(&[3, 0, 0, 0, 0xff, 0xff, 0xff]).await.expect("write");
         let _ = send.finish();
-        let answer = wire::read_frame::<Result<(), RemoteError>>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("answer");
+        let answer = stoker_net::frame::read_frame::<Result<(), RemoteError>>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("answer");
         let error = answer.expect_err("refused");
         assert_eq!(error.code, ErrorCode::InvalidArgument);
         assert!(error.message.contains("trainer hello"), "{error}");

@@ -1,4 +1,4 @@
-//! A trainer's bulk connection at this worker (`stoker_common::net::bulk`): batches go out on
+//! A trainer's bulk connection at this worker (`stoker_net::bulk`): batches go out on
 //! it one after another, and the trainer answers each in order. One task writes, one reads the
 //! answers; a batch is delivered when its answer says so.
 //!
@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
-use stoker_common::net::DeliveryError;
-use stoker_common::net::bulk::{BulkConnection, BulkError, BulkReader, BulkWriter, REPLY_FRAME_LIMIT};
-use stoker_common::proto::{BatchHeader, BatchReply};
+use stoker_net::DeliveryError;
+use stoker_net::bulk::{BulkConnection, BulkError, BulkReader, BulkWriter, REPLY_FRAME_LIMIT};
+use stoker_proto::{BatchHeader, BatchReply};
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tracing::debug;
@@ -218,9 +218,9 @@ async fn read_loop(mut reader: BulkReader, owed: Arc<Owed>, link: Weak<BulkLink>
 
 #[cfg(test)]
 mod tests {
-    use stoker_common::ids::Step;
-    use stoker_common::net::bulk::{self, Received};
-    use stoker_common::net::{PayloadPool, TlsConfigs};
+    use stoker_net::bulk::{self, Received};
+    use stoker_net::{PayloadPool, TlsConfigs};
+    use stoker_plan::ids::Step;
     use tokio::net::TcpListener;
 
     use super::*;

@@ -14,12 +14,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
-use stoker_common::api::CoordinatorApi;
-use stoker_common::error::ShardError;
-use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
-use stoker_common::plan::EpochPlan;
-use stoker_common::proto::ChunkGrant;
-use stoker_common::transform::TransformSpec;
+use stoker_format::error::ShardError;
+use stoker_plan::EpochPlan;
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
+use stoker_plan::transform::TransformSpec;
+use stoker_proto::ChunkGrant;
+use stoker_proto::api::CoordinatorApi;
 use tokio::sync::{OnceCell, mpsc};
 use tracing::{info, warn};
 
@@ -110,7 +110,7 @@ where
 pub(crate) fn batch_bytes(grant: &ChunkGrant) -> Result<u64, PipelineError> {
     let transforms: TransformSpec = serde_json::from_str(&grant.spec.transforms)
         .map_err(|error| PipelineError::Start(format!("the job's transform spec is not valid: {error}")))?;
-    let recipe = stoker_common::transform::Recipe::new(&transforms).map_err(|error| PipelineError::Start(error.to_string()))?;
+    let recipe = stoker_plan::transform::Recipe::new(&transforms).map_err(|error| PipelineError::Start(error.to_string()))?;
     Ok(u64::from(grant.spec.plan.batch_size.get()).saturating_mul(recipe.sample_bytes() as u64))
 }
 
@@ -194,7 +194,7 @@ pub(crate) struct JobPipeline {
     submit: Mutex<(Sender<BatchRequest>, Sender<Meta>)>,
     plans: Mutex<HashMap<(Epoch, Position), Arc<EpochPlan>>>,
     dataset: Arc<Dataset>,
-    spec: stoker_common::plan::PlanSpec,
+    spec: stoker_plan::PlanSpec,
     dead: Arc<AtomicBool>,
 }
 
@@ -317,11 +317,11 @@ mod tests {
     use std::num::{NonZeroU32, NonZeroUsize};
     use std::time::{Duration, Instant};
 
-    use stoker_common::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
-    use stoker_common::plan::{PlanSpec, Shuffle, Tail};
-    use stoker_common::proto::{Chunk, ChunkGrant, JobSpec};
-    use stoker_common::shard::pack::{PackOptions, pack};
-    use stoker_common::transform::{OnError, TransformSpec};
+    use stoker_format::pack::{PackOptions, pack};
+    use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
+    use stoker_plan::transform::{OnError, TransformSpec};
+    use stoker_plan::{PlanSpec, Shuffle, Tail};
+    use stoker_proto::{Chunk, ChunkGrant, JobSpec};
     use tokio::sync::mpsc;
 
     use super::{JobPipeline, Made, Meta};

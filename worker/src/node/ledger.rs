@@ -19,8 +19,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{JobId, LeaseId};
-use stoker_common::proto::LeaseProgress;
+use stoker_plan::ids::{JobId, LeaseId};
+use stoker_proto::LeaseProgress;
 
 /// Why a batch of a lease was not delivered.
 #[derive(Clone, Debug, PartialEq, Eq)]

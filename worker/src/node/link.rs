@@ -8,11 +8,11 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use stoker_common::api::CoordinatorApi;
-use stoker_common::expect_response;
-use stoker_common::ids::{LeaseId, WorkerId};
-use stoker_common::net::send_batch;
-use stoker_common::proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, RemoteError};
+use stoker_net::send_batch;
+use stoker_plan::ids::{LeaseId, WorkerId};
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::expect_response;
+use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, RemoteError};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 

@@ -1,7 +1,7 @@
 //! The worker service (DESIGN §5): registers with the coordinator, pulls chunks when it has
 //! room, makes their batches with the pipeline, pushes each batch to its trainer on the
 //! trainer's bulk connection (TLS over TCP, [`bulk_link`]) or as one QUIC stream
-//! (`stoker_common::net::send_batch`), and reports each chunk done once every batch is
+//! (`stoker_net::send_batch`), and reports each chunk done once every batch is
 //! acknowledged.
 //!
 //! * [`trainers`]: trainer connections by (job, rank).
@@ -22,14 +22,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use stoker_common::api::CoordinatorApi;
-use stoker_common::net::bulk::{self, BatchTransport};
-use stoker_common::net::{
+use stoker_format::DatasetRoots;
+use stoker_net::bulk::{self, BatchTransport};
+use stoker_net::{
     Admission, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, Role, TlsConfigs, Tuning, accept_with_tuning, server_endpoint,
 };
-use stoker_common::obs::Metrics;
-use stoker_common::proto::TrainerHello;
-use stoker_common::shard::DatasetRoots;
+use stoker_obs::Metrics;
+use stoker_proto::TrainerHello;
+use stoker_proto::api::CoordinatorApi;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -159,7 +159,7 @@ pub(crate) struct Shared<A> {
     /// Jobs whose batches do not fit this worker's batch memory, or whose data is outside its
     /// `--dataset-root`: reported stuck with every heartbeat, so that the coordinator grants
     /// them to other workers.
-    pub(crate) unmakeable: std::sync::Mutex<std::collections::BTreeSet<stoker_common::ids::JobId>>,
+    pub(crate) unmakeable: std::sync::Mutex<std::collections::BTreeSet<stoker_plan::ids::JobId>>,
     /// When the coordinator last answered a registration or heartbeat (for readiness).
     heard_at: std::sync::Mutex<Option<std::time::Instant>>,
     stopping: AtomicBool,
@@ -516,7 +516,7 @@ where
         self.shared.stopping.store(true, Ordering::Release);
         let worker = self.shared.worker.load(Ordering::Acquire);
         if worker != 0 {
-            let request = stoker_common::proto::ControlRequest::Deregister { worker: stoker_common::ids::WorkerId(worker) };
+            let request = stoker_proto::ControlRequest::Deregister { worker: stoker_plan::ids::WorkerId(worker) };
             if let Err(error) = self.shared.api.call(request).await {
                 tracing::warn!(%error, "could not hand leases back; they will expire");
             }

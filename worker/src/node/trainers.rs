@@ -14,10 +14,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use quinn::Connection;
-use stoker_common::ids::{CertKey, JobId, Rank, SessionId};
-use stoker_common::net::{PeerIdentity, REQUEST_TIMEOUT, Role, TlsConfigs};
-use stoker_common::proto::{ErrorCode, RemoteError, TrainerHello};
-use stoker_common::wire::{self, CONTROL_FRAME_LIMIT};
+use stoker_net::{PeerIdentity, REQUEST_TIMEOUT, Role, TlsConfigs};
+use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
+use stoker_proto::wire::CONTROL_FRAME_LIMIT;
+use stoker_proto::{ErrorCode, RemoteError, TrainerHello};
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
@@ -189,7 +189,7 @@ impl Trainers {
         // A peer that sends no hello, or sends it slowly, is cut off.
         let hello_phase = async {
             let (send, mut recv) = connection.accept_bi().await?;
-            Ok::<_, quinn::ConnectionError>((send, wire::read_frame::<TrainerHello>(&mut recv, CONTROL_FRAME_LIMIT).await))
+            Ok::<_, quinn::ConnectionError>((send, stoker_net::frame::read_frame::<TrainerHello>(&mut recv, CONTROL_FRAME_LIMIT).await))
         };
         let (mut send, hello) = match tokio::time::timeout(REQUEST_TIMEOUT, hello_phase).await {
             Ok(Ok(phase)) => phase,
@@ -207,7 +207,7 @@ impl Trainers {
             Ok(hello) => self.register(hello, peer.key(), &connection),
             Err(error) => Err(RemoteError::new(ErrorCode::InvalidArgument, format!("expected a trainer hello: {error}"))),
         };
-        let _ = wire::write_frame(&mut send, &answer, CONTROL_FRAME_LIMIT).await;
+        let _ = stoker_net::frame::write_frame(&mut send, &answer, CONTROL_FRAME_LIMIT).await;
         let _ = send.finish();
         match (hello, answer) {
             (Ok(hello), Ok(())) => {

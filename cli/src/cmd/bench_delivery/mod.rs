@@ -23,10 +23,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use stoker_common::ids::{Epoch, JobId, Position, Rank, Step};
-use stoker_common::net::{CERT_VALIDITY, ClusterCa, LOOPBACK_UDP_PAYLOAD, Role, TlsConfigs, Tuning, Validity, mutual_tls};
-use stoker_common::proto::{ALPN, BatchHeader};
-use stoker_common::transform::{OutputDtype, OutputLayout};
+use stoker_net::{CERT_VALIDITY, ClusterCa, LOOPBACK_UDP_PAYLOAD, Role, TlsConfigs, Tuning, Validity, mutual_tls};
+use stoker_plan::ids::{Epoch, JobId, Position, Rank, Step};
+use stoker_plan::transform::{OutputDtype, OutputLayout};
+use stoker_proto::{ALPN, BatchHeader};
 
 use stoker_testkit::netns::Lab;
 
@@ -49,7 +49,7 @@ enum Transport {
     Tcp,
     /// rustls's own TLS stream over TCP (`rustls::StreamOwned`), mutual TLS.
     RustlsTcp,
-    /// A bulk connection (`stoker_common::net::bulk`): what workers and trainers use.
+    /// A bulk connection (`stoker_net::bulk`): what workers and trainers use.
     Bulk,
     Quic {
         tuning: Tuning,

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
-use stoker_common::net::{PayloadPool, TlsConfigs, Tuning, client_endpoint, connect, receive_batch, send_batch, server_endpoint};
-use stoker_common::proto::BatchHeader;
+use stoker_net::{PayloadPool, TlsConfigs, Tuning, client_endpoint, connect, receive_batch, send_batch, server_endpoint};
+use stoker_proto::BatchHeader;
 
 use super::{IN_FLIGHT, Place, Progress, SEND_TIMEOUT, Sides, TidReport, single_thread_runtime, spawn_side};
 

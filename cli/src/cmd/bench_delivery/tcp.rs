@@ -1,5 +1,5 @@
 //! TCP variants: plain TCP (the baseline), rustls's own TLS stream, and bulk connections
-//! (`stoker_common::net::bulk`, what workers and trainers use).
+//! (`stoker_net::bulk`, what workers and trainers use).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use stoker_common::net::PayloadPool;
-use stoker_common::net::bulk::{self, REPLY_FRAME_LIMIT, Received};
-use stoker_common::proto::{BatchHeader, BatchReply};
-use stoker_common::wire::{self, BATCH_HEADER_LIMIT, PREFIX_BYTES};
+use stoker_net::PayloadPool;
+use stoker_net::bulk::{self, REPLY_FRAME_LIMIT, Received};
+use stoker_proto::wire::{self, BATCH_HEADER_LIMIT, PREFIX_BYTES};
+use stoker_proto::{BatchHeader, BatchReply};
 use tokio::sync::Semaphore;
 
 use super::{IN_FLIGHT, Place, Progress, Sides, TidReport, mutual_pair, single_thread_runtime, spawn_side};

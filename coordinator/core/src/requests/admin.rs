@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
-use stoker_common::plan::ShardTable;
-use stoker_common::proto::{ControlResponse, DatasetInfo, RemoteError};
+use stoker_plan::ShardTable;
+use stoker_proto::{ControlResponse, DatasetInfo, RemoteError};
 
 use crate::core::Core;
 use crate::errors::{invalid, not_found};

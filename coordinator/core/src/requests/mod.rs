@@ -8,8 +8,8 @@ mod worker;
 
 use std::time::Instant;
 
-use stoker_common::ids::CertKey;
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_plan::ids::CertKey;
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 
 use crate::core::Core;
 use crate::errors::refused;
@@ -84,7 +84,7 @@ impl Core {
 }
 
 /// The worker a worker's request speaks for.
-fn worker_of(request: &ControlRequest) -> Option<stoker_common::ids::WorkerId> {
+fn worker_of(request: &ControlRequest) -> Option<stoker_plan::ids::WorkerId> {
     match request {
         ControlRequest::Heartbeat { worker, .. }
         | ControlRequest::PullChunks { worker, .. }

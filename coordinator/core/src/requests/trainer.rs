@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use stoker_common::ids::{CertKey, Epoch, JobId, Pass, Position, Rank, SessionId, Step};
-use stoker_common::plan::{EpochPlan, ShardTable};
-use stoker_common::proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RankStatus, RemoteError};
+use stoker_plan::ids::{CertKey, Epoch, JobId, Pass, Position, Rank, SessionId, Step};
+use stoker_plan::{EpochPlan, ShardTable};
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RankStatus, RemoteError};
 
 use crate::core::Core;
 use crate::errors::{invalid, not_found, refused};

@@ -3,8 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use stoker_common::ids::{CertKey, JobId, LeaseId, SessionId, WorkerId};
-use stoker_common::proto::{ChunkGrant, ControlResponse, LeaseProgress, RemoteError};
+use stoker_plan::ids::{CertKey, JobId, LeaseId, SessionId, WorkerId};
+use stoker_proto::{ChunkGrant, ControlResponse, LeaseProgress, RemoteError};
 
 use crate::core::Core;
 use crate::errors::refused;

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{JobId, LeaseId, WorkerId};
-use stoker_common::proto::{Chunk, LeaseProgress};
+use stoker_plan::ids::{JobId, LeaseId, WorkerId};
+use stoker_proto::{Chunk, LeaseProgress};
 use tracing::warn;
 
 /// A chunk granted to a worker.

@@ -16,8 +16,8 @@ mod workers;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{CertKey, JobId, LeaseId, Rank, SessionId, WorkerId};
-use stoker_common::proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
+use stoker_plan::ids::{CertKey, JobId, LeaseId, Rank, SessionId, WorkerId};
+use stoker_proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
 use tracing::{info, warn};
 
 use self::leases::Leases;

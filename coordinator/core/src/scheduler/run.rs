@@ -11,8 +11,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank, Step};
-use stoker_common::proto::Chunk;
+use stoker_plan::ids::{Epoch, JobId, LeaseId, Position, Rank, Step};
+use stoker_proto::Chunk;
 
 /// Which epoch run: a job's epoch from a start position (0, or a resumed checkpoint's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -4,8 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
-use stoker_common::ids::{Epoch, JobId, LeaseId, Position, Rank};
-use stoker_common::proto::Chunk;
+use stoker_plan::ids::{Epoch, JobId, LeaseId, Position, Rank};
+use stoker_proto::Chunk;
 use tracing::{info, warn};
 
 use super::run::{Counted, Run, RunKey};

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{JobId, Pass, Rank, SessionId, Step};
+use stoker_plan::ids::{JobId, Pass, Rank, SessionId, Step};
 
 use super::run::{Counted, RunKey};
 
@@ -247,7 +247,7 @@ impl Seats {
 
 #[cfg(test)]
 mod tests {
-    use stoker_common::ids::{Epoch, Position};
+    use stoker_plan::ids::{Epoch, Position};
 
     use super::*;
 

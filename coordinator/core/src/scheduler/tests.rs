@@ -1,6 +1,6 @@
 use std::collections::BTreeMap;
 
-use stoker_common::ids::{Epoch, Pass, Position, Step};
+use stoker_plan::ids::{Epoch, Pass, Position, Step};
 
 use super::*;
 

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use stoker_common::ids::{CertKey, WorkerId};
-use stoker_common::proto::WorkerInfo;
+use stoker_plan::ids::{CertKey, WorkerId};
+use stoker_proto::WorkerInfo;
 use tracing::warn;
 
 use super::{Refusal, WorkerProcess};

@@ -1,0 +1,22 @@
+#![doc = include_str!("../README.md")]
+//!
+//! WebDataset tar shards (DESIGN §3): reading, indexing, grouping into samples, manifests,
+//! brace patterns, and packing an ImageFolder into shards.
+
+/// Errors of reading and writing shards, indexes and manifests.
+pub mod error;
+
+pub mod brace;
+pub mod index;
+pub mod manifest;
+pub mod pack;
+pub mod roots;
+pub mod sample_key;
+pub mod shard_file;
+pub mod tar_reader;
+pub mod tar_writer;
+
+pub use self::index::{ShardIndex, build_index};
+pub use self::manifest::{MANIFEST_FILE, Manifest, ManifestShard, ShardLocation, resolve_uri};
+pub use self::roots::DatasetRoots;
+pub use self::shard_file::{IndexPolicy, IndexStatus, Sample, Shard, index_path};

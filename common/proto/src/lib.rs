@@ -1,0 +1,63 @@
+#![doc = include_str!("../README.md")]
+//!
+//! Wire types (DESIGN §7): plain serde data, no logic beside the derives. Only
+//! [`crate::wire`] knows how they are framed.
+//!
+//! Streams on a connection:
+//! * control calls: one bidirectional stream per request, one [`ControlRequest`] frame up and one
+//!   `Result<ControlResponse, RemoteError>` frame down;
+//! * a trainer's connection to a worker opens with one bidirectional stream carrying a
+//!   [`TrainerHello`] and its `Result<(), RemoteError>` answer;
+//! * batches: one unidirectional stream per batch from worker to trainer, a [`BatchHeader`]
+//!   frame then `payload_len` raw bytes.
+
+/// `CoordinatorApi`: how workers and trainers call the coordinator, whatever the transport.
+pub mod api;
+/// The frame format: length-prefixed bincode with limits checked before allocation.
+pub mod wire;
+
+pub mod batch;
+pub mod control;
+pub mod error_code;
+
+pub use self::batch::{BatchHeader, BatchReply, TrainerHello};
+pub use self::control::{
+    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, JobSpec, JobStatus, LeaseProgress,
+    RaftKind, RankStatus, WorkerInfo, WorkerStatus,
+};
+pub use self::error_code::{ErrorCode, RemoteError};
+
+/// Version of the wire protocol. Bump it whenever a type in this module changes its encoding
+/// (a field added, removed or reordered, a variant added anywhere but at the end): bincode
+/// has no field names, so peers of different versions must not talk. The ALPN carries it.
+///
+/// * 1: the first protocol.
+/// * 2: passes and `missing` steps (a trainer asks for lost steps again), lease progress in
+///   heartbeats, live jobs in heartbeat answers, dataset versions in grants and batch
+///   headers, plan digests and `corrupt` samples in batch headers, `ChunkGrant.session`.
+/// * 3: `Heartbeat.stuck_jobs` (a worker reports jobs whose pipeline makes nothing),
+///   `WorkerRegistered.lease_stall_millis`, `RegisterWorker.instance` and `attempt`,
+///   `Shuffle::Block`, `RemoveJob`/`JobRemoved`, and a job's live ranks, idle time and
+///   checkpoint in `JobStatus`.
+/// * 4: Raft between coordinators (`Raft`, `NodeStatus`, `AddNode`, `RemoveNode`), every
+///   coordinator in `ClusterStatus`.
+/// * 5: a trainer's total batches and samples in `ReportProgress` (the coordinator exports
+///   them as metrics).
+/// * 6: mutual TLS with roles: `WorkerInfo.key` (the worker's certificate), `ChunkGrant.trainer`
+///   (the certificate of the session's owner), `ErrorCode::Forbidden`.
+/// * 7: bulk connections: batches over TLS 1.3 on TCP at a worker's batch port
+///   ([`BULK_ALPN`]: a [`TrainerHello`], its answer, then batches each answered by a
+///   [`BatchReply`]).
+pub const PROTOCOL_VERSION: u32 = 7;
+
+/// The TLS ALPN of this protocol version, as text (for messages).
+pub const ALPN_TEXT: &str = "stoker/7";
+
+/// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
+pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();
+
+/// The ALPN of bulk connections (TLS over TCP) that goes with the QUIC ALPN `alpn`: the
+/// version is in both, so peers of two versions meet on neither.
+pub fn bulk_alpn(alpn: &[u8]) -> Vec<u8> {
+    [alpn, b"+bulk"].concat()
+}
