@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
-use stoker_proto::api::CoordinatorApi;
-use stoker_plan::ids::CertKey;
-use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use stoker_coordinator_core::state::{Applied, ClusterState, Command};
 use stoker_coordinator_core::{Figures, IdSource};
+use stoker_plan::ids::CertKey;
+use stoker_proto::api::CoordinatorApi;
+use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 
 use crate::config::CoordinatorConfig;
 use crate::error::CoordinatorError;

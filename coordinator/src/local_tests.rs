@@ -6,12 +6,12 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use stoker_coordinator_core::{CountingIds, Event, MAX_BATCH_SIZE, Outcome, RankTotals};
+use stoker_format::{Manifest, ManifestShard};
 use stoker_plan::ids::{CertKey, Epoch, JobId, Pass, Position, Rank, SessionId};
+use stoker_plan::transform::TransformSpec;
 use stoker_plan::{PlanSpec, Shuffle, Tail};
 use stoker_proto::JobSpec;
-use stoker_format::{Manifest, ManifestShard};
-use stoker_plan::transform::TransformSpec;
-use stoker_coordinator_core::{CountingIds, Event, MAX_BATCH_SIZE, Outcome, RankTotals};
 
 use super::*;
 

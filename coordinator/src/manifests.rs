@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use stoker_format::error::ShardError;
-use stoker_proto::{DatasetInfo, ErrorCode, RemoteError};
 use stoker_format::{DatasetRoots, Manifest};
+use stoker_proto::{DatasetInfo, ErrorCode, RemoteError};
 
 fn invalid(message: impl Into<String>) -> RemoteError {
     RemoteError::new(ErrorCode::InvalidArgument, message)

@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use stoker_net::{Admission, Role, ServeLimits, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
 use stoker_obs::Metrics;
 use stoker_obs::prometheus::IntCounter;
-use stoker_proto::{ControlRequest, ErrorCode, RemoteError};
 use stoker_proto::wire::CONTROL_FRAME_LIMIT;
+use stoker_proto::{ControlRequest, ErrorCode, RemoteError};
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 

@@ -10,11 +10,11 @@ use std::sync::OnceLock;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use stoker_plan::ids::CertKey;
-use stoker_obs::prometheus::Histogram;
-use stoker_proto::{ClusterStatus, ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use stoker_coordinator_core::state::{Applied, ClusterState, Command};
 use stoker_coordinator_core::{Core, Event, Figures, IdSource, Outcome, Then};
+use stoker_obs::prometheus::Histogram;
+use stoker_plan::ids::CertKey;
+use stoker_proto::{ClusterStatus, ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use tracing::warn;
 
 use crate::config::CoordinatorConfig;

@@ -3,8 +3,8 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use stoker_net::random::random_u64;
 use stoker_coordinator_core::IdSource;
+use stoker_net::random::random_u64;
 
 /// Ids from the OS's randomness: a peer cannot guess another's lease or session.
 #[derive(Clone, Copy, Debug, Default)]

@@ -2,8 +2,8 @@
 //! lengths of lists in requests.
 
 use stoker_plan::ids::Rank;
-use stoker_proto::{JobSpec, RemoteError};
 use stoker_plan::transform::{Recipe, TransformSpec};
+use stoker_proto::{JobSpec, RemoteError};
 
 use crate::config::CoreConfig;
 use crate::errors::invalid;
