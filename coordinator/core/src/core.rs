@@ -237,3 +237,7 @@ impl Core {
         self.plans.retain(|key, _| scheduler.has_run(*key));
     }
 }
+
+#[cfg(test)]
+#[path = "core_tests.rs"]
+mod tests;
