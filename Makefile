@@ -35,19 +35,13 @@ demo: deps
 	$(CARGO) build --release -j$(JOBS) -p stoker-cli
 	./target/release/stoker demo
 
-# Tests that need the venv are #[ignore]d in a plain `cargo test`; here they run too. Then the
-# Python package's wheel is built and installed into the venv (one release build serves both:
-# a second, debug build for `maturin develop` would cost CI minutes), and its pytest suite runs
-# against real `stoker` processes (the debug binary the cargo tests built); a test also
-# installs the wheel into a fresh venv. The package's source lives in python/python/stoker
-# (maturin's python-source layout), so the tests import the installed package.
-test: deps test-deps venv
-	mkdir -p target; set -o pipefail; STOKER_PYTHON=$(PYTHON) $(CARGO) test -j$(JOBS) --workspace -- --include-ignored 2>&1 | tee target/test.log
-	JOBS=$(JOBS) scripts/fuzz.sh $(FUZZ_SHORT_SECONDS)
-	$(MAKE) --no-print-directory wheel
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall target/wheels/stoker-*.whl
-	set -o pipefail; cd python && STOKER_BIN=$(abspath target/debug/stoker) STOKER_WHEEL=$$(ls $(abspath target/wheels)/stoker-*.whl) $(PYTHON) -m pytest -q -rs 2>&1 | tee ../target/pytest.log
-	@scripts/test-summary.sh target/test.log target/pytest.log
+# Every test tier, each stage timed (scripts/test.sh prints the table): one debug build for the
+# cargo tests (cargo-nextest where installed; tests that need the venv are #[ignore]d in a plain
+# `cargo test` and run here), the fuzz targets' short runs beside them, a debug wheel of the
+# Python package installed into the venv, and its pytest suite against real `stoker` processes.
+# A failing stage does not hide the others. Installs what is missing first (deps, test-deps, venv).
+test:
+	JOBS=$(JOBS) FUZZ_SHORT_SECONDS=$(FUZZ_SHORT_SECONDS) VENV=$(VENV) PYTHON=$(PYTHON) scripts/test.sh
 
 # An abi3 wheel of the Python package (CPython >= 3.9) in target/wheels: `pip install` it on a
 # machine without Rust. Release build; libjpeg-turbo is linked in statically.

@@ -32,7 +32,7 @@ class SplitMix64:
         return (self.next_u64() >> 11) * (1.0 / (1 << 53))
 
     def below(self, bound):
-        # Lemire's multiply-shift with rejection, as stoker_common::plan::prng::SplitMix64::below.
+        # Lemire's multiply-shift with rejection, as stoker_plan::prng::SplitMix64::below.
         threshold = ((-bound) & MASK) % bound
         while True:
             product = self.next_u64() * bound

@@ -4,11 +4,19 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
+use rayon::prelude::*;
 use stoker_format::brace;
 use stoker_format::{IndexPolicy, IndexStatus, Manifest, ManifestShard, Shard};
 
 use crate::args::IndexArgs;
 use crate::progress;
+
+/// What `stoker index` keeps of one shard once indexed.
+struct Indexed {
+    samples: u64,
+    bytes: u64,
+    status: IndexStatus,
+}
 
 pub(crate) fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
     let mut paths = Vec::new();
@@ -17,24 +25,37 @@ pub(crate) fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
     }
     let policy = if args.force { IndexPolicy::Rebuild } else { IndexPolicy::LoadOrBuildAndWrite };
     let bar = progress::bar(paths.len() as u64, "indexing");
+    // Shards are indexed in parallel (each is read and hashed on its own); results are
+    // reported in the order given, and a shard's mapping is dropped as soon as it is counted.
+    let outcomes: Vec<_> = paths
+        .par_iter()
+        .map(|path| {
+            let outcome = Shard::open(path, policy).map(|shard| Indexed {
+                samples: shard.len() as u64,
+                bytes: shard.bytes().len() as u64,
+                status: shard.index_status().clone(),
+            });
+            bar.inc(1);
+            outcome
+        })
+        .collect();
     let (mut entries, mut failures, mut built) = (Vec::new(), 0usize, 0usize);
-    for path in &paths {
-        match Shard::open(path, policy) {
-            Ok(shard) => {
-                if let IndexStatus::Built { written, .. } = shard.index_status() {
+    for (path, outcome) in paths.iter().zip(outcomes) {
+        match outcome {
+            Ok(indexed) => {
+                if let IndexStatus::Built { written, .. } = indexed.status {
                     built += 1;
                     if !written {
                         bar.suspend(|| eprintln!("warning: could not write the index of {} (read-only folder?)", path.display()));
                     }
                 }
-                entries.push((path.clone(), shard.len() as u64, shard.bytes().len() as u64));
+                entries.push((path.clone(), indexed.samples, indexed.bytes));
             }
             Err(error) => {
                 failures += 1;
                 bar.suspend(|| eprintln!("error: {error}"));
             }
         }
-        bar.inc(1);
     }
     bar.finish_and_clear();
     let samples: u64 = entries.iter().map(|(_, samples, _)| samples).sum();

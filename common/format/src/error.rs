@@ -156,6 +156,14 @@ pub enum ShardError {
         /// What is wrong.
         reason: String,
     },
+    /// The worker threads of a command could not be started.
+    #[error("could not start the {what} threads: {message}")]
+    Threads {
+        /// The command (`pack`, `index`).
+        what: &'static str,
+        /// The thread pool's error.
+        message: String,
+    },
     /// The ImageFolder given to `pack` cannot be packed.
     #[error("image folder {path}: {reason}")]
     BadImageFolder {

@@ -179,7 +179,7 @@ impl ShardIndex {
     /// Read and validate `path` as the index of `shard`.
     pub fn load(path: &Path, shard: &[u8]) -> Result<Self, ShardError> {
         // Only a regular file: a FIFO in the index's place would block the dataset's open.
-        let file = super::roots::open_regular(path).map_err(|source| ShardError::io("failed to open index", path, source))?;
+        let file = crate::regular_file::open_regular(path).map_err(|source| ShardError::io("failed to open index", path, source))?;
         let len = file.metadata().map_err(|source| ShardError::io("failed to stat index", path, source))?.len();
         if len == 0 {
             return Err(ShardError::CorruptIndex { path: path.into(), reason: "the file is empty".into() });

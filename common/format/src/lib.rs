@@ -10,6 +10,8 @@ pub mod brace;
 pub mod index;
 pub mod manifest;
 pub mod pack;
+/// Opening dataset files: regular files only, without blocking on a FIFO.
+pub mod regular_file;
 pub mod roots;
 pub mod sample_key;
 pub mod shard_file;

@@ -102,7 +102,7 @@ impl Manifest {
         }
         let mut text = String::new();
         // Checked again on the open file: it may have been swapped for a FIFO since.
-        let file = super::roots::open_regular(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+        let file = crate::regular_file::open_regular(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
         // Bounded even if the file grows while it is read.
         std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_MANIFEST_BYTES + 1), &mut text)
             .map_err(|source| ShardError::io("failed to read manifest", path, source))?;

@@ -16,6 +16,8 @@ use std::io::BufWriter;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 
+use rayon::prelude::*;
+
 use super::manifest::{MANIFEST_FILE, Manifest, ManifestShard, PackedOrder};
 use super::shard_file::{IndexPolicy, Shard};
 use super::tar_writer::TarWriter;
@@ -111,10 +113,15 @@ pub fn pack(options: &PackOptions, progress: &mut dyn FnMut(PackProgress)) -> Re
     let mut state = PackProgress { files_total: folder.files.len() as u64, ..PackProgress::default() };
     let mut shards = Vec::new();
     let mut writer: Option<(PathBuf, TarWriter<BufWriter<File>>)> = None;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(options.threads.get())
+        .thread_name(|index| format!("pack-{index}"))
+        .build()
+        .map_err(|source| ShardError::Threads { what: "pack", message: source.to_string() })?;
     let round_len = options.threads.get() * 16;
     let (mut rewritten_jpegs, mut verbatim_jpegs) = (0, 0);
     for round in folder.files.chunks(round_len) {
-        let contents = read_parallel(round, options.threads, options.rewrite_jpeg)?;
+        let contents = read_parallel(round, &pool, options.rewrite_jpeg)?;
         for (file, (data, rewritten)) in round.iter().zip(contents) {
             if options.rewrite_jpeg.is_some() && file.extension == "jpg" {
                 *if rewritten { &mut rewritten_jpegs } else { &mut verbatim_jpegs } += 1;
@@ -243,40 +250,26 @@ fn prepare_output(output: &Path, overwrite: bool) -> Result<(), ShardError> {
     Ok(())
 }
 
-/// Read `files` with up to `threads` threads (rewriting JPEGs there), returning contents in
-/// order, each with whether the rewrite replaced it.
+/// Read `files` on `pool`'s threads (rewriting JPEGs there), returning contents in order,
+/// each with whether the rewrite replaced it. The shards are written from this order alone, so
+/// the output does not depend on how the reads were spread over threads.
 fn read_parallel(
     files: &[ImageFile],
-    threads: NonZeroUsize,
+    pool: &rayon::ThreadPool,
     rewrite_jpeg: Option<RewriteJpeg>,
 ) -> Result<Vec<(Vec<u8>, bool)>, ShardError> {
-    let per_thread = files.len().div_ceil(threads.get()).max(1);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = files
-            .chunks(per_thread)
-            .map(|chunk| {
-                scope.spawn(move || {
-                    chunk
-                        .iter()
-                        .map(|file| {
-                            let data =
-                                std::fs::read(&file.path).map_err(|source| ShardError::io("failed to read image", &file.path, source))?;
-                            if data.len() as u64 != file.size {
-                                tracing::warn!(path = %file.path.display(), "image changed size while packing");
-                            }
-                            let rewritten = rewrite_jpeg.filter(|_| file.extension == "jpg").and_then(|rewrite| rewrite(&data));
-                            Ok(rewritten.map_or((data, false), |bytes| (bytes, true)))
-                        })
-                        .collect::<Result<Vec<_>, ShardError>>()
-                })
+    pool.install(|| {
+        files
+            .par_iter()
+            .map(|file| {
+                let data = std::fs::read(&file.path).map_err(|source| ShardError::io("failed to read image", &file.path, source))?;
+                if data.len() as u64 != file.size {
+                    tracing::warn!(path = %file.path.display(), "image changed size while packing");
+                }
+                let rewritten = rewrite_jpeg.filter(|_| file.extension == "jpg").and_then(|rewrite| rewrite(&data));
+                Ok(rewritten.map_or((data, false), |bytes| (bytes, true)))
             })
-            .collect();
-        let mut contents = Vec::with_capacity(files.len());
-        for handle in handles {
-            let chunk = handle.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-            contents.extend(chunk);
-        }
-        Ok(contents)
+            .collect()
     })
 }
 

@@ -88,7 +88,7 @@ impl Shard {
     /// Open the shard at `path`, with its index handled per `policy`.
     pub fn open(path: &Path, policy: IndexPolicy) -> Result<Self, ShardError> {
         // Only a regular file: opening a FIFO would block, a device never end.
-        let file = super::roots::open_regular(path).map_err(|source| ShardError::io("failed to open shard", path, source))?;
+        let file = crate::regular_file::open_regular(path).map_err(|source| ShardError::io("failed to open shard", path, source))?;
         let len = file.metadata().map_err(|source| ShardError::io("failed to stat shard", path, source))?.len();
         let bytes = if len == 0 {
             ShardBytes::Empty

@@ -9,6 +9,7 @@ mod exactly_once;
 mod faults;
 mod job_removal;
 mod label_mixing;
+mod layering;
 mod limits;
 mod loss_paths;
 mod metrics;

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# `make test`: every test tier, each stage timed, a table of the stages at the end.
+#
+#   scripts/test.sh            (JOBS, FUZZ_SHORT_SECONDS, PYTHON and VENV come from make)
+#
+# One debug build serves the cargo tests, the pytest suite (its `stoker` processes) and the
+# Python package (a debug wheel: its dependencies are the ones the test build already compiled).
+# The fuzz targets need their own instrumented build; it and the short fuzz runs go on beside
+# the cargo tests, which spend much of their time waiting on sockets and timers.
+#
+# A failing stage does not stop the next: the table shows every stage's result, and the script
+# exits non-zero if any failed. cargo-nextest runs the Rust tests when it is installed (each
+# test in its own process, all binaries at once, one failure hiding nothing); otherwise
+# `cargo test --no-fail-fast`.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+JOBS=${JOBS:-2}
+FUZZ_SHORT_SECONDS=${FUZZ_SHORT_SECONDS:-15}
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-$PWD/$VENV/bin/python}
+LOGS=target/test-logs
+mkdir -p "$LOGS"
+
+names=()
+seconds=()
+results=()
+failed=0
+
+# record NAME START STATUS: one row of the table.
+record() {
+    names+=("$1")
+    seconds+=("$(($(date +%s) - $2))")
+    if [[ $3 -eq 0 ]]; then results+=("ok"); else results+=("FAILED (exit $3)"); failed=1; fi
+}
+
+# stage NAME COMMAND...: run, log to target/test-logs/NAME.log and the terminal, time it.
+stage() {
+    local name=$1 start status
+    shift
+    echo "==> $name: $*"
+    start=$(date +%s)
+    "$@" 2>&1 | tee "$LOGS/$name.log"
+    status=${PIPESTATUS[0]}
+    record "$name" "$start" "$status"
+    return "$status"
+}
+
+stage deps make --no-print-directory deps test-deps venv || { echo "test: cannot install what the tests need" >&2; exit 1; }
+
+if cargo nextest --version >/dev/null 2>&1; then
+    build=(cargo nextest run --build-jobs "$JOBS" --workspace --no-run)
+    run=(cargo nextest run --build-jobs "$JOBS" --workspace --no-fail-fast --run-ignored all --test-threads "$JOBS"
+        --failure-output final --success-output never --status-level fail --final-status-level slow)
+else
+    echo "test: cargo-nextest not installed; running cargo test (slower: one binary at a time)"
+    build=(cargo test -j"$JOBS" --workspace --no-run)
+    run=(cargo test -j"$JOBS" --workspace --no-fail-fast -- --include-ignored)
+fi
+stage build "${build[@]}"
+
+# The fuzz build and runs go on beside the cargo tests.
+fuzz_start=$(date +%s)
+(JOBS=1 scripts/fuzz.sh "$FUZZ_SHORT_SECONDS" >"$LOGS/fuzz.log" 2>&1) &
+fuzz_pid=$!
+
+STOKER_PYTHON=$PYTHON stage cargo-tests "${run[@]}"
+
+echo "==> fuzz: waiting for the fuzz build and runs (log: $LOGS/fuzz.log)"
+wait "$fuzz_pid"
+fuzz_status=$?
+tail -n 3 "$LOGS/fuzz.log"
+[[ $fuzz_status -eq 0 ]] || tail -n 40 "$LOGS/fuzz.log"
+record "fuzz (beside)" "$fuzz_start" "$fuzz_status"
+
+# A debug wheel: the same dependency builds as the tests; `make wheel` makes the release one.
+wheel() {
+    rm -f target/wheels/stoker-*.whl
+    (cd python && VIRTUAL_ENV=$(dirname "$(dirname "$PYTHON")") CARGO_BUILD_JOBS=$JOBS \
+        "$(dirname "$PYTHON")/maturin" build --quiet --out "$PWD/../target/wheels") &&
+        "$PYTHON" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall target/wheels/stoker-*.whl
+}
+stage wheel wheel
+
+pytest_run() {
+    local wheel_file
+    wheel_file=$(ls "$PWD"/target/wheels/stoker-*.whl 2>/dev/null | head -n 1)
+    (cd python && STOKER_BIN=$PWD/../target/debug/stoker STOKER_WHEEL=$wheel_file "$PYTHON" -m pytest -q -rs)
+}
+stage pytest pytest_run
+
+echo
+echo "stage            seconds  result"
+total=0
+for i in "${!names[@]}"; do
+    printf "%-16s %7d  %s\n" "${names[$i]}" "${seconds[$i]}" "${results[$i]}"
+    # The fuzz stage overlaps the cargo tests: the wall-clock total counts it once.
+    [[ ${names[$i]} == "fuzz (beside)" ]] || total=$((total + seconds[i]))
+done
+printf "%-16s %7d\n" "total" "$total"
+echo
+scripts/test-summary.sh "$LOGS/cargo-tests.log" "$LOGS/pytest.log" || failed=1
+exit "$failed"
