@@ -96,7 +96,11 @@ fn read_manifest(dir: &Path) -> Manifest {
 /// Every crate of the rules that exists in the tree (`coordinator/core` may not yet).
 fn manifests() -> Vec<(&'static Rule, Manifest)> {
     let root = workspace_root();
-    RULES.iter().filter(|rule| root.join(rule.dir).join("Cargo.toml").is_file()).map(|rule| (rule, read_manifest(&root.join(rule.dir)))).collect()
+    RULES
+        .iter()
+        .filter(|rule| root.join(rule.dir).join("Cargo.toml").is_file())
+        .map(|rule| (rule, read_manifest(&root.join(rule.dir))))
+        .collect()
 }
 
 #[test]
@@ -113,7 +117,10 @@ fn every_crate_depends_only_on_the_stoker_crates_its_layer_allows() {
             }
             match layer_of.get(dependency.name.as_str()) {
                 Some(&layer) if layer >= rule.layer => {
-                    broken.push(format!("{} (layer {}) depends on {} (layer {layer}), which is not below it", manifest.name, rule.layer, dependency.name));
+                    broken.push(format!(
+                        "{} (layer {}) depends on {} (layer {layer}), which is not below it",
+                        manifest.name, rule.layer, dependency.name
+                    ));
                 }
                 Some(_) => {}
                 None => broken.push(format!("{} depends on {}, which the layering rules do not know", manifest.name, dependency.name)),
