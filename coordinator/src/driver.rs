@@ -6,7 +6,6 @@
 //! core every other.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -16,20 +15,18 @@ use parking_lot::Mutex;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use quinn::Endpoint;
-use stoker_net::{PeerIdentity, Role, call, connect_to};
+use stoker_net::PeerIdentity;
 use stoker_plan::ids::CertKey;
-use stoker_proto::wire::CONTROL_FRAME_LIMIT;
 use stoker_proto::{ControlRequest, ControlResponse, CoordinatorStatus, ErrorCode, RemoteError};
 use tracing::{info, warn};
 
 use crate::authz::authorize;
 use crate::error::CoordinatorError;
+use crate::peers::{ask_status, resolve, resolve_now};
 use crate::raft::{Raft, answer_raft_rpc};
 use crate::runtime::{Committer, Coordinator};
 use crate::state::{Applied, ClusterState, Command};
 
-/// How long the leader waits for each other coordinator's status in `stoker status`.
-const PEER_STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// A leader serves for this long after a majority last confirmed it (and it had applied every
 /// entry committed before): shorter than the election timeout's lower bound plus a heartbeat,
 /// so a leader cut off from the others stops scheduling about when they elect another.
@@ -482,33 +479,4 @@ impl Committer for Within<'_> {
     {
         Committer::blocking(self.driver, work).await
     }
-}
-
-/// `addr` as a socket address if it is one literally (no lookup).
-fn resolve_now(addr: &str) -> Option<SocketAddr> {
-    addr.parse().ok()
-}
-
-/// The socket address of `host:port` (a name is looked up), or `None`.
-async fn resolve(addr: &str) -> Option<SocketAddr> {
-    if let Ok(parsed) = addr.parse() {
-        return Some(parsed);
-    }
-    tokio::net::lookup_host(addr).await.ok()?.next()
-}
-
-/// Ask the coordinator at `addr` for its own status, from `endpoint`; `None` if it does not
-/// answer within [`PEER_STATUS_TIMEOUT`].
-pub(crate) async fn ask_status(endpoint: &Endpoint, addr: &str) -> Option<CoordinatorStatus> {
-    let target = resolve(addr).await?;
-    let asked = tokio::time::timeout(PEER_STATUS_TIMEOUT, async {
-        let connection = connect_to(endpoint, target, PEER_STATUS_TIMEOUT, Role::Coordinator).await.ok()?;
-        let answer = call::<_, ControlResponse>(&connection, &ControlRequest::NodeStatus, CONTROL_FRAME_LIMIT).await.ok();
-        connection.close(0u32.into(), b"status");
-        match answer? {
-            ControlResponse::NodeStatus { node } => Some(node),
-            _ => None,
-        }
-    });
-    asked.await.ok().flatten()
 }

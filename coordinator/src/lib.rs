@@ -18,6 +18,8 @@ mod manifests;
 mod metrics;
 /// The composition root: `start` → `CoordinatorHandle`.
 pub mod node;
+/// Other coordinators: addresses and their status.
+mod peers;
 /// Replication of the durable state: openraft's store, state machine and transport.
 pub mod raft;
 /// The core under its lock, and the drive loop of both modes.

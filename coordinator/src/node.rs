@@ -201,7 +201,7 @@ async fn check_membership(
 /// record cannot be about this very start.
 async fn refuse_a_reused_node_id(endpoint: &quinn::Endpoint, config: &CoordinatorConfig) -> Result<(), CoordinatorError> {
     for (id, addr) in config.peers.iter().filter(|(id, _)| **id != config.node_id) {
-        let Some(status) = crate::driver::ask_status(endpoint, addr).await else { continue };
+        let Some(status) = crate::peers::ask_status(endpoint, addr).await else { continue };
         if status.joined.contains(&config.node_id) {
             return Err(CoordinatorError::Cluster {
                 message: format!(
