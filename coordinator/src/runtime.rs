@@ -108,7 +108,9 @@ impl Coordinator {
                     let read = committer.blocking(move || crate::manifests::read(&roots, &manifest)).await?;
                     event = Event::ManifestRead { name, read };
                 }
-                Outcome::CommitEach(_) | Outcome::Done => break,
+                Outcome::CommitEach(_) | Outcome::Done => {
+                    return Err(RemoteError::new(ErrorCode::Internal, "the coordinator's core gave a request no answer"));
+                }
             }
         }
         Err(RemoteError::new(ErrorCode::Internal, "a request kept asking for commits"))
