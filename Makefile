@@ -23,10 +23,12 @@ deps:
 test-deps:
 	@scripts/ensure-deps.sh --test
 
-# The venv is rebuilt when the requirements change.
-$(VENV)/.installed: tests/compat/requirements.txt python/requirements-dev.txt | deps
+# The venv is rebuilt when the requirements change. python/requirements-torch.txt is PyTorch
+# and what trains with it (torchvision, Lightning, torchdata, transformers, accelerate,
+# scikit-learn) plus the kubectl client: about 5.9 GB, downloaded once and kept with the venv.
+$(VENV)/.installed: tests/compat/requirements.txt python/requirements-dev.txt python/requirements-torch.txt | deps
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/compat/requirements.txt -r python/requirements-dev.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r tests/compat/requirements.txt -r python/requirements-dev.txt -r python/requirements-torch.txt
 	touch $@
 
 venv: $(VENV)/.installed

@@ -61,6 +61,10 @@ pub(crate) enum Command {
     /// them, and show what a certificate is.
     #[command(subcommand)]
     Certs(CertsCommand),
+    /// Apply a transform spec to one JPEG as a worker does, once per augmentation seed, and
+    /// print what was drawn (crop box, flip, DCT scale) as JSON lines: preview an augmentation,
+    /// or compare it with another library (python/tests/test_torchvision_parity.py does).
+    Transform(TransformArgs),
     /// Measure throughput on real data.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -432,6 +436,28 @@ pub(crate) struct StatusArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct TransformArgs {
+    /// The JPEG to transform. Without it, --source-size gives the source's size and only the
+    /// geometry is drawn.
+    #[arg(required_unless_present = "source_size")]
+    pub(crate) image: Option<PathBuf>,
+    /// The TransformSpec, JSON (what `stoker.Loader` sends: {"transforms": [...], "layout":
+    /// "NHWC", "dct_scaling": true}).
+    #[arg(long, value_name = "JSON")]
+    pub(crate) spec: String,
+    /// Augmentation seeds: `N`, `A..B` (B excluded) or a comma-separated list of both.
+    #[arg(long, default_value = "0", value_name = "SEEDS", value_parser = parse_seeds)]
+    pub(crate) seeds: Seeds,
+    /// Write each output to DIR/SEED.raw: the sample's bytes as they sit in a batch (the
+    /// spec's layout and dtype, little-endian).
+    #[arg(long, value_name = "DIR", conflicts_with = "source_size")]
+    pub(crate) out: Option<PathBuf>,
+    /// Draw only the geometry, for a source of WIDTHxHEIGHT pixels (no image is read).
+    #[arg(long, value_name = "WIDTHxHEIGHT", value_parser = parse_source_size)]
+    pub(crate) source_size: Option<(u32, u32)>,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct ConsumeArgs {
     #[command(flatten)]
     pub(crate) coordinator: CoordinatorAddr,
@@ -695,6 +721,43 @@ pub(crate) struct InspectArgs {
     /// mixing measure.
     #[arg(long, default_value_t = NonZeroU32::new(256).unwrap_or(NonZeroU32::MIN))]
     pub(crate) global_batch: NonZeroU32,
+}
+
+/// The augmentation seeds of `stoker transform`.
+#[derive(Clone, Debug)]
+pub(crate) struct Seeds(pub(crate) Vec<u64>);
+
+/// `7`, `0..100` or `1,5,10..20`: the seeds of `stoker transform`, at most a million.
+pub(crate) fn parse_seeds(text: &str) -> Result<Seeds, String> {
+    const MAX_SEEDS: u64 = 1_000_000;
+    let mut seeds = Vec::new();
+    for part in text.split(',') {
+        let part = part.trim();
+        let parse = |number: &str| number.trim().parse::<u64>().map_err(|error| format!("{number:?} is not a seed: {error}"));
+        match part.split_once("..") {
+            Some((start, end)) => {
+                let (start, end) = (parse(start)?, parse(end)?);
+                if end.saturating_sub(start) + seeds.len() as u64 > MAX_SEEDS {
+                    return Err(format!("{part}: at most {MAX_SEEDS} seeds"));
+                }
+                seeds.extend(start..end);
+            }
+            None => seeds.push(parse(part)?),
+        }
+    }
+    if seeds.is_empty() || seeds.len() as u64 > MAX_SEEDS {
+        return Err(format!("give between 1 and {MAX_SEEDS} seeds"));
+    }
+    Ok(Seeds(seeds))
+}
+
+/// `640x480` → (640, 480).
+pub(crate) fn parse_source_size(text: &str) -> Result<(u32, u32), String> {
+    let parsed = text.split_once('x').and_then(|(width, height)| Some((width.parse::<u32>().ok()?, height.parse::<u32>().ok()?)));
+    match parsed {
+        Some((width, height)) if width > 0 && height > 0 => Ok((width, height)),
+        _ => Err(format!("{text:?}: give WIDTHxHEIGHT, both positive, e.g. 640x480")),
+    }
 }
 
 fn parse_shuffle(text: &str) -> Result<Shuffle, String> {

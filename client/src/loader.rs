@@ -430,6 +430,12 @@ where
         self.protocol.buffered() + self.batches_rx.len()
     }
 
+    /// Receive buffers freed by the trainer and kept for the next batches (a batch's buffer
+    /// comes back when the last view of it is dropped).
+    pub fn free_receive_buffers(&self) -> usize {
+        self.connector.pool.free_buffers()
+    }
+
     /// Duplicates dropped in the current epoch.
     pub fn duplicates(&self) -> u64 {
         self.protocol.duplicates()

@@ -43,8 +43,10 @@ pub(crate) fn to_python(py: Python<'_>, batch: ReceivedBatch) -> PyResult<Bound<
 }
 
 /// Keeps a batch's payload alive for as long as numpy arrays (and torch tensors made from
-/// them) view it; when the last goes, the buffer returns to the loader's pool.
-#[pyclass(frozen, module = "stoker._stoker")]
+/// them) view it; when the last goes, the buffer returns to the loader's pool. It is the
+/// `base` of every array of a batch's images, and can be weakly referenced, so a test can see
+/// when it goes.
+#[pyclass(frozen, weakref, module = "stoker._stoker")]
 struct PayloadOwner {
     _payload: Payload,
 }

@@ -190,6 +190,13 @@ impl NativeLoader {
         Ok(self.loader(py)?.buffered_batches())
     }
 
+    /// Receive buffers back in the pool: a batch's buffer returns when Python dropped the
+    /// last array or tensor that views it (python/tests/test_zero_copy.py checks this).
+    #[getter]
+    fn free_receive_buffers(&mut self, py: Python<'_>) -> PyResult<usize> {
+        Ok(self.loader(py)?.free_receive_buffers())
+    }
+
     /// Seconds spent waiting for data since the last `set_epoch`.
     #[getter]
     fn epoch_wait_seconds(&mut self, py: Python<'_>) -> PyResult<f64> {

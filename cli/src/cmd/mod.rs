@@ -19,3 +19,4 @@ pub(crate) mod ranks;
 pub(crate) mod remote;
 pub(crate) mod serve;
 pub(crate) mod status;
+pub(crate) mod transform;

@@ -44,3 +44,62 @@ impl Resize {
         self.resizer.resize_typed(&src, &mut dst, &options).map_err(|e| error(&e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use stoker_plan::transform::crop::resize_center_crop;
+
+    use super::*;
+    use crate::decode::View;
+
+    /// The region `left..left + width` × `top..top + height` of an image whose pixel (x, y)
+    /// is (x % 256, x / 256, y % 256).
+    fn coordinates_region(left: u32, top: u32, width: u32, height: u32) -> Vec<u8> {
+        (top..top + height)
+            .flat_map(|y| (left..left + width).flat_map(move |x| [(x % 256) as u8, (x / 256) as u8, (y % 256) as u8]))
+            .collect()
+    }
+
+    #[test]
+    fn nearest_reads_the_pixel_a_whole_position_lands_on() {
+        // Resize(160) + CenterCrop(128) of 640x427: resized to 239x160, crop offset (56, 16).
+        // Output column 63 is resized column 119, whose centre maps to source x =
+        // 119.5 * 640 / 239 = 320 exactly; the worker hands the resize the region from column
+        // 144 (the crop's left edge, 149.96, aligned down to a 16-pixel MCU) and row 42. Every
+        // output reads the pixel its exact position lands on, also at such a tie. (Pillow, and
+        // so torchvision on PIL images, accumulates the step in floating point and reads 319
+        // there: python/README.md, "Parity with torchvision".)
+        let (left, top) = (144, 42);
+        let (width, height) = (640 - left, 427 - top);
+        let p = resize_center_crop(640, 427, Some(160), 128, 128);
+        let decoded = Decoded {
+            width,
+            height,
+            view: View { left: 0, top: 0, width, height },
+            crop: SourceBox {
+                left: p.src_left - f64::from(left),
+                top: p.src_top - f64::from(top),
+                width: p.src_width,
+                height: p.src_height,
+            },
+            scale_num: 8,
+            warned: false,
+        };
+        let src = coordinates_region(left, top, width, height);
+        let mut dst = vec![0u8; 128 * 128 * 3];
+        Resize::default().resize(&src, &decoded, &mut dst, 128, 128, Interpolation::Nearest).expect("resize");
+        for y in 0..128usize {
+            for x in 0..128usize {
+                // Exactly, in integers: floor((offset + i + 0.5) * source / resized).
+                let want_x = ((2 * (56 + x) + 1) * 640) / (2 * 239);
+                let want_y = ((2 * (16 + y) + 1) * 427) / (2 * 160);
+                let pixel = &dst[(y * 128 + x) * 3..][..3];
+                assert_eq!(
+                    (usize::from(pixel[0]) + 256 * usize::from(pixel[1]), usize::from(pixel[2])),
+                    (want_x, want_y % 256),
+                    "output ({x}, {y})"
+                );
+            }
+        }
+    }
+}
