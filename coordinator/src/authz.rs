@@ -1,12 +1,9 @@
 //! Who may ask what (DESIGN §10). The role in a peer's certificate decides which requests it
 //! may make at all ([`authorize`]); the certificate itself decides whose session or worker id it
-//! may speak for ([`Owners`], and the worker keys the scheduler keeps). Under `--insecure`
+//! may speak for (the core's `authz::Owners`, and the worker keys its scheduler keeps). Under `--insecure`
 //! every peer is [`PeerIdentity::Unchecked`] and may do everything.
 
-use std::collections::BTreeMap;
-
 use stoker_net::{PeerIdentity, Role};
-use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
 use stoker_proto::{ControlRequest, ErrorCode, RemoteError};
 
 /// Refuse `request` if `caller`'s role may not make it.
@@ -40,47 +37,12 @@ fn request_name(request: &ControlRequest) -> &'static str {
     }
 }
 
-/// The refusal of a request that speaks for what another certificate owns.
-pub(crate) fn not_yours(what: impl std::fmt::Display, owner: CertKey, caller: CertKey) -> RemoteError {
-    RemoteError::new(ErrorCode::Forbidden, format!("{what} belongs to {owner}, and this request was made with {caller}"))
-}
-
-/// Which certificate owns each rank's newest session: the one that attached (or, after a
-/// coordinator restart, the first to open it again). Soft state, dropped with the seats.
-#[derive(Debug, Default)]
-pub(crate) struct Owners {
-    sessions: BTreeMap<(JobId, Rank), (SessionId, CertKey)>,
-}
-
-impl Owners {
-    /// Refuse `caller` speaking for `session` of (job, rank) if another certificate owns it.
-    pub(crate) fn check(&self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) -> Result<(), RemoteError> {
-        match self.sessions.get(&(job, rank)) {
-            Some((owned, owner)) if *owned == session && !owner.admits(&caller) => Err(not_yours(session, *owner, caller)),
-            _ => Ok(()),
-        }
-    }
-
-    /// `caller` owns `session`, the rank's newest.
-    pub(crate) fn record(&mut self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) {
-        self.sessions.insert((job, rank), (session, caller));
-    }
-
-    /// The owner of `session` of (job, rank), or [`CertKey::UNCHECKED`] if not known.
-    pub(crate) fn owner(&self, job: JobId, rank: Rank, session: SessionId) -> CertKey {
-        self.sessions.get(&(job, rank)).filter(|(owned, _)| *owned == session).map_or(CertKey::UNCHECKED, |(_, owner)| *owner)
-    }
-
-    /// Forget every owner (a new leader's soft state starts empty).
-    pub(crate) fn clear(&mut self) {
-        self.sessions.clear();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use stoker_net::Peer;
     use stoker_proto::RaftKind;
+
+    use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
 
     use super::*;
 
@@ -109,19 +71,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn a_session_is_spoken_for_by_its_owner_only() {
-        let (honest, forger) = (CertKey([1; 32]), CertKey([2; 32]));
-        let mut owners = Owners::default();
-        owners.record(JobId(1), Rank(0), SessionId(5), honest);
-        assert!(owners.check(JobId(1), Rank(0), SessionId(5), honest).is_ok());
-        let refused = owners.check(JobId(1), Rank(0), SessionId(5), forger).expect_err("another certificate");
-        assert_eq!(refused.code, ErrorCode::Forbidden);
-        // Another session is the seats' business (superseded or adopted), not the owners'.
-        assert!(owners.check(JobId(1), Rank(0), SessionId(6), forger).is_ok());
-        assert_eq!(owners.owner(JobId(1), Rank(0), SessionId(5)), honest);
-        assert_eq!(owners.owner(JobId(1), Rank(0), SessionId(6)), CertKey::UNCHECKED);
     }
 }

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::CoordinatorError;
-use crate::scheduler::SchedulerConfig;
+use stoker_coordinator_core::CoreConfig;
+use stoker_coordinator_core::scheduler::SchedulerConfig;
 
 /// How a coordinator runs.
 #[derive(Clone, Debug)]
@@ -215,6 +216,20 @@ impl CoordinatorConfig {
             retry_delay: self.retry_delay,
             trainer_ttl: self.trainer_ttl,
             missing_grace: self.missing_grace,
+        }
+    }
+
+    /// The core's share of the settings.
+    pub fn core(&self) -> CoreConfig {
+        CoreConfig {
+            scheduler: self.scheduler(),
+            heartbeat: self.heartbeat,
+            job_ttl: self.job_ttl,
+            max_batch_bytes: self.max_batch_bytes,
+            max_world_size: self.max_world_size,
+            max_prefetch: self.max_prefetch,
+            max_jobs: self.max_jobs,
+            max_datasets: self.max_datasets,
         }
     }
 }

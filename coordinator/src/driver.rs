@@ -1,31 +1,32 @@
-//! The driver of a replicated coordinator: it answers each request with the pure core
-//! ([`Coordinator::step`]) when this node leads, commits what the core asks through Raft, and
-//! redirects callers to the leader otherwise. Raft messages, this node's status and membership
-//! changes are answered here.
+//! The driver of a replicated coordinator: when this node leads, it answers each request with
+//! the runtime's drive loop ([`Coordinator::serve`]), committing what the core asks through
+//! Raft (the driver is the [`Committer`]); otherwise it redirects callers to the leader. Raft
+//! messages, this node's status and membership changes are answered here. Requests are
+//! dispatched in one place: [`Driver::serve_as`] takes the Raft and membership requests, the
+//! core every other.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
+
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use quinn::Endpoint;
-use stoker_net::{PeerIdentity, Role, call, connect_to};
+use stoker_net::PeerIdentity;
 use stoker_plan::ids::CertKey;
-use stoker_proto::wire::CONTROL_FRAME_LIMIT;
 use stoker_proto::{ControlRequest, ControlResponse, CoordinatorStatus, ErrorCode, RemoteError};
 use tracing::{info, warn};
 
 use crate::authz::authorize;
 use crate::error::CoordinatorError;
+use crate::peers::{ask_status, resolve, resolve_now};
 use crate::raft::{Raft, answer_raft_rpc};
-use crate::service::{Coordinator, Outcome, Then};
+use crate::runtime::{Committer, Coordinator};
 use crate::state::{Applied, ClusterState, Command};
 
-/// How long the leader waits for each other coordinator's status in `stoker status`.
-const PEER_STATUS_TIMEOUT: Duration = Duration::from_millis(500);
 /// A leader serves for this long after a majority last confirmed it (and it had applied every
 /// entry committed before): shorter than the election timeout's lower bound plus a heartbeat,
 /// so a leader cut off from the others stops scheduling about when they elect another.
@@ -50,7 +51,7 @@ pub(crate) struct Driver {
     /// (clients still reach it).
     isolated: Arc<AtomicBool>,
     /// When a majority last confirmed this node's leadership, in which term.
-    confirmed: std::sync::Mutex<Option<(u64, Instant)>>,
+    confirmed: Mutex<Option<(u64, Instant)>>,
     /// Held while a confirmation is under way.
     confirming: tokio::sync::Mutex<()>,
 }
@@ -74,16 +75,7 @@ impl Driver {
         endpoint: Endpoint,
         isolated: Arc<AtomicBool>,
     ) -> Self {
-        Self {
-            id,
-            advertised,
-            raft,
-            core,
-            endpoint,
-            isolated,
-            confirmed: std::sync::Mutex::new(None),
-            confirming: tokio::sync::Mutex::new(()),
-        }
+        Self { id, advertised, raft, core, endpoint, isolated, confirmed: Mutex::new(None), confirming: tokio::sync::Mutex::new(()) }
     }
 
     pub(crate) fn set_isolated(&self, isolated: bool) {
@@ -129,41 +121,13 @@ impl Driver {
             }
             request => {
                 self.ensure_leader().await?;
-                self.step_through(request, caller).await
+                self.core.serve(self, request, caller, Instant::now()).await
             }
         }
-    }
-
-    /// Step the core, committing what it asks, until it answers.
-    async fn step_through(&self, request: ControlRequest, caller: CertKey) -> Result<ControlResponse, RemoteError> {
-        let mut request = request;
-        // A request commits at most twice (create a job, clear its failure), then answers.
-        for _ in 0..4 {
-            let core = Arc::clone(&self.core);
-            let outcome = if matches!(request, ControlRequest::AddDataset { .. }) {
-                // Reads the manifest: off the async threads.
-                tokio::task::spawn_blocking(move || core.step_as(request, caller, Instant::now()))
-                    .await
-                    .map_err(|error| RemoteError::new(ErrorCode::Internal, format!("request task failed: {error}")))?
-            } else {
-                core.step_as(request, caller, Instant::now())
-            };
-            match outcome {
-                Outcome::Reply(answer) => return answer,
-                Outcome::Commit { command, then } => {
-                    self.commit(command).await?;
-                    match then {
-                        Then::Again(again) => request = again,
-                        Then::Reply(answer) => return Ok(answer),
-                    }
-                }
-            }
-        }
-        Err(RemoteError::new(ErrorCode::Internal, "a request kept asking for commits"))
     }
 
     /// Commit `command` through Raft; it is applied when this returns.
-    pub(crate) async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
+    pub(crate) async fn propose(&self, command: Command) -> Result<Applied, RemoteError> {
         match self.raft.client_write(command).await {
             Ok(written) => Ok(written.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
@@ -218,7 +182,7 @@ impl Driver {
     /// that requests seldom find it stale). One confirmation runs at a time.
     async fn confirm(&self, term: u64, refresh: bool) -> bool {
         let fresh = |within: Duration| {
-            let confirmed = self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let confirmed = self.confirmed.lock();
             confirmed.is_some_and(|(at_term, at)| at_term == term && at.elapsed() < within)
         };
         let wanted = if refresh { TICK_CONFIRMATION_AGE } else { LEADERSHIP_LEASE };
@@ -233,7 +197,7 @@ impl Driver {
         let asked = Instant::now();
         match tokio::time::timeout(CONFIRM_WITHIN, self.raft.ensure_linearizable()).await {
             Ok(Ok(_)) => {
-                *self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some((term, asked));
+                *self.confirmed.lock() = Some((term, asked));
                 true
             }
             _ => false,
@@ -249,7 +213,7 @@ impl Driver {
             let metrics = metrics.borrow();
             (metrics.state, metrics.current_term)
         };
-        let confirmed = self.confirmed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let confirmed = self.confirmed.lock();
         state == ServerState::Leader && confirmed.is_some_and(|(at_term, at)| at_term == term && at.elapsed() < LEADERSHIP_LEASE)
     }
 
@@ -268,7 +232,7 @@ impl Driver {
 
     /// Import the state of an earlier version's store (this node alone leads).
     pub(crate) async fn import(&self, state: ClusterState) -> Result<(), CoordinatorError> {
-        self.commit(Command::Import { state: Box::new(state) })
+        self.propose(Command::Import { state: Box::new(state) })
             .await
             .map(|_| ())
             .map_err(|error| CoordinatorError::Internal { message: format!("cannot import the old store: {}", error.message) })
@@ -303,7 +267,7 @@ impl Driver {
             (metrics.state == ServerState::Leader && metrics.current_leader == Some(self.id), metrics.current_term)
         };
         if !leading {
-            self.core.follow();
+            self.core.follow(now);
             return;
         }
         // Confirmed at every tick, so requests seldom wait for a confirmation. Unconfirmed
@@ -312,27 +276,8 @@ impl Driver {
             return;
         }
         self.core.lead(term, now);
-        let mut commands = self.core.tick(now);
-        commands.extend(self.newly_joined());
-        if flush {
-            commands.extend(self.core.take_checkpoints());
-        }
-        for command in commands {
-            let pending = match &command {
-                Command::RecordCheckpoints { checkpoints } => Some(checkpoints.clone()),
-                _ => None,
-            };
-            let committed = tokio::time::timeout(TICK_COMMIT_WITHIN, self.commit(command)).await;
-            let failure = match committed {
-                Ok(Ok(_)) => continue,
-                Ok(Err(error)) => error.message,
-                Err(_) => format!("no commit within {TICK_COMMIT_WITHIN:?}"),
-            };
-            warn!(%failure, "cannot commit; trying again at the next tick");
-            if let Some(checkpoints) = pending {
-                self.core.restore_checkpoints(checkpoints);
-            }
-        }
+        let joined = self.newly_joined();
+        self.core.tick(&Within { driver: self, within: TICK_COMMIT_WITHIN }, now, flush, joined).await;
     }
 
     /// `NodeJoined` for each voter whose log the leader has seen match and the state does not
@@ -465,7 +410,7 @@ impl Driver {
         let changed = self.change_voters(voters).await?;
         // Its id may start afresh on an empty data directory from now on. (Best effort: a
         // leader that removed itself no longer leads, and the id stays refused.)
-        if let Err(error) = self.commit(Command::NodeLeft { id }).await {
+        if let Err(error) = self.propose(Command::NodeLeft { id }).await {
             warn!(node = id, %error, "cannot record that the node left; its id stays refused on an empty data directory");
         }
         Ok(changed)
@@ -494,31 +439,44 @@ impl Driver {
     }
 }
 
-/// `addr` as a socket address if it is one literally (no lookup).
-fn resolve_now(addr: &str) -> Option<SocketAddr> {
-    addr.parse().ok()
-}
-
-/// The socket address of `host:port` (a name is looked up), or `None`.
-async fn resolve(addr: &str) -> Option<SocketAddr> {
-    if let Ok(parsed) = addr.parse() {
-        return Some(parsed);
+impl Committer for Driver {
+    /// Through Raft: applied on this node when it returns.
+    async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
+        self.propose(command).await
     }
-    tokio::net::lookup_host(addr).await.ok()?.next()
+
+    /// On tokio's blocking threads, off the async ones.
+    async fn blocking<T, F>(&self, work: F) -> Result<T, RemoteError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::task::spawn_blocking(work)
+            .await
+            .map_err(|error| RemoteError::new(ErrorCode::Internal, format!("request task failed: {error}")))
+    }
 }
 
-/// Ask the coordinator at `addr` for its own status, from `endpoint`; `None` if it does not
-/// answer within [`PEER_STATUS_TIMEOUT`].
-pub(crate) async fn ask_status(endpoint: &Endpoint, addr: &str) -> Option<CoordinatorStatus> {
-    let target = resolve(addr).await?;
-    let asked = tokio::time::timeout(PEER_STATUS_TIMEOUT, async {
-        let connection = connect_to(endpoint, target, PEER_STATUS_TIMEOUT, Role::Coordinator).await.ok()?;
-        let answer = call::<_, ControlResponse>(&connection, &ControlRequest::NodeStatus, CONTROL_FRAME_LIMIT).await.ok();
-        connection.close(0u32.into(), b"status");
-        match answer? {
-            ControlResponse::NodeStatus { node } => Some(node),
-            _ => None,
+/// The driver's commits, each given up after `within` (the timer's: it tries again at its
+/// next tick).
+struct Within<'a> {
+    driver: &'a Driver,
+    within: Duration,
+}
+
+impl Committer for Within<'_> {
+    async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
+        match tokio::time::timeout(self.within, self.driver.propose(command)).await {
+            Ok(committed) => committed,
+            Err(_) => Err(unavailable(format!("no commit within {:?}", self.within))),
         }
-    });
-    asked.await.ok().flatten()
+    }
+
+    async fn blocking<T, F>(&self, work: F) -> Result<T, RemoteError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        Committer::blocking(self.driver, work).await
+    }
 }

@@ -10,20 +10,30 @@ mod driver;
 pub mod error;
 /// The single-node store of earlier versions, imported once into the Raft store.
 pub mod legacy;
+/// Local mode: commits applied at once, in memory.
+pub mod local;
+/// Reading a dataset's manifest, within the dataset roots.
+mod manifests;
 /// Metrics read from the state at scrape time.
 mod metrics;
 /// The composition root: `start` → `CoordinatorHandle`.
 pub mod node;
+/// Other coordinators: addresses and their status.
+mod peers;
 /// Replication of the durable state: openraft's store, state machine and transport.
 pub mod raft;
-/// Leader-only soft state: runs, chunk queues, flow windows, leases, workers.
-pub mod scheduler;
-/// Request handling over the state and the scheduler.
-pub mod service;
+/// The core under its lock, and the drive loop of both modes.
+pub mod runtime;
+/// The OS's randomness and the wall clock, for the core.
+pub mod sources;
+
+/// Leader-only soft state: runs, seats, leases, the worker registry.
+pub use stoker_coordinator_core::scheduler;
 /// The durable state machine: datasets, jobs, checkpoints, changed by commands.
-pub mod state;
+pub use stoker_coordinator_core::state;
 
 pub use self::config::CoordinatorConfig;
 pub use self::error::CoordinatorError;
+pub use self::local::LocalCoordinator;
 pub use self::node::{CoordinatorHandle, start};
-pub use self::service::{Coordinator, LocalCoordinator};
+pub use self::runtime::{Committer, Coordinator};

@@ -11,7 +11,7 @@ use stoker_obs::prometheus::{CounterVec, GaugeVec, IntCounter, IntGauge, IntGaug
 use stoker_obs::{Metrics, latency_buckets, mirror_counter};
 
 use crate::driver::Driver;
-use crate::service::Figures;
+use stoker_coordinator_core::Figures;
 
 const JOB: &[&str] = &["stoker_job"];
 const RANK: &[&str] = &["stoker_job", "rank"];

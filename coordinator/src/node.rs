@@ -11,6 +11,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use openraft::BasicNode;
+use parking_lot::Mutex;
 use stoker_net::{Admission, Role, ServeLimits, TlsConfigs, Tuning, peer_identity, serve_calls, server_endpoint};
 use stoker_obs::Metrics;
 use stoker_obs::prometheus::IntCounter;
@@ -24,7 +25,9 @@ use crate::driver::Driver;
 use crate::error::CoordinatorError;
 use crate::legacy;
 use crate::raft::{LogStore, Network, Raft, StateMachine, StoreFile, raft_config};
-use crate::service::Coordinator;
+use crate::runtime::Coordinator;
+use crate::sources::{OsIds, wall_millis};
+use crate::state::ClusterState;
 
 /// How long a coordinator alone waits to lead at start (an election timeout or two).
 const LEAD_ALONE_WITHIN: Duration = Duration::from_secs(10);
@@ -41,7 +44,7 @@ pub struct CoordinatorHandle {
     driver: Arc<Driver>,
     tasks: Vec<JoinHandle<()>>,
     /// Raft stopping (its store closes when it has).
-    stopping: std::sync::Mutex<Option<JoinHandle<()>>>,
+    stopping: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// Start a coordinator serving on `socket` (already bound), with its figures in `metrics`
@@ -80,7 +83,8 @@ pub async fn start(
         });
     }
 
-    let core = Arc::new(Coordinator::replicated(config.clone(), advertised.clone())?);
+    // Ids from the OS's randomness; counted ones from the wall clock, above an earlier run's.
+    let core = Arc::new(Coordinator::new(&config, advertised.clone(), ClusterState::new(), Box::new(OsIds), wall_millis(), Instant::now()));
     let machine = StateMachine::open(file.clone(), core.clone())?;
     // Requests only: small windows, no unidirectional streams; large sends (Raft) still go out.
     let tuning = Tuning { max_bidi_streams: config.max_streams_per_connection, receives_batches: false, ..Tuning::default() };
@@ -146,7 +150,7 @@ pub async fn start(
     let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.clone(), handshakes, limits));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
     info!(%addr, node = config.node_id, "coordinator listening");
-    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: std::sync::Mutex::new(None) })
+    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: Mutex::new(None) })
 }
 
 /// Refuse to start when `--peers` (or this node alone) disagrees with the membership the
@@ -197,7 +201,7 @@ async fn check_membership(
 /// record cannot be about this very start.
 async fn refuse_a_reused_node_id(endpoint: &quinn::Endpoint, config: &CoordinatorConfig) -> Result<(), CoordinatorError> {
     for (id, addr) in config.peers.iter().filter(|(id, _)| **id != config.node_id) {
-        let Some(status) = crate::driver::ask_status(endpoint, addr).await else { continue };
+        let Some(status) = crate::peers::ask_status(endpoint, addr).await else { continue };
         if status.joined.contains(&config.node_id) {
             return Err(CoordinatorError::Cluster {
                 message: format!(
@@ -352,7 +356,7 @@ impl CoordinatorHandle {
     /// Commit `command` through Raft (this node must lead): for tools and tests that write
     /// the state directly.
     pub async fn commit(&self, command: crate::state::Command) -> Result<crate::state::Applied, RemoteError> {
-        self.driver.commit(command).await
+        self.driver.propose(command).await
     }
 
     /// Stop serving: close every connection and the endpoint, and stop Raft.
@@ -361,7 +365,7 @@ impl CoordinatorHandle {
         for task in self.tasks.drain(..) {
             task.abort();
         }
-        let mut stopping = self.stopping.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut stopping = self.stopping.lock();
         if stopping.is_none() && tokio::runtime::Handle::try_current().is_ok() {
             *stopping = Some(shut_down(&self.driver.raft()));
         }
@@ -370,7 +374,7 @@ impl CoordinatorHandle {
     /// Wait until the endpoint is closed and Raft has stopped (its store is closed).
     pub async fn join(&self) {
         self.endpoint.wait_idle().await;
-        let stopping = self.stopping.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        let stopping = self.stopping.lock().take();
         if let Some(stopping) = stopping {
             let _ = stopping.await;
         }

@@ -1,96 +1,37 @@
 #![doc = include_str!("../README.md")]
 
+/// How a test cluster runs.
+mod cluster_config;
+/// Sample datasets packed into shards.
+mod dataset;
 /// A randomized model of the delivery protocol: real coordinator, trainer protocol and lease
 /// ledger on a simulated clock and network, with faults.
 pub mod model;
 pub mod netns;
 /// The cluster CA and certificates of a test cluster.
 pub mod tls;
+/// Bounded waits.
+mod wait;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Once};
 use std::time::{Duration, Instant};
 
 use stoker_client::LoaderConfig;
 use stoker_coordinator::{Coordinator, CoordinatorConfig, CoordinatorHandle};
-use stoker_format::pack::{PackOptions, pack};
-use stoker_net::bulk::BatchTransport;
 use stoker_net::{ClusterCa, CoordinatorAddrs, QuicCoordinator, Role, TlsConfigs, TlsSource};
 use stoker_obs::Metrics;
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
 use stoker_proto::{ControlRequest, DatasetInfo};
-use stoker_sample_data::{SampleDataSpec, write_image_folder};
 use stoker_worker::{WorkerConfig, WorkerHandle};
 
+pub use crate::cluster_config::ClusterConfig;
+pub use crate::dataset::{pack_images, sample_dataset, sample_dataset_ordered, unique_temp_dir};
 pub use crate::tls::{ClusterTls, issue_configs};
-
-/// How the cluster runs.
-#[derive(Clone, Debug)]
-pub struct ClusterConfig {
-    /// Workers started with the cluster.
-    pub workers: usize,
-    /// Decode threads per worker.
-    pub threads_per_worker: usize,
-    /// Lease TTL (short in fault tests so expiry is quick).
-    pub lease_ttl: Duration,
-    /// Worker heartbeat period.
-    pub heartbeat: Duration,
-    /// Steps per chunk.
-    pub chunk_steps: u32,
-    /// Coordinator data directory [default: a fresh temporary folder].
-    pub data_dir: Option<PathBuf>,
-    /// A lease without progress for this long expires (the coordinator's stall timeout).
-    pub lease_stall: Duration,
-    /// How long a worker's push of one batch may take.
-    pub delivery_timeout: Duration,
-    /// A worker releases a job's pipeline after this long without work.
-    pub job_idle: Duration,
-    /// Coordinators: 1 is a cluster of one (the embedded default); 3 form a Raft cluster on
-    /// 127.0.0.1, each with its own data directory (`node-N` inside the cluster's).
-    pub coordinators: usize,
-    /// Workers time every sample and batch into their metrics (off only to measure the cost).
-    pub time_samples: bool,
-    /// The coordinators' largest batch, in bytes.
-    pub max_batch_bytes: u64,
-    /// Each worker's batch memory per job [default: the worker's].
-    pub max_batch_memory: Option<u64>,
-    /// Run `--insecure` (no certificates) instead of mutual TLS with a fresh cluster CA.
-    pub insecure: bool,
-    /// Changes every coordinator's configuration after the harness set it up (limits, say).
-    pub configure_coordinator: Option<fn(&mut CoordinatorConfig)>,
-    /// Every worker's [`WorkerConfig::before_dataset_open`] (a hung open, for tests).
-    pub before_dataset_open: Option<fn(&Path)>,
-    /// How every worker sends batches (bulk connections where trainers make them, by default).
-    pub batch_transport: BatchTransport,
-}
-
-impl Default for ClusterConfig {
-    fn default() -> Self {
-        Self {
-            workers: 2,
-            threads_per_worker: 1,
-            lease_ttl: Duration::from_millis(1500),
-            heartbeat: Duration::from_millis(250),
-            chunk_steps: 2,
-            data_dir: None,
-            lease_stall: CoordinatorConfig::new(PathBuf::new()).lease_stall,
-            delivery_timeout: WorkerConfig::new(1).delivery_timeout,
-            job_idle: WorkerConfig::new(1).job_idle,
-            coordinators: 1,
-            time_samples: true,
-            max_batch_bytes: stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES,
-            max_batch_memory: None,
-            insecure: false,
-            configure_coordinator: None,
-            before_dataset_open: None,
-            batch_transport: BatchTransport::Tcp,
-        }
-    }
-}
+pub use crate::wait::{poll_until, wait_until};
 
 /// Errors of the harness, as text (it is for tests and the demo).
 pub type TestkitError = String;
@@ -486,8 +427,7 @@ impl TestCluster {
         let expected = self.workers.iter().filter(|worker| worker.is_some()).count();
         wait_until(Duration::from_secs(20), "every worker registered", || {
             let Some(core) = self.coordinator() else { return false };
-            let answer = core.handle(ControlRequest::Status, Instant::now());
-            matches!(answer, Ok(stoker_proto::ControlResponse::Status { status }) if status.workers.iter().filter(|w| w.alive).count() >= expected)
+            core.status(Instant::now()).workers.iter().filter(|worker| worker.alive).count() >= expected
         })
     }
 
@@ -498,72 +438,4 @@ impl TestCluster {
     {
         self.runtime.block_on(future)
     }
-}
-
-/// Poll `condition` every 20 ms until it holds or `timeout` passes.
-pub fn wait_until(timeout: Duration, what: &str, condition: impl FnMut() -> bool) -> Result<(), TestkitError> {
-    poll_until(timeout, Duration::from_millis(20), what, condition)
-}
-
-/// [`wait_until`] checking every `interval`: for states that last only milliseconds (a
-/// worker holding a lease on a small chunk).
-pub fn poll_until(timeout: Duration, interval: Duration, what: &str, mut condition: impl FnMut() -> bool) -> Result<(), TestkitError> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition() {
-            return Ok(());
-        }
-        if Instant::now() >= deadline {
-            return Err(format!("timed out after {timeout:?} waiting for: {what}"));
-        }
-        std::thread::park_timeout(interval);
-    }
-}
-
-/// A fresh folder under the system's temporary directory.
-pub fn unique_temp_dir(prefix: &str) -> Result<PathBuf, TestkitError> {
-    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let serial = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{serial}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
-    Ok(dir)
-}
-
-/// Generate `classes × per_class` small JPEGs with unique keys and pack them into shards of
-/// about `shard_bytes`, shuffled as `stoker pack` does by default; returns the manifest path.
-pub fn sample_dataset(dir: &Path, classes: u32, per_class: u32, shard_bytes: u64) -> Result<PathBuf, TestkitError> {
-    sample_dataset_ordered(dir, classes, per_class, shard_bytes, Some(0))
-}
-
-/// As [`sample_dataset`], with the pack order's seed, or folder order (`None`: class-sorted
-/// shards, as `stoker pack --no-shuffle` writes them).
-pub fn sample_dataset_ordered(
-    dir: &Path,
-    classes: u32,
-    per_class: u32,
-    shard_bytes: u64,
-    shuffle_seed: Option<u64>,
-) -> Result<PathBuf, TestkitError> {
-    let images = dir.join("images");
-    write_image_folder(&images, SampleDataSpec { classes, images_per_class: per_class, seed: 7 }).map_err(|error| error.to_string())?;
-    pack_images(&images, &dir.join("shards"), shard_bytes, shuffle_seed)
-}
-
-/// Pack the ImageFolder `images` into `output` as `stoker pack` does (JPEGs re-encoded with
-/// restart markers), in the order of `shuffle_seed` (`None`: folder order); returns the
-/// manifest path.
-pub fn pack_images(images: &Path, output: &Path, shard_bytes: u64, shuffle_seed: Option<u64>) -> Result<PathBuf, TestkitError> {
-    let options = PackOptions {
-        input: images.to_path_buf(),
-        output: output.to_path_buf(),
-        shard_size: shard_bytes,
-        threads: NonZeroUsize::MIN.saturating_add(1),
-        prefix: "shard".to_owned(),
-        overwrite: true,
-        rewrite_jpeg: Some(stoker_worker::make_seekable_for_pack),
-        shuffle_seed,
-    };
-    pack(&options, &mut |_| {}).map_err(|error| error.to_string())?;
-    Ok(output.join("manifest.json"))
 }

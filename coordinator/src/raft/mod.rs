@@ -9,10 +9,12 @@ use crate::state::{Applied, ClusterState, Command};
 mod log_store;
 mod network;
 mod state_machine;
+mod store_file;
 
-pub use self::log_store::{LogStore, STORE_FILE, StoreFile};
+pub use self::log_store::LogStore;
 pub use self::network::{Network, RaftCodecError, answer_raft_rpc};
 pub use self::state_machine::StateMachine;
+pub use self::store_file::{STORE_FILE, StoreFile};
 
 openraft::declare_raft_types!(
     /// Stoker's Raft types: commands in, what they did out, nodes named by their address.
@@ -42,17 +44,17 @@ pub trait Replica: Send + Sync + 'static {
 
 /// A state alone (for the storage conformance suite and tools).
 #[derive(Debug)]
-pub struct PlainReplica(pub std::sync::Mutex<ClusterState>);
+pub struct PlainReplica(pub parking_lot::Mutex<ClusterState>);
 
 impl Default for PlainReplica {
     fn default() -> Self {
-        Self(std::sync::Mutex::new(ClusterState::new()))
+        Self(parking_lot::Mutex::new(ClusterState::new()))
     }
 }
 
 impl PlainReplica {
-    fn state(&self) -> std::sync::MutexGuard<'_, ClusterState> {
-        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn state(&self) -> parking_lot::MutexGuard<'_, ClusterState> {
+        self.0.lock()
     }
 }
 

@@ -44,7 +44,7 @@ pub enum RaftCodecError {
 pub struct Network {
     endpoint: Endpoint,
     isolated: Arc<AtomicBool>,
-    connections: Arc<std::sync::Mutex<HashMap<String, Connection>>>,
+    connections: Arc<parking_lot::Mutex<HashMap<String, Connection>>>,
 }
 
 impl Network {
@@ -75,7 +75,7 @@ pub struct Peer {
     target: u64,
     addr: String,
     endpoint: Endpoint,
-    connections: Arc<std::sync::Mutex<HashMap<String, Connection>>>,
+    connections: Arc<parking_lot::Mutex<HashMap<String, Connection>>>,
     isolated: Arc<AtomicBool>,
 }
 
@@ -86,8 +86,8 @@ enum SendError {
 }
 
 impl Peer {
-    fn cached(&self) -> std::sync::MutexGuard<'_, HashMap<String, Connection>> {
-        self.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn cached(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Connection>> {
+        self.connections.lock()
     }
 
     fn forget(&self, connection: &Connection) {

@@ -10,13 +10,10 @@ use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{BasicNode, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError, StoredMembership};
 use serde::{Deserialize, Serialize};
 
-use super::log_store::FileError;
-use super::{Replica, StoreFile, TypeConfig};
+use super::store_file::{FileError, SNAPSHOT, StoreFile};
+use super::{Replica, TypeConfig};
 use crate::error::CoordinatorError;
 use crate::state::{Applied, ClusterState};
-
-/// The record holding the current snapshot.
-pub(super) const SNAPSHOT: &str = "snapshot";
 
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {

@@ -3,7 +3,6 @@
 use std::time::{Duration, Instant};
 
 use stoker_plan::Tail;
-use stoker_proto::{ControlRequest, ControlResponse};
 use stoker_testkit::{TestCluster, poll_until, wait_until};
 use tracing::info;
 
@@ -52,11 +51,9 @@ fn assert_every_key_once_per_epoch(seen: &std::collections::BTreeMap<u32, Vec<Se
 
 fn chunks_held_by(cluster: &TestCluster, index: usize) -> u32 {
     let Some(addr) = cluster.worker(index).map(|worker| worker.local_addr()) else { return 0 };
-    match cluster.coordinator().map(|core| core.handle(ControlRequest::Status, Instant::now())) {
-        Some(Ok(ControlResponse::Status { status })) => {
-            status.workers.iter().filter(|worker| worker.info.addr == addr).map(|worker| worker.chunks_in_flight).sum()
-        }
-        _ => 0,
+    match cluster.coordinator().map(|core| core.status(Instant::now())) {
+        Some(status) => status.workers.iter().filter(|worker| worker.info.addr == addr).map(|worker| worker.chunks_in_flight).sum(),
+        None => 0,
     }
 }
 

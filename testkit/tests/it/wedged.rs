@@ -109,8 +109,8 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
     });
     let core = cluster.coordinator().expect("coordinator");
     wait_until(Duration::from_secs(20), "the worker holds a lease of the stuck job", || {
-        let status = core.handle(ControlRequest::Status, std::time::Instant::now());
-        matches!(status, Ok(stoker_proto::ControlResponse::Status { status }) if status.jobs.iter().any(|job| job.spec.dataset == "stuck" && job.chunks_leased > 0))
+        let status = core.status(std::time::Instant::now());
+        status.jobs.iter().any(|job| job.spec.dataset == "stuck" && job.chunks_leased > 0)
     })
     .expect("leased");
     {
@@ -128,10 +128,7 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
     let stuck_job = |status: &stoker_proto::ClusterStatus| {
         status.jobs.iter().find(|job| job.spec.dataset == "stuck").map(|job| (job.id, job.chunks_leased))
     };
-    let status = || match core.handle(ControlRequest::Status, std::time::Instant::now()) {
-        Ok(stoker_proto::ControlResponse::Status { status }) => status,
-        other => panic!("status: {other:?}"),
-    };
+    let status = || core.status(std::time::Instant::now());
     wait_until(Duration::from_secs(10), "the worker reports the job stuck", || {
         let status = status();
         let job_opt = stuck_job(&status).map(|(job, _)| job);

@@ -1,17 +1,28 @@
-//! The coordinator's request handling, in memory: removing jobs (issue 16, item 7).
+//! The coordinator's request handling, in memory (local mode): removing jobs (issue 16,
+//! item 7), limits, totals, fail-over, and the replicated driver's commit and flush pattern.
 
 use std::num::NonZeroU32;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use stoker_coordinator_core::{CountingIds, Event, MAX_BATCH_SIZE, Outcome, RankTotals};
 use stoker_format::{Manifest, ManifestShard};
-use stoker_plan::ids::{Epoch, Pass, Position};
+use stoker_plan::ids::{CertKey, Epoch, JobId, Pass, Position, Rank, SessionId};
 use stoker_plan::transform::{Transform, TransformSpec};
 use stoker_plan::{PlanSpec, Shuffle, Tail};
+use stoker_proto::JobSpec;
 
 use super::*;
 
+/// A local coordinator over `state` with counted ids from `id_base`.
+fn in_memory(config: CoordinatorConfig, state: ClusterState, id_base: u64) -> LocalCoordinator {
+    LocalCoordinator::new(config, state, Box::new(CountingIds::new(id_base)), id_base, Instant::now())
+        .unwrap_or_else(|error| panic!("{error}"))
+}
+
 struct Fixture {
-    core: Coordinator,
+    core: LocalCoordinator,
     _dir: tempfile::TempDir,
 }
 
@@ -31,7 +42,7 @@ fn fixture(job_ttl: Option<Duration>) -> Fixture {
     let (dir, path) = manifest_of_two_shards();
     let mut config = CoordinatorConfig::new(dir.path().join("data"));
     config.job_ttl = job_ttl;
-    let core = Coordinator::in_memory(config, ClusterState::new(), 1).unwrap_or_else(|error| panic!("{error}"));
+    let core = in_memory(config, ClusterState::new(), 1);
     let added =
         core.handle(ControlRequest::AddDataset { name: "train".into(), manifest: path.to_string_lossy().into_owned() }, Instant::now());
     assert!(added.is_ok(), "{added:?}");
@@ -54,7 +65,7 @@ fn spec(name: &str) -> JobSpec {
     }
 }
 
-fn attach(core: &Coordinator, name: &str, rank: u32, now: Instant) -> (JobId, SessionId) {
+fn attach(core: &LocalCoordinator, name: &str, rank: u32, now: Instant) -> (JobId, SessionId) {
     match core.handle(ControlRequest::Attach { spec: spec(name), rank: Rank(rank), client: u64::from(rank) + 1 }, now) {
         Ok(ControlResponse::Attached { job, session, .. }) => (job, session),
         other => panic!("attach: {other:?}"),
@@ -66,7 +77,7 @@ fn first_open(job: JobId, rank: Rank, session: SessionId) -> ControlRequest {
     ControlRequest::OpenEpoch { job, rank, epoch: Epoch(0), start: Position(0), session, pass: Pass(1), consumed: 0, holding: Vec::new() }
 }
 
-fn remove(core: &Coordinator, name: &str, force: bool, now: Instant) -> Result<ControlResponse, RemoteError> {
+fn remove(core: &LocalCoordinator, name: &str, force: bool, now: Instant) -> Result<ControlResponse, RemoteError> {
     core.handle(ControlRequest::RemoveJob { name: name.to_owned(), force }, now)
 }
 
@@ -124,24 +135,32 @@ fn a_job_no_trainer_was_heard_from_for_the_ttl_is_removed() {
     assert!(status.jobs[0].idle_seconds < 1.0, "{:?}", status.jobs[0]);
 }
 
-/// Answer `request` on a replicated core as its driver does, applying each commit (Raft's
-/// part) and counting them in `commits`.
-fn drive(core: &Coordinator, request: ControlRequest, now: Instant, commits: &mut u64) -> Result<ControlResponse, RemoteError> {
-    let mut request = request;
-    for _ in 0..4 {
-        match core.step(request, now) {
-            Outcome::Reply(answer) => return answer,
-            Outcome::Commit { command, then } => {
-                *commits += 1;
-                Replica::apply(core, command);
-                match then {
-                    Then::Again(again) => request = again,
-                    Then::Reply(answer) => return Ok(answer),
-                }
-            }
-        }
+/// A replicated driver's committer without Raft: applies each commit at once (Raft's part)
+/// and counts them.
+struct CountingCommitter<'a> {
+    coordinator: &'a Coordinator,
+    commits: AtomicU64,
+}
+
+impl Committer for CountingCommitter<'_> {
+    async fn commit(&self, command: Command) -> Result<Applied, RemoteError> {
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(Replica::apply(self.coordinator, command))
     }
-    panic!("too many commits")
+
+    async fn blocking<T, F>(&self, work: F) -> Result<T, RemoteError>
+    where
+        F: FnOnce() -> T + Send + 'static,
+        T: Send + 'static,
+    {
+        Ok(work())
+    }
+}
+
+/// Answer `request` on a replicated coordinator as its driver does (the same drive loop),
+/// committing through `committer`.
+fn drive(committer: &CountingCommitter<'_>, request: ControlRequest, now: Instant) -> Result<ControlResponse, RemoteError> {
+    ready(committer.coordinator.serve(committer, request, CertKey::UNCHECKED, now)).unwrap_or_else(|| panic!("it waited"))
 }
 
 /// Issue 17, item 6: progress reports do not become Raft entries one by one. 1,000 ranks
@@ -150,24 +169,24 @@ fn drive(core: &Coordinator, request: ControlRequest, now: Instant, commits: &mu
 #[test]
 fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
     let (dir, path) = manifest_of_two_shards();
-    let core =
-        Coordinator::replicated(CoordinatorConfig::new(dir.path().join("data")), "test".into()).unwrap_or_else(|error| panic!("{error}"));
+    let config = CoordinatorConfig::new(dir.path().join("data")).validate().unwrap_or_else(|error| panic!("{error}"));
     let start = Instant::now();
+    let core = Coordinator::new(&config, "test".into(), ClusterState::new(), Box::new(CountingIds::new(1)), 1, start);
     core.lead(1, start);
-    let mut commits = 0;
+    let committer = CountingCommitter { coordinator: &core, commits: AtomicU64::new(0) };
     let add = ControlRequest::AddDataset { name: "train".into(), manifest: path.to_string_lossy().into_owned() };
-    drive(&core, add, start, &mut commits).unwrap_or_else(|error| panic!("{error}"));
+    drive(&committer, add, start).unwrap_or_else(|error| panic!("{error}"));
     let mut sessions = Vec::new();
     for job_index in 0..500 {
         for rank in 0..2 {
             let attach = ControlRequest::Attach { spec: spec(&format!("job-{job_index}")), rank: Rank(rank), client: u64::from(rank) + 1 };
-            let Ok(ControlResponse::Attached { job, session, .. }) = drive(&core, attach, start, &mut commits) else { panic!("attach") };
+            let Ok(ControlResponse::Attached { job, session, .. }) = drive(&committer, attach, start) else { panic!("attach") };
             let open = first_open(job, Rank(rank), session);
-            drive(&core, open, start, &mut commits).unwrap_or_else(|error| panic!("{error}"));
+            drive(&committer, open, start).unwrap_or_else(|error| panic!("{error}"));
             sessions.push((job, Rank(rank), session));
         }
     }
-    assert_eq!(commits, 1 + 500, "the dataset, and each job created once");
+    assert_eq!(committer.commits.load(Ordering::Relaxed), 1 + 500, "the dataset, and each job created once");
     let mut flushed = Vec::new();
     for second in 1..=10u64 {
         let now = start + Duration::from_secs(second);
@@ -185,15 +204,16 @@ fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
                 pass: Pass(1),
                 missing: Vec::new(),
             };
-            drive(&core, report, now, &mut commits).unwrap_or_else(|error| panic!("{error}"));
+            drive(&committer, report, now).unwrap_or_else(|error| panic!("{error}"));
         }
         // The driver's flush, once per second.
-        if let Some(command) = core.take_checkpoints() {
+        let Outcome::CommitEach(commands) = core.step(Event::Flush, now) else { panic!("a flush commits") };
+        for command in commands {
             flushed.push(command.clone());
             Replica::apply(&core, command);
         }
     }
-    assert_eq!(commits, 1 + 500, "10,000 reports committed nothing by themselves");
+    assert_eq!(committer.commits.load(Ordering::Relaxed), 1 + 500, "10,000 reports committed nothing by themselves");
     // Steps 1..4 move each job's checkpoint; from then on nothing changes and nothing is written.
     assert_eq!(flushed.len(), 4, "one entry per flush while checkpoints move");
     for command in &flushed {
@@ -223,7 +243,7 @@ fn totals_report(job: JobId, session: SessionId, batches: u64, wait_seconds: f64
     }
 }
 
-fn rank0_totals(core: &Coordinator, now: Instant) -> Option<RankTotals> {
+fn rank0_totals(core: &LocalCoordinator, now: Instant) -> Option<RankTotals> {
     core.figures(now)
         .jobs
         .iter()
@@ -267,12 +287,8 @@ fn a_job_whose_batch_is_over_the_limit_is_refused_at_attach_with_the_flag_named(
     let mut huge = spec("typo");
     // 16,384 crops of 32 x 32 x 3 bytes: 48 MiB, over a limit of 16 MiB.
     huge.plan.batch_size = NonZeroU32::new(16_384).unwrap_or(NonZeroU32::MIN);
-    let limited = Coordinator::in_memory(
-        CoordinatorConfig { max_batch_bytes: 16 << 20, ..CoordinatorConfig::new(_dir.path().join("limited")) },
-        core.state(),
-        2,
-    )
-    .unwrap_or_else(|error| panic!("{error}"));
+    let limited =
+        in_memory(CoordinatorConfig { max_batch_bytes: 16 << 20, ..CoordinatorConfig::new(_dir.path().join("limited")) }, core.state(), 2);
     let refused = limited.handle(ControlRequest::Attach { spec: huge.clone(), rank: Rank(0), client: 1 }, Instant::now());
     let error = refused.expect_err("over the limit");
     assert_eq!(error.code, ErrorCode::InvalidArgument);
@@ -281,12 +297,8 @@ fn a_job_whose_batch_is_over_the_limit_is_refused_at_attach_with_the_flag_named(
     // The default limit (1 GiB) takes it; a coordinator with the lower limit (after a restart
     // with it, or a failover) still serves the job that exists.
     assert!(core.handle(ControlRequest::Attach { spec: huge.clone(), rank: Rank(0), client: 1 }, Instant::now()).is_ok());
-    let limited = Coordinator::in_memory(
-        CoordinatorConfig { max_batch_bytes: 16 << 20, ..CoordinatorConfig::new(_dir.path().join("limited")) },
-        core.state(),
-        3,
-    )
-    .unwrap_or_else(|error| panic!("{error}"));
+    let limited =
+        in_memory(CoordinatorConfig { max_batch_bytes: 16 << 20, ..CoordinatorConfig::new(_dir.path().join("limited")) }, core.state(), 3);
     assert!(limited.handle(ControlRequest::Attach { spec: huge.clone(), rank: Rank(1), client: 2 }, Instant::now()).is_ok());
     // More samples than a batch header can name are refused whatever their bytes.
     huge.name = "too-many".into();
@@ -330,19 +342,19 @@ fn after_a_fail_over_only_the_recorded_session_is_adopted_and_only_from_its_cert
 }
 
 /// The soft state a new leader starts from: nothing of the old leader's sessions.
-fn fail_over(core: &Coordinator, now: Instant) {
-    static TERM: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(10);
-    core.lead(TERM.fetch_add(1, std::sync::atomic::Ordering::Relaxed), now);
+fn fail_over(core: &LocalCoordinator, now: Instant) {
+    static TERM: AtomicU64 = AtomicU64::new(10);
+    core.lead(TERM.fetch_add(1, Ordering::Relaxed), now);
 }
 
 /// A coordinator over `fixture`'s state with `limits` applied to a default config.
-fn limited(fixture: &Fixture, limits: impl FnOnce(&mut CoordinatorConfig)) -> Coordinator {
+fn limited(fixture: &Fixture, limits: impl FnOnce(&mut CoordinatorConfig)) -> LocalCoordinator {
     let mut config = CoordinatorConfig::new(fixture._dir.path().join("limited"));
     limits(&mut config);
-    Coordinator::in_memory(config, fixture.core.state(), 5).unwrap_or_else(|error| panic!("{error}"))
+    in_memory(config, fixture.core.state(), 5)
 }
 
-fn attach_spec(core: &Coordinator, spec: JobSpec) -> Result<ControlResponse, RemoteError> {
+fn attach_spec(core: &LocalCoordinator, spec: JobSpec) -> Result<ControlResponse, RemoteError> {
     core.handle(ControlRequest::Attach { spec, rank: Rank(0), client: 1 }, Instant::now())
 }
 
@@ -377,7 +389,7 @@ fn world_size_prefetch_and_the_number_of_jobs_are_limited_with_the_flag_named() 
 fn datasets_are_limited_in_number_and_confined_to_the_dataset_roots() {
     let fixture = fixture(None);
     let manifest = fixture.core.state().datasets.get("train").map(|dataset| dataset.manifest.clone()).unwrap_or_default();
-    let add = |core: &Coordinator, name: &str, path: &str| {
+    let add = |core: &LocalCoordinator, name: &str, path: &str| {
         core.handle(ControlRequest::AddDataset { name: name.into(), manifest: path.into() }, Instant::now())
     };
     let one = limited(&fixture, |config| config.max_datasets = 1);

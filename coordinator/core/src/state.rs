@@ -231,7 +231,7 @@ impl ClusterState {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::num::NonZeroU32;
 
     use stoker_plan::ids::{Epoch, Position};

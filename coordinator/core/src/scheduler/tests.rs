@@ -4,6 +4,16 @@ use stoker_plan::ids::{Epoch, Pass, Position, Step};
 
 use super::*;
 
+/// Lease ids for the tests: counted over the whole test binary, so no two grants share one.
+struct TestIds;
+
+impl IdSource for TestIds {
+    fn next_u64(&mut self) -> u64 {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 fn config() -> SchedulerConfig {
     SchedulerConfig {
         lease_ttl: Duration::from_secs(3),
@@ -67,15 +77,15 @@ fn an_expired_lease_is_granted_again_to_another_worker() {
     open(&mut scheduler, key(), 0, 1, shape(4, 1, 8), start);
     let dead = scheduler.register_worker(addr(), 1, process(), start);
     let alive = scheduler.register_worker(addr(), 1, process(), start);
-    let granted = scheduler.pull(dead, 1, start).expect("registered");
+    let granted = scheduler.pull(dead, 1, start, &mut TestIds).expect("registered");
     assert_eq!(granted.len(), 1);
     let later = start + Duration::from_secs(2);
     scheduler.heartbeat(alive, &[], 0, &[], later).expect("registered");
-    let others = scheduler.pull(alive, 10, later).expect("registered");
+    let others = scheduler.pull(alive, 10, later, &mut TestIds).expect("registered");
     assert_eq!(others.iter().map(|(_, c)| c.first_step).collect::<Vec<_>>(), vec![Step(2)], "the dead worker's lease is still valid");
     let expired_at = start + Duration::from_secs(4);
     scheduler.heartbeat(alive, &lease_progress(&[(others[0].0, 0)]), 0, &[], expired_at).expect("registered");
-    let regranted = scheduler.pull(alive, 10, expired_at).expect("registered");
+    let regranted = scheduler.pull(alive, 10, expired_at, &mut TestIds).expect("registered");
     assert_eq!(regranted.iter().map(|(_, c)| c.first_step).collect::<Vec<_>>(), vec![Step(0)]);
     assert_eq!(scheduler.leases_expired(), 1);
     let revoked = scheduler.heartbeat(dead, &lease_progress(&[(granted[0].0, 0)]), 0, &[], expired_at).expect("still known");
@@ -89,11 +99,11 @@ fn a_deregistered_worker_hands_its_chunks_back_at_once() {
     open(&mut scheduler, key(), 0, 1, shape(2, 1, 8), now);
     let leaving = scheduler.register_worker(addr(), 1, process(), now);
     let staying = scheduler.register_worker(addr(), 1, process(), now);
-    assert_eq!(scheduler.pull(leaving, 5, now).expect("registered").len(), 1);
-    assert!(scheduler.pull(staying, 5, now).expect("registered").is_empty());
+    assert_eq!(scheduler.pull(leaving, 5, now, &mut TestIds).expect("registered").len(), 1);
+    assert!(scheduler.pull(staying, 5, now, &mut TestIds).expect("registered").is_empty());
     scheduler.deregister(leaving);
-    assert_eq!(scheduler.pull(staying, 5, now).expect("registered").len(), 1);
-    assert_eq!(scheduler.pull(leaving, 1, now), Err(Refusal::UnknownWorker(leaving)));
+    assert_eq!(scheduler.pull(staying, 5, now, &mut TestIds).expect("registered").len(), 1);
+    assert_eq!(scheduler.pull(leaving, 1, now, &mut TestIds), Err(Refusal::UnknownWorker(leaving)));
 }
 
 #[test]
@@ -112,7 +122,7 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
     for round in 0..200u32 {
         now += Duration::from_millis(500);
         scheduler.heartbeat(worker, &[], 0, &[], now).expect("registered");
-        let granted = scheduler.pull(worker, 2, now).expect("registered");
+        let granted = scheduler.pull(worker, 2, now, &mut TestIds).expect("registered");
         for (index, (lease, chunk)) in granted.iter().enumerate() {
             let slowest = *consumed.iter().min().unwrap_or(&0);
             assert!(chunk.first_step.0 < slowest + u64::from(prefetch), "window: {chunk:?} with slowest {slowest}");
@@ -147,7 +157,7 @@ fn opening_a_new_epoch_releases_the_rank_from_the_old_one() {
     assert!(!scheduler.has_run(key()), "its only rank left epoch 0");
     assert!(scheduler.has_run(next));
     let worker = scheduler.register_worker(addr(), 1, process(), now);
-    assert!(scheduler.pull(worker, 10, now).expect("registered").iter().all(|(_, c)| c.epoch == Epoch(1)));
+    assert!(scheduler.pull(worker, 10, now, &mut TestIds).expect("registered").iter().all(|(_, c)| c.epoch == Epoch(1)));
 }
 
 #[test]
@@ -162,7 +172,7 @@ fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
     let ranks = |granted: &[(LeaseId, Chunk)]| {
         granted.iter().filter(|(_, chunk)| chunk.epoch == Epoch(0)).map(|(_, chunk)| chunk.rank.0).collect::<Vec<_>>()
     };
-    let first = scheduler.pull(worker, 2, start).expect("registered");
+    let first = scheduler.pull(worker, 2, start, &mut TestIds).expect("registered");
     assert_eq!(ranks(&first), [0, 1]);
     for (lease, _) in first {
         scheduler.chunk_done(worker, lease, start);
@@ -171,13 +181,13 @@ fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
     let later = start + config().trainer_ttl + Duration::from_secs(1);
     scheduler.heartbeat(worker, &[], 0, &[], later).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, later);
-    assert_eq!(ranks(&scheduler.pull(worker, 10, later).expect("registered")), [0, 0, 0], "rank 1's chunks wait");
+    assert_eq!(ranks(&scheduler.pull(worker, 10, later, &mut TestIds).expect("registered")), [0, 0, 0], "rank 1's chunks wait");
     // A restarted trainer attaches as rank 1 and opens the run: it gets the steps the gone
     // trainer had been delivered (steps 0 and 1), then the rest.
     scheduler.attach(JobId(1), Rank(1), SessionId(201), 7, later);
     let opening = Opening { session: SessionId(201), pass: Pass(1), consumed: 0, holding: Vec::new() };
     scheduler.open_run(key(), Rank(1), &opening, shape(8, 2, 8), later).expect("opens");
-    let regranted = scheduler.pull(worker, 10, later).expect("registered");
+    let regranted = scheduler.pull(worker, 10, later, &mut TestIds).expect("registered");
     assert_eq!(ranks(&regranted), [1, 1, 1, 1]);
     assert_eq!(regranted[0].1.first_step, Step(0));
 }
@@ -191,7 +201,7 @@ fn a_lease_without_progress_expires_even_though_its_worker_lists_it() {
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
     let stuck = scheduler.register_worker(addr(), 1, process(), start);
-    let granted = scheduler.pull(stuck, 2, start).expect("registered");
+    let granted = scheduler.pull(stuck, 2, start, &mut TestIds).expect("registered");
     let (progressing, hung) = (granted[0].0, granted[1].0);
     let mut now = start;
     let mut revoked = Vec::new();
@@ -207,7 +217,7 @@ fn a_lease_without_progress_expires_even_though_its_worker_lists_it() {
     assert_eq!(scheduler.leases_expired(), 1);
     let other = scheduler.register_worker(addr(), 1, process(), now);
     report(&mut scheduler, key(), 0, 1, 0, now);
-    let regranted = scheduler.pull(other, 10, now).expect("registered");
+    let regranted = scheduler.pull(other, 10, now, &mut TestIds).expect("registered");
     assert_eq!(regranted.iter().map(|(_, chunk)| chunk.first_step).collect::<Vec<_>>(), vec![Step(2)], "the hung lease's steps");
 }
 
@@ -225,7 +235,7 @@ fn a_run_created_after_a_rank_moved_past_it_is_not_held_by_that_rank() {
     let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut made = Vec::new();
     for consumed in 0..6 {
-        for (lease, chunk) in scheduler.pull(worker, 10, now).expect("registered") {
+        for (lease, chunk) in scheduler.pull(worker, 10, now, &mut TestIds).expect("registered") {
             scheduler.chunk_done(worker, lease, now);
             made.push(chunk);
         }
@@ -245,14 +255,14 @@ fn a_late_report_of_an_earlier_pass_does_not_swallow_the_next_pass_steps() {
     let mut scheduler = Scheduler::new(config(), 1);
     open(&mut scheduler, key(), 0, 1, shape(4, 1, 8), now);
     let worker = scheduler.register_worker(addr(), 1, process(), now);
-    for (lease, _) in scheduler.pull(worker, 10, now).expect("registered") {
+    for (lease, _) in scheduler.pull(worker, 10, now, &mut TestIds).expect("registered") {
         scheduler.chunk_done(worker, lease, now);
     }
     open(&mut scheduler, key(), 0, 2, shape(4, 1, 8), now);
     let late = report(&mut scheduler, key(), 0, 1, 3, now);
     assert_eq!(late.slowest_opt, None, "ignored");
     assert_eq!(scheduler.consumed(key(), Rank(0)), Some(0));
-    let again: u32 = scheduler.pull(worker, 10, now).expect("registered").iter().map(|(_, c)| c.steps).sum();
+    let again: u32 = scheduler.pull(worker, 10, now, &mut TestIds).expect("registered").iter().map(|(_, c)| c.steps).sum();
     assert_eq!(again, 4, "the second pass gets every step");
 }
 
@@ -273,7 +283,7 @@ fn a_run_of_an_epoch_the_other_ranks_are_already_in_from_another_start_is_not_he
     let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut made = Vec::new();
     for consumed in 1..=2 {
-        for (lease, chunk) in scheduler.pull(worker, 10, now).expect("registered") {
+        for (lease, chunk) in scheduler.pull(worker, 10, now, &mut TestIds).expect("registered") {
             scheduler.chunk_done(worker, lease, now);
             made.push(chunk);
         }
@@ -299,7 +309,7 @@ fn a_detached_rank_holds_no_window_for_the_ranks_that_go_on() {
     let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut steps = 0;
     for consumed in 1..=6 {
-        let granted = scheduler.pull(worker, 10, now).expect("registered");
+        let granted = scheduler.pull(worker, 10, now, &mut TestIds).expect("registered");
         steps += granted.iter().filter(|(_, chunk)| chunk.epoch == Epoch(0)).map(|(_, chunk)| chunk.steps).sum::<u32>();
         report(&mut scheduler, key(), 0, 1, consumed, now);
     }
@@ -328,7 +338,7 @@ fn only_attached_ranks_that_may_still_come_hold_a_new_runs_window() {
     for consumed in 1..=4 {
         made.extend(
             scheduler
-                .pull(worker, 10, now)
+                .pull(worker, 10, now, &mut TestIds)
                 .expect("registered")
                 .into_iter()
                 .map(|(_, chunk)| chunk)
@@ -355,7 +365,7 @@ fn a_rank_whose_trainer_went_silent_does_not_hold_back_the_others() {
     for _ in 0..12 {
         now += Duration::from_secs(1);
         scheduler.heartbeat(worker, &[], 0, &[], now).expect("registered");
-        let granted = scheduler.pull(worker, 10, now).expect("registered");
+        let granted = scheduler.pull(worker, 10, now, &mut TestIds).expect("registered");
         made += granted.iter().filter(|(_, chunk)| chunk.rank == Rank(0)).map(|(_, chunk)| u64::from(chunk.steps)).sum::<u64>();
         for (lease, _) in granted {
             scheduler.chunk_done(worker, lease, now);
@@ -378,7 +388,7 @@ fn a_worker_stuck_on_a_job_gets_none_of_its_work_until_it_recovers() {
     open(&mut scheduler, key(), 0, 1, shape(8, 1, 4), start);
     let stuck = scheduler.register_worker(addr(), 1, process(), start);
     let healthy = scheduler.register_worker(addr(), 1, process(), start);
-    let granted = scheduler.pull(stuck, 1, start).expect("registered");
+    let granted = scheduler.pull(stuck, 1, start, &mut TestIds).expect("registered");
     let stuck_lease = granted[0].0;
     let mut now = start;
     let mut revoked = Vec::new();
@@ -389,19 +399,19 @@ fn a_worker_stuck_on_a_job_gets_none_of_its_work_until_it_recovers() {
         report(&mut scheduler, key(), 0, 1, 0, now);
     }
     assert_eq!(revoked, vec![stuck_lease]);
-    assert!(scheduler.pull(stuck, 10, now).expect("registered").is_empty(), "not back to the stuck worker");
-    let regranted = scheduler.pull(healthy, 10, now).expect("registered");
+    assert!(scheduler.pull(stuck, 10, now, &mut TestIds).expect("registered").is_empty(), "not back to the stuck worker");
+    let regranted = scheduler.pull(healthy, 10, now, &mut TestIds).expect("registered");
     assert_eq!(regranted.first().map(|(_, chunk)| chunk.first_step), Some(Step(0)), "to the healthy one");
     let job = key().job;
     let later = now + config().lease_ttl + Duration::from_millis(1);
     scheduler.heartbeat(stuck, &[], 0, &[job], later).expect("registered");
     scheduler.heartbeat(healthy, &[], 0, &[], later).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, later);
-    assert!(scheduler.pull(stuck, 10, later).expect("registered").is_empty(), "still stuck, by its own report");
+    assert!(scheduler.pull(stuck, 10, later, &mut TestIds).expect("registered").is_empty(), "still stuck, by its own report");
     let recovered = later + Duration::from_millis(500);
     scheduler.heartbeat(stuck, &[], 0, &[], recovered).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, recovered);
-    assert!(!scheduler.pull(stuck, 10, recovered).expect("registered").is_empty(), "no longer stuck: it gets work again");
+    assert!(!scheduler.pull(stuck, 10, recovered, &mut TestIds).expect("registered").is_empty(), "no longer stuck: it gets work again");
 }
 
 /// A worker that reports a job stuck before any of its leases stalled gets none of the job's
@@ -415,7 +425,7 @@ fn a_job_reported_stuck_is_not_granted_to_that_worker() {
     open(&mut scheduler, other, 0, 1, shape(8, 1, 4), start);
     let worker = scheduler.register_worker(addr(), 1, process(), start);
     scheduler.heartbeat(worker, &[], 0, &[key().job], start).expect("registered");
-    let granted = scheduler.pull(worker, 10, start).expect("registered");
+    let granted = scheduler.pull(worker, 10, start, &mut TestIds).expect("registered");
     assert!(!granted.is_empty());
     assert!(granted.iter().all(|(_, chunk)| chunk.job == other.job), "only the other job's work: {granted:?}");
 }
@@ -454,17 +464,17 @@ fn a_worker_process_registering_again_replaces_its_earlier_registration_and_no_o
     open(&mut scheduler, key(), 0, 1, shape(2, 1, 8), now);
     let (at, first) = (addr(), process());
     let earlier = scheduler.register_worker(at, 1, first, now);
-    assert_eq!(scheduler.pull(earlier, 5, now).expect("registered").len(), 1);
+    assert_eq!(scheduler.pull(earlier, 5, now, &mut TestIds).expect("registered").len(), 1);
     let again = scheduler.register_worker(at, 1, WorkerProcess { attempt: 2, ..first }, now);
-    assert_eq!(scheduler.pull(earlier, 5, now), Err(Refusal::UnknownWorker(earlier)), "the old id is gone");
-    assert_eq!(scheduler.pull(again, 5, now).expect("registered").len(), 1, "its chunk went back at once");
+    assert_eq!(scheduler.pull(earlier, 5, now, &mut TestIds), Err(Refusal::UnknownWorker(earlier)), "the old id is gone");
+    assert_eq!(scheduler.pull(again, 5, now, &mut TestIds).expect("registered").len(), 1, "its chunk went back at once");
     // A late copy of the first registration does not evict the newer one.
     let stale = scheduler.register_worker(at, 1, first, now);
-    assert!(scheduler.pull(again, 5, now).is_ok(), "the newer registration stands");
-    assert!(scheduler.pull(stale, 5, now).is_ok());
+    assert!(scheduler.pull(again, 5, now, &mut TestIds).is_ok(), "the newer registration stands");
+    assert!(scheduler.pull(stale, 5, now, &mut TestIds).is_ok());
     // Another process at the same address (a misconfiguration) is logged, and evicts nobody.
     let other = scheduler.register_worker(at, 1, process(), now);
-    assert!(scheduler.pull(again, 5, now).is_ok() && scheduler.pull(other, 5, now).is_ok());
+    assert!(scheduler.pull(again, 5, now, &mut TestIds).is_ok() && scheduler.pull(other, 5, now, &mut TestIds).is_ok());
 }
 
 /// Issue 16, item 5: every epoch started cold (nothing of it was made until a rank opened it).
@@ -482,7 +492,7 @@ fn the_next_epoch_is_made_while_the_last_steps_of_this_one_are_consumed() {
     let worker = scheduler.register_worker(addr(), 1, process(), now);
     let mut made: BTreeMap<(u64, u32, u64), u32> = BTreeMap::new();
     fn pull(scheduler: &mut Scheduler, worker: WorkerId, now: Instant, made: &mut BTreeMap<(u64, u32, u64), u32>) {
-        for (lease, chunk) in scheduler.pull(worker, 10, now).expect("registered") {
+        for (lease, chunk) in scheduler.pull(worker, 10, now, &mut TestIds).expect("registered") {
             scheduler.chunk_done(worker, lease, now);
             for step in chunk.first_step.0..chunk.first_step.0 + u64::from(chunk.steps) {
                 *made.entry((chunk.epoch.0, chunk.rank.0, step)).or_default() += 1;
@@ -537,14 +547,14 @@ fn an_epoch_iterated_again_gets_no_next_epoch_early_and_early_runs_come_last() {
     let next = RunKey { epoch: Epoch(1), ..key() };
     open(&mut scheduler, key(), 0, 1, shape(4, 1, 2), now);
     let worker = scheduler.register_worker(addr(), 1, process(), now);
-    assert_eq!(scheduler.pull(worker, 1, now).expect("registered").len(), 1, "steps 0 and 1");
+    assert_eq!(scheduler.pull(worker, 1, now, &mut TestIds).expect("registered").len(), 1, "steps 0 and 1");
     report(&mut scheduler, key(), 0, 1, 2, now);
     assert!(scheduler.has_run(next), "made early in the first pass");
-    assert_eq!(scheduler.pull(worker, 1, now).expect("registered")[0].1.epoch, Epoch(0), "steps 2 and 3 first");
+    assert_eq!(scheduler.pull(worker, 1, now, &mut TestIds).expect("registered")[0].1.epoch, Epoch(0), "steps 2 and 3 first");
     // Another job's run, opened after, is granted before the early one of job 1.
     let other = RunKey { job: JobId(2), ..key() };
     open(&mut scheduler, other, 0, 1, shape(4, 1, 2), now);
-    let granted = scheduler.pull(worker, 1, now).expect("registered");
+    let granted = scheduler.pull(worker, 1, now, &mut TestIds).expect("registered");
     assert_eq!(granted.iter().map(|(_, chunk)| (chunk.job, chunk.epoch)).collect::<Vec<_>>(), [(JobId(2), Epoch(0))]);
     // The same rank iterates epoch 0 again instead of going on.
     open(&mut scheduler, key(), 0, 2, shape(4, 1, 2), now);

@@ -1,0 +1,243 @@
+//! [`Core`]: the coordinator's state and decisions, stepped by events (STYLE G4). It validates
+//! a request, asks the [`Scheduler`] for decisions and answers, or asks its driver to commit a
+//! [`Command`] first; committed commands come back through [`Core::apply`] on every replica.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use stoker_plan::ids::{JobId, Rank, SessionId};
+use stoker_plan::{Checkpoint, EpochPlan};
+use stoker_proto::RankStatus;
+
+use crate::authz::Owners;
+use crate::config::CoreConfig;
+use crate::event::{Event, Outcome};
+use crate::figures::RankTotals;
+use crate::ids::IdSource;
+use crate::scheduler::{RunKey, Scheduler};
+use crate::state::{Applied, ClusterState, Command};
+
+/// Random low bits of trainer session ids. The high bits count up from the wall clock in
+/// milliseconds (41 bits until 2039, 42 after), so sessions still order by age (a worker
+/// serves the newest; a coordinator adopts a newer one after a restart), while a peer cannot
+/// name another trainer's session by counting.
+pub(crate) const SESSION_RANDOM_BITS: u32 = 21;
+
+/// A coordinator's state and logic, without IO, clocks, randomness or locks.
+pub struct Core {
+    pub(crate) config: CoreConfig,
+    /// The address status reports.
+    pub(crate) advertised: String,
+    pub(crate) state: ClusterState,
+    pub(crate) scheduler: Scheduler,
+    pub(crate) plans: BTreeMap<RunKey, Arc<EpochPlan>>,
+    pub(crate) ranks: BTreeMap<(JobId, Rank), RankStatus>,
+    /// What each rank's trainer reported it consumed in total (for metrics).
+    pub(crate) totals: BTreeMap<(JobId, Rank), RankTotals>,
+    /// The high bits of the next session id.
+    pub(crate) next_session: u64,
+    /// Which certificate owns each rank's newest session.
+    pub(crate) owners: Owners,
+    /// Checkpoints not yet committed: one `RecordCheckpoints` entry carries all of them at the
+    /// next flush.
+    pub(crate) pending: BTreeMap<JobId, Checkpoint>,
+    /// The Raft term this node leads with the soft state it holds.
+    pub(crate) led_term: Option<u64>,
+    /// When this coordinator started leading: a job no trainer was heard from since is idle
+    /// since then.
+    pub(crate) started: Instant,
+    /// Lease ids and the low bits of session ids.
+    pub(crate) ids: Box<dyn IdSource>,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.debug_struct("Core").field("advertised", &self.advertised).field("led_term", &self.led_term).finish_non_exhaustive()
+    }
+}
+
+impl Core {
+    /// A core over `state`, reporting `advertised` as its address, with ids from `ids`, counted
+    /// ids (workers, sessions) from `id_base` on (pass the wall clock in milliseconds, or
+    /// anything above the ids of an earlier run), started at `now`. It schedules at once; a
+    /// replicated coordinator steps [`Event::Lead`] before each request.
+    pub fn new(config: CoreConfig, advertised: String, state: ClusterState, ids: Box<dyn IdSource>, id_base: u64, now: Instant) -> Self {
+        Self {
+            scheduler: Scheduler::new(config.scheduler, id_base),
+            config,
+            advertised,
+            state,
+            plans: BTreeMap::new(),
+            ranks: BTreeMap::new(),
+            totals: BTreeMap::new(),
+            next_session: id_base,
+            owners: Owners::default(),
+            pending: BTreeMap::new(),
+            led_term: None,
+            started: now,
+            ids,
+        }
+    }
+
+    /// Decide on `event` at `now`: the one entry of the core.
+    pub fn step(&mut self, event: Event, now: Instant) -> Outcome {
+        match event {
+            Event::Request { request, caller } => self.request(request, caller, now),
+            Event::ManifestRead { name, read } => self.manifest_read(name, read),
+            Event::Tick { flush } => Outcome::CommitEach(self.tick(now, flush)),
+            Event::Flush => Outcome::CommitEach(self.flush().into_iter().collect()),
+            Event::CommitFailed { command } => {
+                self.commit_failed(command);
+                Outcome::Done
+            }
+            Event::Lead { term, wall_millis } => {
+                self.lead(term, wall_millis, now);
+                Outcome::Done
+            }
+            Event::Follow { wall_millis } => {
+                self.follow(wall_millis);
+                Outcome::Done
+            }
+        }
+    }
+
+    /// Apply a committed command (on every replica), and forget the soft state of a job it
+    /// removes or fails.
+    pub fn apply(&mut self, command: Command) -> Applied {
+        let removed = match &command {
+            Command::RemoveJob { job } => Some(*job),
+            _ => None,
+        };
+        let failed = matches!(command, Command::FailJob { .. });
+        let applied = self.state.apply(command);
+        if let Some(job) = removed {
+            self.scheduler.forget_job(job);
+            self.ranks.retain(|(ranked_job, _), _| *ranked_job != job);
+            self.totals.retain(|(ranked_job, _), _| *ranked_job != job);
+            self.pending.remove(&job);
+        }
+        if removed.is_some() || failed {
+            self.forget_plans_of_finished_runs();
+        }
+        applied
+    }
+
+    /// The durable state (for snapshots, status and tests).
+    pub fn state(&self) -> &ClusterState {
+        &self.state
+    }
+
+    /// Replace the durable state with a snapshot's.
+    pub fn restore(&mut self, state: ClusterState) {
+        self.state = state;
+    }
+
+    /// Leases expired so far (for metrics and tests).
+    pub fn leases_expired(&self) -> u64 {
+        self.scheduler.leases_expired()
+    }
+
+    /// Chunks workers reported failed so far (for metrics and tests).
+    pub fn chunks_failed(&self) -> u64 {
+        self.scheduler.chunks_failed()
+    }
+
+    /// This node leads in `term`: if it did not lead in that term until now, its soft state
+    /// (runs, leases, windows, workers, sessions) starts empty, as after a restart; workers
+    /// and trainers rebuild it by registering and opening again (DESIGN §6).
+    fn lead(&mut self, term: u64, wall_millis: u64, now: Instant) {
+        if self.led_term == Some(term) {
+            return;
+        }
+        let id_base = wall_millis.saturating_mul(1000).max(self.next_session + 1);
+        self.drop_soft_state(id_base);
+        // Above every session recorded by earlier leaders too: their clocks may run ahead of
+        // this node's, and a new session must supersede every older one.
+        let recorded =
+            self.state.sessions.values().flat_map(BTreeMap::values).map(|(session, _)| (session.0 >> SESSION_RANDOM_BITS) + 1).max();
+        self.next_session = wall_millis.max(self.next_session).max(recorded.unwrap_or(0));
+        self.started = now;
+        self.led_term = Some(term);
+        tracing::info!(term, "leading: scheduling starts afresh; workers and trainers reconnect");
+    }
+
+    /// This node no longer leads: drop the soft state so that nothing stale is served if it
+    /// leads again.
+    fn follow(&mut self, wall_millis: u64) {
+        if self.led_term.take().is_some() {
+            self.drop_soft_state(wall_millis.saturating_mul(1000));
+            tracing::info!("no longer leading: soft state dropped");
+        }
+    }
+
+    fn drop_soft_state(&mut self, id_base: u64) {
+        self.scheduler = Scheduler::new(self.config.scheduler, id_base);
+        self.owners.clear();
+        self.plans.clear();
+        self.ranks.clear();
+        self.totals.clear();
+        self.pending.clear();
+    }
+
+    /// Expire leases and forget dead workers (also done on every request). Returns the
+    /// removal of every job no trainer was heard from for the job TTL and, if `flush`, the
+    /// checkpoints recorded since the last flush as one command: to commit.
+    fn tick(&mut self, now: Instant, flush: bool) -> Vec<Command> {
+        self.scheduler.expire(now);
+        let mut commands = Vec::new();
+        if let Some(ttl) = self.config.job_ttl {
+            let idle = self
+                .state
+                .jobs
+                .keys()
+                .copied()
+                .filter(|job| now.saturating_duration_since(self.scheduler.last_heard(*job).unwrap_or(self.started)) >= ttl)
+                .map(|job| Command::RemoveJob { job });
+            for command in idle {
+                tracing::info!(?command, ttl_seconds = ttl.as_secs(), "job removed: no trainer for the job TTL (--job-ttl-hours)");
+                commands.push(command);
+            }
+        }
+        if flush {
+            commands.extend(self.flush());
+        }
+        commands
+    }
+
+    /// The checkpoints recorded since the last flush, as one command.
+    fn flush(&mut self) -> Option<Command> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        let checkpoints = std::mem::take(&mut self.pending).into_iter().collect();
+        Some(Command::RecordCheckpoints { checkpoints })
+    }
+
+    /// Put back checkpoints whose commit failed, unless newer ones were recorded meanwhile.
+    fn commit_failed(&mut self, command: Command) {
+        let Command::RecordCheckpoints { checkpoints } = command else { return };
+        for (job, checkpoint) in checkpoints {
+            if self.state.jobs.contains_key(&job) {
+                self.pending.entry(job).or_insert(checkpoint);
+            }
+        }
+    }
+
+    /// A new session id: counted, with random low bits.
+    pub(crate) fn new_session(&mut self) -> SessionId {
+        let count = self.next_session;
+        self.next_session += 1;
+        SessionId(count << SESSION_RANDOM_BITS | self.ids.next_u64() >> (64 - SESSION_RANDOM_BITS))
+    }
+
+    /// Drop the plans of runs that are gone (finished, left by every rank, or failed).
+    pub(crate) fn forget_plans_of_finished_runs(&mut self) {
+        let scheduler = &self.scheduler;
+        self.plans.retain(|key, _| scheduler.has_run(*key));
+    }
+}
+
+#[cfg(test)]
+#[path = "core_tests.rs"]
+mod tests;

@@ -1,0 +1,32 @@
+//! The refusals the core answers with, as wire errors.
+
+use stoker_proto::{ErrorCode, RemoteError};
+
+use crate::scheduler::{Refusal, SeatRefusal};
+
+/// A request that cannot be served as asked.
+pub(crate) fn invalid(message: impl Into<String>) -> RemoteError {
+    RemoteError::new(ErrorCode::InvalidArgument, message)
+}
+
+/// A request about something the coordinator does not know.
+pub(crate) fn not_found(message: impl Into<String>) -> RemoteError {
+    RemoteError::new(ErrorCode::NotFound, message)
+}
+
+/// What the scheduler refused, as the caller is told.
+pub(crate) fn refused(refusal: Refusal) -> RemoteError {
+    match refusal {
+        Refusal::NotYours { worker, owner, caller } => crate::authz::not_yours(worker, owner, caller),
+        Refusal::UnknownWorker(worker) => {
+            not_found(format!("{worker} is not registered (the coordinator restarted or declared it dead): register again"))
+        }
+        Refusal::Seat(SeatRefusal::Superseded { job, rank, session }) => RemoteError::new(
+            ErrorCode::Superseded,
+            format!("another trainer attached as {rank} of {job} since this one ({session}); only the newest is served"),
+        ),
+        Refusal::Seat(SeatRefusal::Stale { pass, current }) => {
+            RemoteError::new(ErrorCode::Stale, format!("{pass} is older than {current}, which this trainer opened since: ignored"))
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! A worker's requests: registration, heartbeats, pulling chunks, reporting them fatal.
+
+use std::net::SocketAddr;
+use std::time::Instant;
+
+use stoker_plan::ids::{CertKey, JobId, LeaseId, SessionId, WorkerId};
+use stoker_proto::{ChunkGrant, ControlResponse, LeaseProgress, RemoteError};
+
+use crate::core::Core;
+use crate::errors::refused;
+use crate::event::{Outcome, Then};
+use crate::scheduler::WorkerProcess;
+use crate::state::Command;
+use crate::validate::check_list_len;
+
+impl Core {
+    pub(super) fn register_worker(
+        &mut self,
+        addr: SocketAddr,
+        threads: u32,
+        instance: u64,
+        attempt: u64,
+        caller: CertKey,
+        now: Instant,
+    ) -> ControlResponse {
+        let process = WorkerProcess { instance, attempt };
+        let worker = self.scheduler.register_worker_as(addr, threads, process, caller, now);
+        let timing = self.config.scheduler;
+        ControlResponse::WorkerRegistered {
+            worker,
+            heartbeat_millis: self.config.heartbeat.as_millis() as u64,
+            lease_ttl_millis: timing.lease_ttl.as_millis() as u64,
+            lease_stall_millis: timing.lease_stall.as_millis() as u64,
+        }
+    }
+
+    pub(super) fn heartbeat(
+        &mut self,
+        worker: WorkerId,
+        leases: &[LeaseProgress],
+        images: u64,
+        stuck_jobs: &[JobId],
+        now: Instant,
+    ) -> Result<ControlResponse, RemoteError> {
+        check_list_len("leases", leases.len())?;
+        check_list_len("stuck_jobs", stuck_jobs.len())?;
+        let revoked = self.scheduler.heartbeat(worker, leases, images, stuck_jobs, now).map_err(refused)?;
+        Ok(ControlResponse::HeartbeatAck { revoked, live_jobs: self.scheduler.live_jobs(now) })
+    }
+
+    pub(super) fn pull(&mut self, worker: WorkerId, max: u32, now: Instant) -> Result<ControlResponse, RemoteError> {
+        let granted = self.scheduler.pull(worker, max, now, &mut *self.ids).map_err(refused)?;
+        let grants = granted
+            .into_iter()
+            .filter_map(|(lease, chunk)| {
+                let spec = self.state.jobs.get(&chunk.job)?.clone();
+                let dataset = self.state.job_dataset(chunk.job)?;
+                let session = self.scheduler.session_of(chunk.job, chunk.rank).unwrap_or(SessionId(0));
+                let trainer = self.owner_of(chunk.job, chunk.rank, session);
+                Some(ChunkGrant {
+                    lease,
+                    chunk,
+                    spec,
+                    manifest: dataset.manifest.clone(),
+                    dataset_version: dataset.version,
+                    session,
+                    trainer,
+                })
+            })
+            .collect();
+        Ok(ControlResponse::Chunks { grants })
+    }
+
+    /// A chunk can never be made: its job fails (committed), and the worker is acknowledged.
+    pub(super) fn chunk_fatal(&mut self, worker: WorkerId, lease: LeaseId, reason: String) -> Outcome {
+        let Some(job) = self.scheduler.chunk_fatal(worker, lease) else { return Outcome::reply(Ok(ControlResponse::Ack)) };
+        tracing::error!(%job, %worker, %lease, %reason, "job failed: a chunk cannot be made");
+        Outcome::Commit { command: Command::FailJob { job, reason }, then: Then::Reply(ControlResponse::Ack) }
+    }
+}

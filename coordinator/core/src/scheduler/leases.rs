@@ -1,0 +1,165 @@
+//! The lease table: which worker holds which chunk, until when, with what progress; and which
+//! workers are stuck on which job (they get none of its work for a while).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use stoker_plan::ids::{JobId, LeaseId, WorkerId};
+use stoker_proto::{Chunk, LeaseProgress};
+use tracing::warn;
+
+/// A chunk granted to a worker.
+#[derive(Debug)]
+pub(super) struct Lease {
+    pub(super) chunk: Chunk,
+    pub(super) worker: WorkerId,
+    expires: Instant,
+    /// Batches the worker has finished, as of its last heartbeat.
+    finished: u32,
+    /// When `finished` last grew (or the lease was granted).
+    pub(super) progressed: Instant,
+    /// When it was granted.
+    pub(super) granted: Instant,
+}
+
+/// What a heartbeat's lease list changed.
+#[derive(Debug, Default)]
+pub(super) struct Renewal {
+    /// Leases the worker lists that are not its own (any more).
+    pub(super) revoked: Vec<LeaseId>,
+    /// Leases the worker lists but made no progress on for the stall timeout: taken back.
+    pub(super) stalled: Vec<(LeaseId, Lease)>,
+}
+
+/// Leases by id, and stuck (worker, job) pairs.
+#[derive(Debug, Default)]
+pub(super) struct Leases {
+    held: BTreeMap<LeaseId, Lease>,
+    /// Workers stuck on a job (a hung open or decode), and until when they get none of its
+    /// work: each heartbeat sets the jobs its worker reports stuck, for a lease TTL (a stall
+    /// taken back here counts too, until the next heartbeat). A worker stuck on a job would
+    /// otherwise take the very steps it stalled on straight back.
+    stalled: BTreeMap<(WorkerId, JobId), Instant>,
+}
+
+impl Leases {
+    /// Whether `lease` is held (by anyone).
+    pub(super) fn contains(&self, lease: LeaseId) -> bool {
+        self.held.contains_key(&lease)
+    }
+
+    /// Grant `chunk` to `worker` under `lease` at `now`, expiring after `ttl`.
+    pub(super) fn grant(&mut self, lease: LeaseId, chunk: Chunk, worker: WorkerId, now: Instant, ttl: Duration) {
+        self.held.insert(lease, Lease { chunk, worker, expires: now + ttl, finished: 0, progressed: now, granted: now });
+    }
+
+    /// Take `lease` back if `worker` holds it.
+    pub(super) fn take(&mut self, worker: WorkerId, lease: LeaseId) -> Option<Lease> {
+        if self.held.get(&lease).is_none_or(|held| held.worker != worker) {
+            return None;
+        }
+        self.held.remove(&lease)
+    }
+
+    /// `worker` reports `stuck_jobs` stuck at `now`: it gets none of their work until `until`
+    /// (and forgets the jobs it no longer reports).
+    pub(super) fn set_stuck(&mut self, worker: WorkerId, stuck_jobs: &[JobId], until: Instant) {
+        self.stalled.retain(|(stuck, job), _| *stuck != worker || stuck_jobs.contains(job));
+        for job in stuck_jobs {
+            if self.stalled.insert((worker, *job), until).is_none() {
+                warn!(%worker, %job, "the worker's pipeline for the job is stuck: it gets none of the job's work until it recovers");
+            }
+        }
+    }
+
+    /// Whether `worker` is stuck on `job` at `now`.
+    pub(super) fn is_stuck(&self, worker: WorkerId, job: JobId, now: Instant) -> bool {
+        self.stalled.get(&(worker, job)).is_some_and(|until| *until > now)
+    }
+
+    /// Renew the leases `worker` lists (for `ttl` from `now`) that it holds and made progress
+    /// on within `stall`; take back those it stalled on (the worker is stuck on their job
+    /// until `stuck_until`).
+    pub(super) fn renew(
+        &mut self,
+        worker: WorkerId,
+        progress: &[LeaseProgress],
+        now: Instant,
+        ttl: Duration,
+        stall: Duration,
+        stuck_until: Instant,
+    ) -> Renewal {
+        let mut renewal = Renewal::default();
+        let mut stalled = Vec::new();
+        for listed in progress {
+            match self.held.get_mut(&listed.lease) {
+                Some(held) if held.worker == worker => {
+                    if listed.finished > held.finished {
+                        held.finished = listed.finished;
+                        held.progressed = now;
+                    }
+                    if now.saturating_duration_since(held.progressed) < stall {
+                        held.expires = now + ttl;
+                    } else {
+                        stalled.push(listed.lease);
+                    }
+                }
+                _ => renewal.revoked.push(listed.lease),
+            }
+        }
+        for lease in stalled {
+            if let Some(held) = self.held.remove(&lease) {
+                self.stalled.insert((worker, held.chunk.job), stuck_until);
+                renewal.stalled.push((lease, held));
+            }
+        }
+        renewal
+    }
+
+    /// Take back every lease not renewed by `now`.
+    pub(super) fn take_expired(&mut self, now: Instant) -> Vec<(LeaseId, Lease)> {
+        let expired: Vec<LeaseId> = self.held.iter().filter(|(_, held)| held.expires <= now).map(|(id, _)| *id).collect();
+        expired.into_iter().filter_map(|lease| self.held.remove(&lease).map(|held| (lease, held))).collect()
+    }
+
+    /// Take back every lease of `worker`.
+    pub(super) fn take_all_of(&mut self, worker: WorkerId) -> Vec<(LeaseId, Lease)> {
+        let handed_back: Vec<LeaseId> = self.held.iter().filter(|(_, held)| held.worker == worker).map(|(id, _)| *id).collect();
+        handed_back.into_iter().filter_map(|lease| self.held.remove(&lease).map(|held| (lease, held))).collect()
+    }
+
+    /// Forget stuck marks that ran out by `now`.
+    pub(super) fn forget_stalls(&mut self, now: Instant) {
+        self.stalled.retain(|_, until| *until > now);
+    }
+
+    /// Forget every lease and stuck mark of `job`.
+    pub(super) fn forget_job(&mut self, job: JobId) {
+        self.held.retain(|_, held| held.chunk.job != job);
+        self.stalled.retain(|(_, stalled_job), _| *stalled_job != job);
+    }
+
+    /// Leases of `job`.
+    pub(super) fn count_of_job(&self, job: JobId) -> u32 {
+        self.held.values().filter(|held| held.chunk.job == job).count() as u32
+    }
+
+    /// Every lease.
+    pub(super) fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Leases `worker` holds.
+    pub(super) fn in_flight(&self, worker: WorkerId) -> u32 {
+        self.held.values().filter(|held| held.worker == worker).count() as u32
+    }
+
+    /// The jobs `worker` is stuck on at `now`.
+    pub(super) fn stuck_jobs(&self, worker: WorkerId, now: Instant) -> Vec<JobId> {
+        self.stalled
+            .range((worker, JobId(0))..=(worker, JobId(u64::MAX)))
+            .filter(|(_, until)| **until > now)
+            .map(|((_, job), _)| *job)
+            .collect()
+    }
+}

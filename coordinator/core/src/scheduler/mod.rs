@@ -1,0 +1,441 @@
+//! Leader-only soft state (DESIGN §5), pure: every method takes `now`, and the core calls it
+//! with no IO. [`Scheduler`] is the facade the core uses; each concern has its own type:
+//!
+//! * [`run`]: one epoch run's steps (queued, leased, delivered, consumed) and its window.
+//! * `runs`: every open run, cross-epoch prefetch, deliveries per job.
+//! * [`seats`]: which trainer session holds each rank, its pass, its run, when last heard.
+//! * `leases`: which worker holds which chunk until when, and which workers are stuck.
+//! * `workers`: the worker registry (ids, certificates, liveness, speed).
+
+mod leases;
+mod run;
+mod runs;
+mod seats;
+mod workers;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use stoker_plan::ids::{CertKey, JobId, LeaseId, Rank, SessionId, WorkerId};
+use stoker_proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
+use tracing::{info, warn};
+
+use self::leases::Leases;
+pub use self::run::{Counted, Run, RunKey};
+use self::runs::Runs;
+use self::seats::Seats;
+pub use self::seats::{Opening, Reporting, SeatRefusal, Standing};
+use self::workers::WorkerRegistry;
+use crate::ids::IdSource;
+
+/// Timing of leases, workers and trainers.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerConfig {
+    /// A lease not renewed by a heartbeat for this long expires and its chunk is granted again;
+    /// a worker silent this long is dead.
+    pub lease_ttl: Duration,
+    /// A lease none of whose batches was finished for this long is not renewed any more, even
+    /// though its worker lists it: the worker is stuck on it (a hung dataset open or decode, a
+    /// delivery that never completes).
+    pub lease_stall: Duration,
+    /// Steps per chunk.
+    pub chunk_steps: u32,
+    /// A failed chunk waits this long before it is granted again.
+    pub retry_delay: Duration,
+    /// A rank whose trainer has not been heard from (attach, open, progress) for this long
+    /// is absent: its chunks wait instead of keeping workers busy pushing to nobody.
+    pub trainer_ttl: Duration,
+    /// A step a trainer reports missing is made again if it was delivered at least this long
+    /// ago (a younger delivery may still be being read from the trainer's QUIC stack).
+    pub missing_grace: Duration,
+}
+
+/// Which worker process registers, and its how-many-th registration (see
+/// `ControlRequest::RegisterWorker`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerProcess {
+    /// Random per process.
+    pub instance: u64,
+    /// Counts the process's registrations.
+    pub attempt: u64,
+}
+
+/// Everything the scheduler refuses.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The worker is not registered (or was declared dead): register again.
+    UnknownWorker(WorkerId),
+    /// A trainer's request the rank's seat refuses.
+    Seat(SeatRefusal),
+    /// The worker registered with another certificate than the request's.
+    NotYours {
+        /// The worker.
+        worker: WorkerId,
+        /// Its certificate.
+        owner: CertKey,
+        /// The request's.
+        caller: CertKey,
+    },
+}
+
+/// Counters for status and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobCounts {
+    /// Steps waiting.
+    pub queued: u32,
+    /// Chunks leased.
+    pub leased: u32,
+}
+
+/// Chunks and steps of a job delivered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Done {
+    /// Chunks.
+    pub chunks: u64,
+    /// Steps (batches).
+    pub steps: u64,
+}
+
+/// What an accepted progress report changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Recorded {
+    /// Whether the run is known. After a coordinator restart it is not, and a rank still
+    /// inside it opens it again.
+    pub run_known: bool,
+    /// The steps every rank has consumed, if the report was for the rank's current pass of a
+    /// known run and every rank's position in it is known (what a checkpoint records).
+    pub slowest_opt: Option<u64>,
+}
+
+/// Runs, seats, leases and workers, and the counters of what went wrong.
+#[derive(Debug)]
+pub struct Scheduler {
+    config: SchedulerConfig,
+    runs: Runs,
+    seats: Seats,
+    leases: Leases,
+    workers: WorkerRegistry,
+    leases_expired: u64,
+    chunks_failed: u64,
+    sessions_superseded: u64,
+}
+
+impl Scheduler {
+    /// An empty scheduler. Worker ids start at `id_base` so that ids from before a coordinator
+    /// restart are not reused (pass something like the start time in milliseconds).
+    pub fn new(config: SchedulerConfig, id_base: u64) -> Self {
+        Self {
+            config,
+            runs: Runs::new(config),
+            seats: Seats::default(),
+            leases: Leases::default(),
+            workers: WorkerRegistry::new(id_base),
+            leases_expired: 0,
+            chunks_failed: 0,
+            sessions_superseded: 0,
+        }
+    }
+
+    /// Leases that expired so far.
+    pub fn leases_expired(&self) -> u64 {
+        self.leases_expired
+    }
+
+    /// Chunks a worker reported failed (not delivered, or refused) so far.
+    pub fn chunks_failed(&self) -> u64 {
+        self.chunks_failed
+    }
+
+    /// Trainer sessions replaced by a newer one of the same rank so far.
+    pub fn sessions_superseded(&self) -> u64 {
+        self.sessions_superseded
+    }
+
+    // ----- trainers and runs -----
+
+    /// A trainer (loader `client`) attached as `rank` of `job` with the new `session`: from now
+    /// on only it is served for that rank. Returns whether it replaced an earlier one.
+    pub fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, client: u64, now: Instant) -> bool {
+        let replaced = self.seats.attach(job, rank, session, client, now);
+        self.sessions_superseded += u64::from(replaced);
+        replaced
+    }
+
+    /// The session loader `client` already holds `rank` with (its attach was repeated).
+    pub fn attached(&self, job: JobId, rank: Rank, client: u64) -> Option<SessionId> {
+        self.seats.attached(job, rank, client)
+    }
+
+    /// Refuse a request of a session that is not the rank's newest.
+    pub fn check_session(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), Refusal> {
+        self.seats.check(job, rank, session).map_err(Refusal::Seat)
+    }
+
+    /// The newest session of `rank`, if any.
+    pub fn session_of(&self, job: JobId, rank: Rank) -> Option<SessionId> {
+        self.seats.session_of(job, rank)
+    }
+
+    /// `rank`'s trainer opens `key` in `opening.pass`, needing every step from
+    /// `opening.consumed` on but those it holds. A new pass starts the rank afresh in the run
+    /// (creating it if it is new) and takes the rank out of every other run of the job; a
+    /// repeated open of the current pass changes nothing; an older pass is refused as stale.
+    pub fn open_run(&mut self, key: RunKey, rank: Rank, opening: &Opening, shape: RunShape, now: Instant) -> Result<(), Refusal> {
+        let previous_opt = self.seats.run_of(key.job, rank, opening.session);
+        let fresh = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat)?;
+        self.runs.open(key, rank, opening, fresh, previous_opt, shape, &self.seats, now);
+        Ok(())
+    }
+
+    /// `rank` consumed steps `0..consumed` of run `key` in `reporting.pass`, and has waited so
+    /// long for `reporting.missing` that they must be lost. A report of an older pass (late, or
+    /// sent twice) or of a detached session changes nothing.
+    pub fn record_progress(&mut self, key: RunKey, rank: Rank, reporting: &Reporting, now: Instant) -> Result<Recorded, Refusal> {
+        match self.seats.report(key, rank, reporting, now).map_err(Refusal::Seat)? {
+            Standing::Current => {}
+            Standing::Stale => return Ok(Recorded { run_known: true, slowest_opt: None }),
+            Standing::Unopened => return Ok(Recorded { run_known: false, slowest_opt: None }),
+        }
+        let consumed = self.runs.consumed(key, rank, reporting, &self.seats, now);
+        Ok(match consumed {
+            Some(consumed) => Recorded { run_known: true, slowest_opt: consumed.slowest_opt },
+            None => Recorded { run_known: false, slowest_opt: None },
+        })
+    }
+
+    /// The trainer of `rank` stopped: nothing more of this session is taken for a sign of
+    /// life, and the rank leaves every run of the job, so it holds no flow window for the
+    /// ranks that go on (its last progress report may never have gone out). A trainer that
+    /// attaches as the rank again opens the run it needs and is counted in again.
+    pub fn detach(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), Refusal> {
+        self.seats.detach(job, rank, session).map_err(Refusal::Seat)?;
+        self.runs.detach(job, rank);
+        Ok(())
+    }
+
+    /// Whether the run exists.
+    pub fn has_run(&self, key: RunKey) -> bool {
+        self.runs.has(key)
+    }
+
+    /// Jobs that may still need work: a run is open, or a trainer is attached.
+    pub fn live_jobs(&self, now: Instant) -> Vec<JobId> {
+        let mut jobs: Vec<JobId> = self.runs.jobs().collect();
+        jobs.extend(self.seats.attached_jobs(now, self.config.trainer_ttl * 10));
+        jobs.sort_unstable();
+        jobs.dedup();
+        jobs
+    }
+
+    /// Trainers of `job` heard from within the trainer TTL and not detached.
+    pub fn live_trainers(&self, job: JobId, world_size: u32, now: Instant) -> Vec<Rank> {
+        (0..world_size).map(Rank).filter(|rank| self.seats.is_live(job, *rank, now, self.config.trainer_ttl)).collect()
+    }
+
+    /// When a trainer of `job` was last heard from, since this scheduler started.
+    pub fn last_heard(&self, job: JobId) -> Option<Instant> {
+        self.seats.heard(job)
+    }
+
+    /// Forget everything of `job` (it was removed): its runs, seats and leases. Workers
+    /// holding its leases are told at their next heartbeat (the leases are no longer theirs).
+    pub fn forget_job(&mut self, job: JobId) {
+        self.runs.forget_job(job);
+        self.leases.forget_job(job);
+        self.seats.forget_job(job);
+    }
+
+    // ----- workers and leases -----
+
+    /// A worker joins.
+    pub fn register_worker(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, now: Instant) -> WorkerId {
+        self.register_worker_as(addr, threads, process, CertKey::UNCHECKED, now)
+    }
+
+    /// [`Scheduler::register_worker`] for a worker proving `key`: only a registration with the
+    /// same certificate replaces an earlier one of the process.
+    pub fn register_worker_as(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, key: CertKey, now: Instant) -> WorkerId {
+        // A process registering again (it asked again when an answer was lost, or the
+        // coordinator forgot it) replaces its earlier registrations: their leases go back at
+        // once, and a late request under an old id is refused rather than granted work the
+        // worker no longer counts as its own. A late registration never replaces a newer one.
+        for old in self.workers.replaced_by(addr, process, key) {
+            self.deregister(old);
+        }
+        let id = self.workers.insert(addr, threads, process, key, now);
+        info!(worker = %id, %addr, threads, "worker registered");
+        id
+    }
+
+    /// Refuse `caller` speaking for `worker` if the worker registered with another certificate.
+    pub fn check_worker_key(&self, worker: WorkerId, caller: CertKey) -> Result<(), Refusal> {
+        self.workers.check_key(worker, caller)
+    }
+
+    /// A worker's heartbeat: renew the leases it still holds and works on; return those it
+    /// holds but that are no longer its own (expired, stalled, granted again). It gets no work
+    /// of `stuck_jobs` until a heartbeat no longer lists them.
+    pub fn heartbeat(
+        &mut self,
+        worker: WorkerId,
+        leases: &[LeaseProgress],
+        images: u64,
+        stuck_jobs: &[JobId],
+        now: Instant,
+    ) -> Result<Vec<LeaseId>, Refusal> {
+        self.expire(now);
+        self.workers.heartbeat(worker, images, now)?;
+        let until = now + self.config.lease_ttl;
+        self.leases.set_stuck(worker, stuck_jobs, until);
+        let renewal = self.leases.renew(worker, leases, now, self.config.lease_ttl, self.config.lease_stall, until);
+        let mut revoked = renewal.revoked;
+        for (lease, held) in renewal.stalled {
+            warn!(%lease, %worker, job = %held.chunk.job, rank = %held.chunk.rank, step = %held.chunk.first_step,
+                stalled_seconds = now.saturating_duration_since(held.progressed).as_secs_f64(),
+                "lease made no progress: granting it to another worker");
+            self.leases_expired += 1;
+            self.runs.requeue(&held.chunk, lease, None);
+            revoked.push(lease);
+        }
+        Ok(revoked)
+    }
+
+    /// Grant up to `max` chunks to `worker`, in (step, rank) order over the open runs, under
+    /// lease ids drawn from `ids` (unpredictable: a peer cannot guess another worker's lease).
+    pub fn pull(&mut self, worker: WorkerId, max: u32, now: Instant, ids: &mut dyn IdSource) -> Result<Vec<(LeaseId, Chunk)>, Refusal> {
+        self.expire(now);
+        self.workers.seen(worker, now)?;
+        let mut granted = Vec::new();
+        let mut room = max as usize;
+        let (seats, trainer_ttl, leases) = (&self.seats, self.config.trainer_ttl, &self.leases);
+        for (key, run) in self.runs.in_grant_order() {
+            if room == 0 {
+                break;
+            }
+            if leases.is_stuck(worker, key.job, now) {
+                continue;
+            }
+            let live = |rank: Rank| seats.is_live(key.job, rank, now, trainer_ttl);
+            let chunks = run.grant(room, now, live, || {
+                // 2^64 ids: a clash with a live lease is a formality, but cheap to rule out.
+                let mut lease = LeaseId(ids.next_u64());
+                while lease.0 == 0 || leases.contains(lease) || granted.iter().any(|(taken, _): &(LeaseId, Chunk)| *taken == lease) {
+                    lease = LeaseId(ids.next_u64());
+                }
+                lease
+            });
+            room -= chunks.len();
+            granted.extend(chunks);
+        }
+        for (lease, chunk) in &granted {
+            self.leases.grant(*lease, *chunk, worker, now, self.config.lease_ttl);
+        }
+        Ok(granted)
+    }
+
+    /// A lease's chunk was delivered. Returns how long the lease was held, if it was
+    /// `worker`'s.
+    pub fn chunk_done(&mut self, worker: WorkerId, lease: LeaseId, now: Instant) -> Option<Duration> {
+        let held = self.leases.take(worker, lease)?;
+        self.runs.delivered(&held.chunk, lease, now);
+        Some(now.saturating_duration_since(held.granted))
+    }
+
+    /// A lease's chunk could not be delivered: grant it again after the retry delay.
+    pub fn chunk_failed(&mut self, worker: WorkerId, lease: LeaseId, now: Instant) {
+        if let Some(held) = self.leases.take(worker, lease) {
+            self.chunks_failed += 1;
+            self.runs.requeue(&held.chunk, lease, Some(now + self.config.retry_delay));
+        }
+    }
+
+    /// A lease's chunk can never be made: forget it and every run of its job (nothing of the
+    /// job is granted any more). Returns the job, if the lease was `worker`'s.
+    pub fn chunk_fatal(&mut self, worker: WorkerId, lease: LeaseId) -> Option<JobId> {
+        let job = self.leases.take(worker, lease)?.chunk.job;
+        self.runs.drop_runs_of(job);
+        Some(job)
+    }
+
+    /// A worker leaves: its chunks are granted again at once.
+    pub fn deregister(&mut self, worker: WorkerId) {
+        self.workers.remove(worker);
+        for (lease, held) in self.leases.take_all_of(worker) {
+            self.runs.requeue(&held.chunk, lease, None);
+        }
+        info!(%worker, "worker left");
+    }
+
+    /// Expire leases not renewed in time and forget workers silent for ten lease TTLs.
+    pub fn expire(&mut self, now: Instant) {
+        for (lease, held) in self.leases.take_expired(now) {
+            warn!(%lease, worker = %held.worker, job = %held.chunk.job, rank = %held.chunk.rank, step = %held.chunk.first_step, "lease expired");
+            self.leases_expired += 1;
+            self.runs.requeue(&held.chunk, lease, None);
+        }
+        self.workers.forget_silent(now, self.config.lease_ttl * 10);
+        self.leases.forget_stalls(now);
+    }
+
+    // ----- figures -----
+
+    /// Workers whose heartbeats arrive.
+    pub fn alive_workers(&self, now: Instant) -> Vec<WorkerInfo> {
+        self.workers.alive(now, self.config.lease_ttl)
+    }
+
+    /// Every known worker, for status.
+    pub fn worker_status(&self, now: Instant) -> Vec<WorkerStatus> {
+        self.workers
+            .iter()
+            .map(|(id, worker)| WorkerStatus {
+                info: WorkerInfo { id, addr: worker.addr, key: self.workers.key_of(id) },
+                alive: worker.is_alive(now, self.config.lease_ttl),
+                threads: worker.threads,
+                chunks_in_flight: self.leases.in_flight(id),
+                images_per_sec: worker.images_per_sec,
+                stuck_jobs: self.leases.stuck_jobs(id, now),
+            })
+            .collect()
+    }
+
+    /// Chunks and steps of `job` delivered so far.
+    pub fn done(&self, job: JobId) -> Done {
+        self.runs.done(job)
+    }
+
+    /// Steps of `job` in flow windows and not yet consumed, and how many the windows of its
+    /// ranks still consuming could hold: how full its flow window is.
+    pub fn window_fill(&self, job: JobId) -> (u64, u64) {
+        self.runs.window_fill(job)
+    }
+
+    /// Steps queued and chunks leased for `job`.
+    pub fn job_counts(&self, job: JobId) -> JobCounts {
+        JobCounts { queued: self.runs.queued_of(job), leased: self.leases.count_of_job(job) }
+    }
+
+    /// Steps queued and chunks leased over all jobs.
+    pub fn totals(&self) -> JobCounts {
+        JobCounts { queued: self.runs.queued(), leased: self.leases.len() as u32 }
+    }
+
+    /// Steps of `key` that `rank` has consumed, if the run exists (for tests and status).
+    pub fn consumed(&self, key: RunKey, rank: Rank) -> Option<u64> {
+        self.runs.consumed_of(key, rank)
+    }
+}
+
+/// The size of a run, as the job's spec and plan give it.
+#[derive(Clone, Copy, Debug)]
+pub struct RunShape {
+    /// Steps in the run.
+    pub steps: u64,
+    /// Ranks of the job.
+    pub world_size: u32,
+    /// The job's flow window.
+    pub prefetch: u32,
+}
+
+#[cfg(test)]
+mod tests;
