@@ -121,7 +121,14 @@ fn a_leader_process_killed_with_sigkill_is_replaced_and_rejoins_as_a_follower() 
         wait_for(Duration::from_secs(60), "both ranks a few steps in", || {
             (0..2).all(|rank| read_keys(&dir.join(format!("keys-{rank}.txt"))).len() >= 3 * 4)
         });
-        let leader = addrs.iter().position(|addr| probe.node(addr).is_some_and(|node| node.role == "leader")).expect("a leader");
+        // Ask until a coordinator answers as the leader: under load one status call can time
+        // out, or a re-election be under way, at the moment of asking.
+        let mut leader_opt = None;
+        wait_for(Duration::from_secs(20), "a leader to kill", || {
+            leader_opt = addrs.iter().position(|addr| probe.node(addr).is_some_and(|node| node.role == "leader"));
+            leader_opt.is_some()
+        });
+        let leader = leader_opt.expect("a leader");
         let mut node = coordinators[leader].take().expect("running");
         node.0.kill().expect("kill -9");
         let _ = node.0.wait();

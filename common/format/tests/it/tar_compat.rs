@@ -20,7 +20,7 @@ fn python() -> PathBuf {
 }
 
 fn compat_script(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/compat").join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/compat").join(name)
 }
 
 fn ours(shard: &Shard) -> Value {

@@ -106,7 +106,7 @@ pub(crate) fn python() -> PathBuf {
 /// Run `tests/compat/SCRIPT` with `input` on stdin; parse its stdout as JSON.
 pub(crate) fn run_compat(script: &str, input: &serde_json::Value) -> serde_json::Value {
     use std::io::Write;
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/compat").join(script);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/compat").join(script);
     let mut child = Command::new(python())
         .arg(&path)
         .stdin(std::process::Stdio::piped())
