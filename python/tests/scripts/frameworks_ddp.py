@@ -124,3 +124,12 @@ else:
     trainer.train(resume_from_checkpoint=str(out / "trainer" / f"checkpoint-{stop_after}") if phase == "resumed" else None)
     if trainer.is_world_process_zero():
         (out / f"trainer-{phase}-done.json").write_text(json.dumps({"global_step": trainer.state.global_step}))
+    # Detach and tear the process group down before exit, as the other modes do: left to the
+    # interpreter's exit, gloo's threads were destroyed while joinable once (SIGABRT, "terminate
+    # called without an active exception").
+    loader.close()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
