@@ -83,6 +83,7 @@ class Stack:
         self.env = {**os.environ, "STOKER_DATASETS": str(self.datasets), "STOKER_PROMETHEUS_PORT": "", "STOKER_IMAGE": self.image}
         self.network = f"{self.project}_default"
         self.tls_volume = f"{self.project}_tls"
+        self.containers: Dict[str, str] = {}
 
     # --- Docker ------------------------------------------------------------------------------
     def compose(self, *args: str, timeout: float = 120) -> str:
@@ -99,12 +100,15 @@ class Stack:
         return done.stdout.strip()
 
     def container(self, service: str) -> str:
-        return self.compose("ps", "-q", service).strip()
+        """The service's container (the same one across restarts: kept, not asked again)."""
+        if service not in self.containers:
+            self.containers[service] = self.compose("ps", "-q", service).strip()
+        return self.containers[service]
 
     def http(self, service: str, port: int) -> str:
-        """127.0.0.1:PORT where the service's `port` is published (it changes when the container
-        restarts)."""
-        return self.compose("port", service, str(port)).strip()
+        """127.0.0.1:PORT where the service's `port` is published (Docker picks another one when
+        the container starts again: asked each time)."""
+        return self.docker("port", self.container(service), f"{port}/tcp", check=False).split("\n")[0]
 
     def run_args(self, name: str, role: str) -> List[str]:
         """`docker run` options of a Stoker container on the compose network with `role`'s
@@ -136,19 +140,14 @@ class Stack:
 
     def ready(self, service: str) -> bool:
         port = 7401 if service.startswith("coordinator") else 7501
-        try:
-            address = self.http(service, port)
-        except AssertionError:
-            return False
+        address = self.http(service, port)
         return bool(address) and self.get(f"http://{address}/readyz")[0] == 200
 
     def leader(self) -> Optional[str]:
         """The coordinator service whose /metrics says it leads (stoker_raft_leader 1)."""
         for service in COORDINATORS:
-            try:
-                status, text = self.get(f"http://{self.http(service, 7401)}/metrics")
-            except AssertionError:
-                continue
+            address = self.http(service, 7401)
+            status, text = self.get(f"http://{address}/metrics") if address else (0, "")
             if status == 200 and any(line.split() == ["stoker_raft_leader", "1"] for line in text.splitlines()):
                 return service
         return None
@@ -320,12 +319,14 @@ def test_the_leader_container_killed_mid_epoch_then_started(stack: Stack) -> Non
     """`docker kill` of the leader's container while 2 ranks train: another coordinator leads,
     no step is lost or repeated, and the killed one, started again, rejoins as a follower."""
     old_leader = bounded_wait(stack.leader, 30, "a leader")
-    trainers = stack.start_trainers("leader-kill", epochs=2, rate=4)
-    bounded_wait(lambda: trainers.steps_done() >= 4, 60, "4 steps before the kill")
+    # 16 steps/s a rank: the 4 prefetched steps last 0.25 s, less than an election.
+    trainers = stack.start_trainers("leader-kill", epochs=6, rate=16)
+    bounded_wait(lambda: trainers.steps_done() >= 6, 60, "6 steps before the kill", every=0.1)
     stack.docker("kill", stack.container(old_leader))
     killed = time.monotonic()
     new_leader = bounded_wait(lambda: (leader := stack.leader()) != old_leader and leader, 60, "a new leader", every=0.1)
     record("new_leader_after_kill_seconds", round(time.monotonic() - killed, 1))
+    assert trainers.steps_done() < 6 * STEPS, "the trainers finished before the fail-over: not a kill mid-run"
     stack.docker("start", stack.container(old_leader))
     ended = trainers.wait(180)
     trainers.assert_every_key_once()
@@ -362,7 +363,7 @@ def test_a_worker_cut_off_the_network_for_10_s(stack: Stack) -> None:
 def test_a_rolling_restart_of_the_coordinators_during_training(stack: Stack) -> None:
     """`docker-compose restart` of each coordinator in turn, waiting for it to be ready before
     the next, while 2 ranks train: no step lost or repeated."""
-    trainers = stack.start_trainers("rolling", epochs=3, rate=4)
+    trainers = stack.start_trainers("rolling", epochs=8, rate=8)
     bounded_wait(lambda: trainers.steps_done() >= 3, 60, "3 steps before the restarts")
     seconds = {}
     for service in COORDINATORS:
@@ -371,6 +372,7 @@ def test_a_rolling_restart_of_the_coordinators_during_training(stack: Stack) -> 
         bounded_wait(lambda: stack.ready(service), 60, f"{service} ready after its restart", every=0.1)
         seconds[service] = round(time.monotonic() - started, 1)
     record("rolling_restart_seconds_to_ready", seconds)
+    assert trainers.steps_done() < 8 * STEPS, "the trainers finished before the last restart: not a restart during training"
     ended = trainers.wait(180)
     trainers.assert_every_key_once()
     record("stall_seconds_rolling_restart", stack.trainer_wait("rolling", ended))
