@@ -13,6 +13,7 @@ and the time to a ready stack are written to target/test-logs/compose-measuremen
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -73,12 +74,12 @@ class Stack:
     """One compose project of deploy/compose.yaml, plus the containers the tests add to it
     (trainers, a small worker), all labelled with the project for cleanup."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, image: str) -> None:
         self.project = f"stokertest{uuid.uuid4().hex[:8]}"
         self.root = root
         self.datasets = root / "datasets"
         self.out = root / "out"
-        self.image = os.environ.get("STOKER_IMAGE", "stoker:local")
+        self.image = image
         # STOKER_PROMETHEUS_PORT empty: Docker picks the host port, so runs never collide.
         self.env = {**os.environ, "STOKER_DATASETS": str(self.datasets), "STOKER_PROMETHEUS_PORT": "", "STOKER_IMAGE": self.image}
         self.network = f"{self.project}_default"
@@ -270,10 +271,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """deploy/compose.yaml up (without Grafana), healthy, with the dataset `train` registered."""
     docker_or_skip()
     started = time.monotonic()
-    built = subprocess.run([str(REPO / "deploy" / "build-images"), "--binary", stoker_bin()], capture_output=True, text=True, timeout=900)
+    # A tag of this binary's own: another checkout on this machine building stoker:local while
+    # the tests start containers cannot swap the image under them.
+    digest = hashlib.sha256(Path(stoker_bin()).read_bytes()).hexdigest()[:12]
+    image = f"stoker:test-{digest}"
+    env = {**os.environ, "STOKER_IMAGE": image}
+    built = subprocess.run([str(REPO / "deploy" / "build-images"), "--binary", stoker_bin()], capture_output=True, text=True, timeout=900, env=env)
     assert built.returncode == 0, f"deploy/build-images failed:\n{built.stderr}"
     record("images_seconds", round(time.monotonic() - started, 1))
-    stack = Stack(tmp_path_factory.mktemp("compose"))
+    stack = Stack(tmp_path_factory.mktemp("compose"), image)
     images = stack.root / "images"
     write_image_folder(images)
     run_stoker("pack", "--input", str(images), "--output", str(stack.datasets), "--shard-size", "64KiB", "--threads", "1")
@@ -289,6 +295,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             print(f"kept compose project {stack.project} (STOKER_KEEP_COMPOSE)")
         else:
             stack.down()
+            # The tag goes; the layers stay while stoker:local (make test's build) shares them.
+            subprocess.run(["docker", "rmi", image], capture_output=True, timeout=120)
 
 
 def test_the_stack_comes_up_healthy_and_feeds_two_ranks(stack: Stack) -> None:
