@@ -349,6 +349,14 @@ impl Scheduler {
         }
     }
 
+    /// Take a lease back from `worker` and queue its chunk again at once, counting nothing
+    /// (a grant the core would not hand out: the owner of its session is not known).
+    pub fn withdraw(&mut self, worker: WorkerId, lease: LeaseId) {
+        if let Some(held) = self.leases.take(worker, lease) {
+            self.runs.requeue(&held.chunk, lease, None);
+        }
+    }
+
     /// A lease's chunk can never be made: forget it and every run of its job (nothing of the
     /// job is granted any more). Returns the job, if the lease was `worker`'s.
     pub fn chunk_fatal(&mut self, worker: WorkerId, lease: LeaseId) -> Option<JobId> {
@@ -388,8 +396,9 @@ impl Scheduler {
     pub fn worker_status(&self, now: Instant) -> Vec<WorkerStatus> {
         self.workers
             .iter()
-            .map(|(id, worker)| WorkerStatus {
-                info: WorkerInfo { id, addr: worker.addr, key: self.workers.key_of(id) },
+            .filter_map(|(id, worker)| Some((id, worker, self.workers.key_of(id)?)))
+            .map(|(id, worker, key)| WorkerStatus {
+                info: WorkerInfo { id, addr: worker.addr, key },
                 alive: worker.is_alive(now, self.config.lease_ttl),
                 threads: worker.threads,
                 chunks_in_flight: self.leases.in_flight(id),
