@@ -163,7 +163,7 @@ fn forged_requests_with_the_wrong_certificate_are_refused_and_the_honest_epoch_c
     let fatal = ControlRequest::ChunkFatal { worker: honest_worker, lease: LeaseId(1), reason: "forged".to_owned() };
     forbidden(cluster.call_with(&trainer, fatal.clone()), "a trainer fails the job");
     forbidden(cluster.call_with(&admin, ControlRequest::Raft { kind: RaftKind::Vote, payload: b"{}".to_vec() }), "an admin speaks Raft");
-    let remove = ControlRequest::RemoveJob { name: config.job_spec().expect("spec").name, force: true };
+    let remove = ControlRequest::RemoveJob { name: config.job_spec().expect("spec").name, job, force: true };
     forbidden(cluster.call_with(&trainer, remove), "a trainer removes the job");
     forbidden(cluster.call_with(&worker, ControlRequest::Detach { job, rank: Rank(0), session }), "a worker detaches the trainer");
 

@@ -109,7 +109,7 @@ impl Trainers {
         }
         let newest = entries
             .iter()
-            .filter(|entry| entry.session >= oldest && owner.admits(&entry.key) && entry.is_open())
+            .filter(|entry| entry.session >= oldest && entry.key == owner && entry.is_open())
             .max_by_key(|entry| entry.session);
         match newest {
             None => Lookup::Absent,
