@@ -6,7 +6,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -15,6 +15,7 @@ use stoker_coordinator_core::{Core, Event, Figures, IdSource, Outcome, Then};
 use stoker_obs::prometheus::Histogram;
 use stoker_plan::ids::CertKey;
 use stoker_proto::{ClusterStatus, ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_store::{ObjectStores, ObjectUri};
 use tracing::warn;
 
 use crate::config::CoordinatorConfig;
@@ -43,6 +44,8 @@ pub struct Coordinator {
     core: Mutex<Core>,
     /// Folders manifests must be in (validated: resolved).
     dataset_roots: Vec<PathBuf>,
+    /// Clients of object stores, for manifests at `s3://` URIs (confined to `--object-root`).
+    stores: Arc<ObjectStores>,
     /// How long leases are held until done, once metrics are on.
     lease_seconds: OnceLock<Histogram>,
 }
@@ -65,7 +68,8 @@ impl Coordinator {
         now: Instant,
     ) -> Self {
         let core = Core::new(config.core(), advertised, state, ids, id_base, now);
-        Self { core: Mutex::new(core), dataset_roots: config.dataset_roots.clone(), lease_seconds: OnceLock::new() }
+        let stores = Arc::new(ObjectStores::new(config.store.clone(), config.object_roots.clone()));
+        Self { core: Mutex::new(core), dataset_roots: config.dataset_roots.clone(), stores, lease_seconds: OnceLock::new() }
     }
 
     /// Step the core once, and record the figures it returns.
@@ -102,6 +106,10 @@ impl Coordinator {
                         Then::Again(again) => event = Event::Request { request: again, caller },
                         Then::Reply(answer) => return Ok(answer),
                     }
+                }
+                Outcome::ReadManifest { name, manifest } if ObjectUri::is_object_uri(&manifest) => {
+                    let read = crate::manifests::read_remote(&self.stores, &manifest).await;
+                    event = Event::ManifestRead { name, read };
                 }
                 Outcome::ReadManifest { name, manifest } => {
                     let roots = self.dataset_roots.clone();
