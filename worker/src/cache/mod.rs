@@ -140,9 +140,9 @@ impl Drop for Pins {
     }
 }
 
-/// The file name of `uri` in the cache: a hash of the URI (distinct objects, distinct files)
+/// The file name of the shard at `uri` in the cache: a hash of the URI (distinct objects, distinct files)
 /// and its last part (for people looking at the folder).
-fn file_name(uri: &str) -> String {
+pub fn file_name(uri: &str) -> String {
     let last: String =
         uri.rsplit('/').next().unwrap_or("").chars().filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c)).take(80).collect();
     format!("{:016x}-{last}", xxhash_rust::xxh3::xxh3_64(uri.as_bytes()))

@@ -222,6 +222,13 @@ where
             }
             Err(error) => {
                 let fatal = error.is_too_small() || error.is_permanent();
+                if error.is_too_small() {
+                    let estimate = working_set_bytes(dataset, grant.spec.plan.shuffle);
+                    let reason =
+                        format!("{error}; with its shuffle ({}) the job reads up to {estimate} bytes at a time", grant.spec.plan.shuffle);
+                    warn!(job = %chunk.job, %reason, "job refused: the shard cache is too small");
+                    return Err(Failure { reason, fatal });
+                }
                 warn!(job = %chunk.job, %error, fatal, "the chunk's shards could not be made ready");
                 Err(Failure { reason: error.to_string(), fatal })
             }
@@ -374,4 +381,19 @@ where
             }
         });
     }
+}
+
+/// What the shards one chunk of a job may read can add up to, by its shuffle: a window of k
+/// shards reads the k largest (twice that where a chunk straddles two windows), `full` and
+/// `block` anything, `none` two neighbouring shards.
+fn working_set_bytes(dataset: &crate::Dataset, shuffle: stoker_plan::Shuffle) -> u64 {
+    let table = dataset.table();
+    let mut sizes: Vec<u64> = (0..table.shards()).map(|shard| dataset.shard_bytes(stoker_plan::ids::ShardId(shard))).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let shards = match shuffle {
+        stoker_plan::Shuffle::None => 2,
+        stoker_plan::Shuffle::Window { shards } => 2 * shards.get() as usize,
+        _ => sizes.len(),
+    };
+    sizes.iter().take(shards).sum()
 }
