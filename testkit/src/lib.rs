@@ -4,6 +4,8 @@
 mod cluster_config;
 /// Sample datasets packed into shards.
 mod dataset;
+/// A fault-injecting HTTP proxy in front of a test's S3 server (503s, cut bodies).
+pub mod fault_proxy;
 /// A randomized model of the delivery protocol: real coordinator, trainer protocol and lease
 /// ledger on a simulated clock and network, with faults.
 pub mod model;

@@ -78,6 +78,11 @@ impl MotoServer {
         Ok(server)
     }
 
+    /// Its address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// The endpoint, for `--s3-endpoint`.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)

@@ -274,3 +274,48 @@ fn missing_buckets_and_objects_and_refused_credentials_are_named_without_credent
         assert_no_credentials(&error);
     }
 }
+
+/// Behind a proxy that answers 503 to 20% of requests and cuts 5% of bodies midway, an epoch
+/// of an s3:// dataset completes exactly once with the local copy's checksums, and the
+/// workers count the retries.
+#[test]
+#[ignore = "needs STOKER_PYTHON with moto[server] (make test)"]
+fn an_epoch_completes_exactly_once_through_a_store_that_fails_a_fifth_of_requests() {
+    let manifest_path = local_dataset(20, 32 << 10);
+    let samples = Manifest::load(&manifest_path).expect("manifest").samples();
+    let moto = moto_with(26, &manifest_path);
+    let proxy = stoker_testkit::fault_proxy::FaultProxy::start(27, moto.addr(), 0.20, 0.05, 30).expect("proxy");
+    let mut store = moto.store_config();
+    store.endpoint_opt = Some(proxy.endpoint());
+    store.attempts = 20;
+    let cache = stoker_testkit::unique_temp_dir("stoker-s3-cache").expect("temp dir");
+    let cluster = TestCluster::start(ClusterConfig {
+        workers: 2,
+        object_store: Some(store),
+        worker_cache: Some((cache, 64 << 20)),
+        ..ClusterConfig::default()
+    })
+    .expect("cluster");
+    cluster.wait_for_workers().expect("workers");
+    cluster.add_dataset("local", &manifest_path).expect("local");
+    cluster.add_dataset("remote", Path::new("s3://data/train/manifest.json")).expect("remote, through the faults");
+    let (mut local, mut remote) = (cluster.loader_config("local", 8), cluster.loader_config("remote", 8));
+    local.tail = Tail::Partial;
+    remote.tail = Tail::Partial;
+    let local = consume(&local, 2, 1).expect("local");
+    let remote = consume(&remote, 2, 1).expect("remote, through the faults");
+    assert_every_key_once(&remote, samples, 1);
+    assert_eq!(remote.0, local.0, "every batch as from the local copy");
+    let counts = proxy.counts();
+    let (unavailable, cut) = (counts.unavailable.load(Ordering::Relaxed), counts.cut.load(Ordering::Relaxed));
+    info!(requests = counts.requests.load(Ordering::Relaxed), unavailable, cut, "--- faults injected");
+    assert!(unavailable > 0 && cut > 0, "the proxy failed requests ({unavailable}) and cut bodies ({cut})");
+    let metrics: String = (0..2).map(|worker| cluster.worker_metrics_text(worker).expect("metrics")).collect();
+    let retried: u64 = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("stoker_worker_object_requests_total{outcome=\"retried\"} "))
+        .filter_map(|value| value.trim().parse::<u64>().ok())
+        .sum();
+    assert!(retried > 0, "retries are counted: {metrics}");
+    assert_no_credentials(&metrics);
+}
