@@ -52,7 +52,7 @@ pub struct CacheMetrics {
 impl CacheMetrics {
     /// Register the cache's metrics in `metrics`.
     pub fn register(metrics: &Metrics) -> Result<Self, ObsError> {
-        Ok(Self {
+        let cache = Self {
             hits: metrics.counter("stoker_worker_cache_hits_total", "Shards a chunk needed that the worker's shard cache held.")?,
             misses: metrics.counter("stoker_worker_cache_misses_total", "Shards a chunk needed that were downloaded into the cache.")?,
             evictions: metrics.counter("stoker_worker_cache_evictions_total", "Shard files evicted from the cache to make room.")?,
@@ -70,7 +70,12 @@ impl CacheMetrics {
                 "Object-store requests by outcome: ok, retried (failed transiently and tried again), failed (for good).",
                 &["outcome"],
             )?,
-        })
+        };
+        // Every outcome has a series from the start (at 0), for dashboards and rate().
+        for outcome in ["ok", "retried", "failed"] {
+            cache.requests.with_label_values(&[outcome]);
+        }
+        Ok(cache)
     }
 }
 
