@@ -22,7 +22,7 @@ yaml = need_module("yaml")
 DEPLOY = REPO / "deploy"
 # Kustomizations that render on their own; the operator's PodMonitors need its CRDs, which the
 # schema validator has no schema for: they are rendered and checked for their kind only.
-VALIDATED = [DEPLOY / "k8s", DEPLOY, DEPLOY / "k8s" / "node-sysctls"]
+VALIDATED = [DEPLOY / "k8s", DEPLOY, DEPLOY / "k8s" / "node-sysctls", DEPLOY / "k8s-s3"]
 OPERATOR = DEPLOY / "k8s" / "prometheus-operator"
 # The containers of deploy/k8s that run `stoker`.
 STOKER_CONTAINERS = {"coordinator", "worker"}

@@ -1,11 +1,11 @@
 //! `stoker coordinator` and `stoker worker`: long-running nodes, stopped by Ctrl-C or SIGTERM
 //! (a worker then hands its leases back).
 
-use crate::flags::TlsArgs;
+use crate::flags::{ObjectStoreArgs, TlsArgs};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use stoker_net::bulk::BatchTransport;
@@ -14,7 +14,7 @@ use anyhow::Context;
 use stoker_coordinator::CoordinatorConfig;
 use stoker_format::DatasetRoots;
 use stoker_net::{QuicCoordinator, Role};
-use stoker_obs::{Metrics, MetricsListen, MetricsServer};
+use stoker_obs::{Metrics, MetricsListen, MetricsServer, ScrapeToken};
 use stoker_worker::WorkerConfig;
 
 use super::remote::{resolve, resolve_coordinators, runtime};
@@ -68,6 +68,11 @@ pub(crate) struct CoordinatorArgs {
     /// (a Raft leader is known), on this TCP address; `off` serves nothing.
     #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7401", value_name = "ADDR|off")]
     pub(crate) metrics_listen: MetricsListen,
+    /// A file holding the bearer token scrapers must present for /metrics (`Authorization:
+    /// Bearer TOKEN`, Prometheus's `authorization.credentials_file`); /healthz and /readyz stay
+    /// open for probes [default: /metrics unauthenticated: bind it to an internal address].
+    #[arg(long, env = "STOKER_METRICS_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) metrics_token_file: Option<PathBuf>,
     /// The largest batch a job may have, in bytes (batch size x one output sample's bytes): a
     /// trainer attaching a job over it is refused, before any worker allocates for it.
     #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES, value_name = "BYTES")]
@@ -108,6 +113,13 @@ pub(crate) struct CoordinatorArgs {
     /// host lacks the file). Manifests must be regular files of at most 256 MiB in any case.
     #[arg(long = "dataset-root", value_name = "DIR")]
     pub(crate) dataset_roots: Vec<PathBuf>,
+    /// A bucket or prefix (s3://bucket or s3://bucket/prefix; repeat for several) that
+    /// datasets in object stores must be under: `stoker dataset add s3://...` is refused for a
+    /// manifest or a shard outside every one [default: any object the credentials can read].
+    #[arg(long = "object-root", value_name = "S3_URI")]
+    pub(crate) object_roots: Vec<String>,
+    #[command(flatten)]
+    pub(crate) object_store: ObjectStoreArgs,
     #[command(flatten)]
     pub(crate) tls: TlsArgs,
 }
@@ -156,6 +168,11 @@ pub(crate) struct WorkerArgs {
     /// (registered with the coordinator), on this TCP address; `off` serves nothing.
     #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7501", value_name = "ADDR|off")]
     pub(crate) metrics_listen: MetricsListen,
+    /// A file holding the bearer token scrapers must present for /metrics (`Authorization:
+    /// Bearer TOKEN`, Prometheus's `authorization.credentials_file`); /healthz and /readyz stay
+    /// open for probes [default: /metrics unauthenticated: bind it to an internal address].
+    #[arg(long, env = "STOKER_METRICS_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) metrics_token_file: Option<PathBuf>,
     /// Bytes of batch buffers one job may hold here (its batches in flight x one batch's
     /// bytes; each job its own): a job with large batches gets fewer buffers, and a job two
     /// batches of which do not fit is left to other workers [default: half the memory of the
@@ -169,6 +186,23 @@ pub(crate) struct WorkerArgs {
     /// files in any case (no devices, no FIFOs).
     #[arg(long = "dataset-root", value_name = "DIR")]
     pub(crate) dataset_roots: Vec<PathBuf>,
+    /// A bucket or prefix (s3://bucket or s3://bucket/prefix; repeat for several) that
+    /// datasets in object stores must be under: a job whose manifest or shards are outside
+    /// every one is refused here [default: any object the credentials can read].
+    #[arg(long = "object-root", value_name = "S3_URI")]
+    pub(crate) object_roots: Vec<String>,
+    #[command(flatten)]
+    pub(crate) object_store: ObjectStoreArgs,
+    /// The folder of the shard cache, for datasets in object stores: shards are downloaded
+    /// there and mapped (a local disk; files of an earlier run are reused after checks).
+    /// Without it, jobs of datasets in object stores are refused here.
+    #[arg(long, env = "STOKER_CACHE_DIR", value_name = "DIR", requires = "cache_size")]
+    pub(crate) cache_dir: Option<PathBuf>,
+    /// The shard cache's bound (e.g. 500GiB): never exceeded. It must hold the shards one chunk
+    /// reads (about the job's shuffle window of shards); a job needing more is refused with the
+    /// size it needs.
+    #[arg(long, env = "STOKER_CACHE_SIZE", value_name = "BYTES", value_parser = super::pack::parse_byte_size, requires = "cache_dir")]
+    pub(crate) cache_size: Option<u64>,
     /// The most trainer connections open at once (handshakes in progress count); more are
     /// refused before their handshake.
     #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -192,7 +226,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let _guard = runtime.enter();
     let tls = args.tls.source()?.load(Role::Coordinator)?;
     let metrics = Metrics::for_role("coordinator")?;
-    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
+    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, args.metrics_token_file.as_deref(), &metrics)?;
     let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &tls, &metrics))?;
     eprintln!("coordinator {} listening on {} (data in {}); Ctrl-C stops it", args.node_id, handle.local_addr(), args.data_dir.display());
     runtime.block_on(stop_signal())?;
@@ -243,6 +277,8 @@ fn coordinator_config(args: &CoordinatorArgs) -> anyhow::Result<CoordinatorConfi
     config.max_jobs = usize::try_from(args.max_jobs).unwrap_or(usize::MAX);
     config.max_datasets = usize::try_from(args.max_datasets).unwrap_or(usize::MAX);
     config.dataset_roots = args.dataset_roots.clone();
+    config.store = args.object_store.config()?;
+    config.object_roots = stoker_store::ObjectRoots::new(&args.object_roots)?;
     config.max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
     config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
     config.max_streams_per_connection = args.max_streams_per_connection;
@@ -262,8 +298,16 @@ async fn stop_signal() -> anyhow::Result<()> {
 /// Serve `metrics` on `listen` (unless `off`), and say where. Bound before the node starts, so
 /// that a taken port stops it before it joins the cluster; the node's metrics and readiness
 /// are registered into the same `metrics` as it starts.
-fn serve_metrics(runtime: &tokio::runtime::Runtime, listen: MetricsListen, metrics: &Metrics) -> anyhow::Result<Option<MetricsServer>> {
+fn serve_metrics(
+    runtime: &tokio::runtime::Runtime,
+    listen: MetricsListen,
+    token_file_opt: Option<&Path>,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<MetricsServer>> {
     let MetricsListen::On(addr) = listen else { return Ok(None) };
+    if let Some(file) = token_file_opt {
+        metrics.require_token(ScrapeToken::from_file(file).context("give --metrics-token-file a file holding one token")?);
+    }
     // Not ready until the node has started (its start sets the real check).
     metrics.set_readiness(|| Err("starting".to_owned()));
     let server = runtime
@@ -311,7 +355,7 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let tls = args.tls.source()?.load(Role::Worker)?;
     let api = QuicCoordinator::with_addrs(coordinator.clone(), &tls)?;
     let metrics = Metrics::for_role("worker")?;
-    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
+    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, args.metrics_token_file.as_deref(), &metrics)?;
     let handle = stoker_worker::start(config, socket, &tls, api, &metrics)?;
     eprintln!("worker listening on {} with {threads} decode threads, coordinator {coordinator}; Ctrl-C stops it", handle.local_addr());
     runtime.block_on(stop_signal())?;
@@ -334,6 +378,11 @@ fn worker_config(args: &WorkerArgs, threads: usize) -> anyhow::Result<WorkerConf
         config.max_batch_memory = bytes;
     }
     config.dataset_roots = DatasetRoots::new(args.dataset_roots.iter().cloned())?;
+    config.store = args.object_store.config()?;
+    config.object_roots = stoker_store::ObjectRoots::new(&args.object_roots)?;
+    if let (Some(dir), Some(capacity)) = (&args.cache_dir, args.cache_size) {
+        config.cache_opt = Some(stoker_worker::CacheConfig { dir: dir.clone(), capacity });
+    }
     config.max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
     config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
     Ok(config)
