@@ -286,7 +286,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         started = time.monotonic()
         stack.up()
-        bounded_wait(lambda: all(stack.ready(service) for service in COORDINATORS + WORKERS), 120, "every coordinator and worker to answer /readyz")
+        bounded_wait(lambda: all(stack.ready(service) for service in COORDINATORS + WORKERS), 180, "every coordinator and worker to answer /readyz")
         record("ready_stack_seconds", round(time.monotonic() - started, 1))
         stack.stoker("dataset", "add", "train", "/datasets")
         yield stack
