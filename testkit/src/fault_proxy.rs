@@ -32,6 +32,8 @@ pub struct Faults {
     /// Bytes per second each response is passed on at (`None`: as fast as it comes): a slow
     /// link, so that a test can catch a download midway.
     pub bytes_per_second_opt: Option<u64>,
+    /// Time each request waits before it is forwarded (`None`: none): a round trip's latency.
+    pub latency_opt: Option<std::time::Duration>,
     /// Seed of the draws.
     pub seed: u64,
 }
@@ -130,6 +132,9 @@ fn serve(client: TcpStream, upstream: SocketAddr, fate: f64, faults: Faults, cou
             answer.len()
         )?;
         return client.shutdown(Shutdown::Both);
+    }
+    if let Some(latency) = faults.latency_opt {
+        std::thread::park_timeout(latency);
     }
     let mut store = TcpStream::connect(upstream)?;
     store.write_all(&head)?;

@@ -285,7 +285,7 @@ fn an_epoch_completes_exactly_once_through_a_store_that_fails_a_fifth_of_request
     let manifest_path = local_dataset(20, 32 << 10);
     let samples = Manifest::load(&manifest_path).expect("manifest").samples();
     let moto = moto_with(26, &manifest_path);
-    let faults = Faults { unavailable: 0.20, cut: 0.05, bytes_per_second_opt: None, seed: 30 };
+    let faults = Faults { unavailable: 0.20, cut: 0.05, seed: 30, ..Faults::default() };
     let proxy = FaultProxy::start(27, moto.addr(), faults).expect("proxy");
     let mut store = moto.store_config();
     store.endpoint_opt = Some(proxy.endpoint());
