@@ -99,7 +99,7 @@ pub(crate) struct ReceiveStats {
 pub(crate) async fn connect_worker(endpoint: &Endpoint, worker: WorkerInfo, expect: &Expect, bulk: bool) -> Result<Connection, NetError> {
     let connection = connect(endpoint, worker.addr, Duration::from_secs(5)).await?;
     // Batches only from the worker the coordinator named: its role and its very certificate.
-    check_peer(&connection, Role::Worker, worker.key)?;
+    check_peer(&connection, Role::Worker, Some(worker.key))?;
     let hello = TrainerHello { job: expect.job, rank: expect.rank, session: expect.session, bulk };
     call::<_, ()>(&connection, &hello, CONTROL_FRAME_LIMIT).await?;
     Ok(connection)
@@ -212,7 +212,7 @@ async fn bulk_session(
     let mut bulk = bulk::connect(worker.addr, tls, Duration::from_secs(5)).await.map_err(|error| error.to_string())?;
     // Batches only from the worker the coordinator named, as on QUIC.
     if let PeerIdentity::Certified(peer) = &bulk.peer
-        && (peer.role != Role::Worker || !worker.key.admits(&peer.key))
+        && (peer.role != Role::Worker || worker.key != peer.key)
     {
         return Err(format!("it presents {peer}, not the worker certificate {} the coordinator named", worker.key));
     }

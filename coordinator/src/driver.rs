@@ -445,6 +445,11 @@ impl Committer for Driver {
         self.propose(command).await
     }
 
+    /// The timer flushes checkpoints (at its next tick when an answer waits for one).
+    fn flushes_on_timer(&self) -> bool {
+        true
+    }
+
     /// On tokio's blocking threads, off the async ones.
     async fn blocking<T, F>(&self, work: F) -> Result<T, RemoteError>
     where

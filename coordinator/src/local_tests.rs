@@ -77,8 +77,12 @@ fn first_open(job: JobId, rank: Rank, session: SessionId) -> ControlRequest {
     ControlRequest::OpenEpoch { job, rank, epoch: Epoch(0), start: Position(0), session, pass: Pass(1), consumed: 0, holding: Vec::new() }
 }
 
+/// Remove the job named `name` as `stoker job rm` does: its id resolved first.
 fn remove(core: &LocalCoordinator, name: &str, force: bool, now: Instant) -> Result<ControlResponse, RemoteError> {
-    core.handle(ControlRequest::RemoveJob { name: name.to_owned(), force }, now)
+    let Some((job, _)) = core.state().job_named(name).map(|(job, spec)| (job, spec.clone())) else {
+        return Err(RemoteError::new(ErrorCode::NotFound, format!("no job named {name:?}")));
+    };
+    core.handle(ControlRequest::RemoveJob { name: name.to_owned(), job, force }, now)
 }
 
 #[test]
@@ -95,6 +99,26 @@ fn a_job_with_live_trainers_is_removed_only_by_force_and_its_trainers_then_fail(
     assert!(core.handle(open, now).is_err_and(|error| error.code == ErrorCode::NotFound), "the removed job's trainer fails");
     let (again, _) = attach(&core, "run", 0, now);
     assert_ne!(again, job, "attaching by the name makes a new job");
+}
+
+/// Issue 31, item 7: `stoker job rm --force` sent again (its answer lost in a fail-over)
+/// after a trainer made a new job of the same name removes nothing more: the request names the
+/// job it resolved, by id. Before, it named the job by name and the retry removed the new job.
+#[test]
+fn a_removal_sent_again_never_removes_a_newer_job_of_the_same_name() {
+    let Fixture { core, _dir } = fixture(None);
+    let now = Instant::now();
+    let (first, _) = attach(&core, "run", 0, now);
+    let removal = ControlRequest::RemoveJob { name: "run".to_owned(), job: first, force: true };
+    assert_eq!(core.handle(removal.clone(), now).ok(), Some(ControlResponse::JobRemoved { job: first }));
+    let (second, _) = attach(&core, "run", 0, now);
+    assert_ne!(second, first);
+    assert_eq!(core.handle(removal, now).ok(), Some(ControlResponse::JobRemoved { job: first }), "done already");
+    assert!(core.state().jobs.contains_key(&second), "the newer job of the name stays");
+    let wrong_name = ControlRequest::RemoveJob { name: "other".to_owned(), job: second, force: true };
+    assert!(core.handle(wrong_name, now).is_err_and(|error| error.code == ErrorCode::InvalidArgument));
+    let never = ControlRequest::RemoveJob { name: "run".to_owned(), job: JobId(99), force: true };
+    assert!(core.handle(never, now).is_err_and(|error| error.code == ErrorCode::NotFound));
 }
 
 #[test]
@@ -190,6 +214,7 @@ fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
     let mut flushed = Vec::new();
     for second in 1..=10u64 {
         let now = start + Duration::from_secs(second);
+        let mut waiting = 0;
         for (job, rank, session) in &sessions {
             let report = ControlRequest::ReportProgress {
                 job: *job,
@@ -204,8 +229,15 @@ fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
                 pass: Pass(1),
                 missing: Vec::new(),
             };
-            drive(&committer, report, now).unwrap_or_else(|error| panic!("{error}"));
+            // Stepped as the drive loop does: answered without a commit of its own, once the
+            // next flush has committed the job's checkpoint (issue 31, item 7).
+            match core.step(Event::Request { request: report, caller: CertKey::UNCHECKED }, now) {
+                Outcome::Reply { answer: Ok(_), after_flush, .. } => waiting += u64::from(after_flush),
+                other => panic!("{other:?}"),
+            }
         }
+        // The report that moves each job's checkpoint (its slower rank's) waits for the flush.
+        assert_eq!(waiting, if second <= 4 { 500 } else { 0 }, "second {second}");
         // The driver's flush, once per second.
         let Outcome::CommitEach(commands) = core.step(Event::Flush, now) else { panic!("a flush commits") };
         for command in commands {

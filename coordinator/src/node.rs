@@ -26,7 +26,7 @@ use crate::error::CoordinatorError;
 use crate::legacy;
 use crate::raft::{LogStore, Network, Raft, StateMachine, StoreFile, raft_config};
 use crate::runtime::Coordinator;
-use crate::sources::{OsIds, wall_millis};
+use crate::sources::OsIds;
 use crate::state::ClusterState;
 
 /// How long a coordinator alone waits to lead at start (an election timeout or two).
@@ -83,8 +83,9 @@ pub async fn start(
         });
     }
 
-    // Ids from the OS's randomness; counted ones from the wall clock, above an earlier run's.
-    let core = Arc::new(Coordinator::new(&config, advertised.clone(), ClusterState::new(), Box::new(OsIds), wall_millis(), Instant::now()));
+    // Ids from the OS's randomness; counted ones (workers, sessions) from the Raft term each
+    // time this node leads, never from its clock.
+    let core = Arc::new(Coordinator::new(&config, advertised.clone(), ClusterState::new(), Box::new(OsIds), 0, Instant::now()));
     let machine = StateMachine::open(file.clone(), core.clone())?;
     // Requests only: small windows, no unidirectional streams; large sends (Raft) still go out.
     let tuning = Tuning { max_bidi_streams: config.max_streams_per_connection, receives_batches: false, ..Tuning::default() };
@@ -307,7 +308,8 @@ async fn timer_loop(driver: Arc<Driver>) {
     let mut last_flush = Instant::now();
     loop {
         interval.tick().await;
-        let flush = last_flush.elapsed() >= CHECKPOINT_FLUSH;
+        // Once a second, or at once when an answer waits until its checkpoint is durable.
+        let flush = last_flush.elapsed() >= CHECKPOINT_FLUSH || driver.core().flush_wanted();
         if flush {
             last_flush = Instant::now();
         }

@@ -6,6 +6,7 @@
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -20,7 +21,6 @@ use tracing::warn;
 
 use crate::config::CoordinatorConfig;
 use crate::raft::Replica;
-use crate::sources::wall_millis;
 
 /// Where committed commands go: the one thing local and replicated mode do differently.
 pub trait Committer: Sync {
@@ -33,6 +33,26 @@ pub trait Committer: Sync {
     where
         F: FnOnce() -> T + Send + 'static,
         T: Send + 'static;
+
+    /// Whether checkpoints are flushed by a timer (replicated mode: an answer that must wait
+    /// for a flush waits for the timer's next one), rather than at once (local mode).
+    fn flushes_on_timer(&self) -> bool {
+        false
+    }
+}
+
+/// How long an answer waits for the flush that makes its checkpoint durable.
+const DURABLE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Flushes of checkpoints, as answers waiting for one see them.
+#[derive(Clone, Copy, Debug, Default)]
+struct Flushes {
+    /// Flushes begun (counted before the core hands out what is pending).
+    started: u64,
+    /// The newest flush whose checkpoints all committed.
+    committed: u64,
+    /// Times this node stopped leading: what was pending is gone, and so are the waits.
+    lost: u64,
 }
 
 /// The most rounds one request may take: it commits at most twice (create a job, clear its
@@ -48,6 +68,10 @@ pub struct Coordinator {
     stores: Arc<ObjectStores>,
     /// How long leases are held until done, once metrics are on.
     lease_seconds: OnceLock<Histogram>,
+    /// Flushes, for answers that wait until their checkpoint is durable.
+    flushes: tokio::sync::watch::Sender<Flushes>,
+    /// An answer waits for a flush: the timer flushes at its next tick.
+    flush_wanted: AtomicBool,
 }
 
 impl std::fmt::Debug for Coordinator {
@@ -69,7 +93,14 @@ impl Coordinator {
     ) -> Self {
         let core = Core::new(config.core(), advertised, state, ids, id_base, now);
         let stores = Arc::new(ObjectStores::new(config.store.clone(), config.object_roots.clone()));
-        Self { core: Mutex::new(core), dataset_roots: config.dataset_roots.clone(), stores, lease_seconds: OnceLock::new() }
+        Self {
+            core: Mutex::new(core),
+            dataset_roots: config.dataset_roots.clone(),
+            stores,
+            lease_seconds: OnceLock::new(),
+            flushes: tokio::sync::watch::Sender::new(Flushes::default()),
+            flush_wanted: AtomicBool::new(false),
+        }
     }
 
     /// Step the core once, and record the figures it returns.
@@ -99,7 +130,12 @@ impl Coordinator {
         let mut event = Event::Request { request, caller };
         for _ in 0..MAX_ROUNDS {
             match self.step(event, now) {
-                Outcome::Reply { answer, .. } => return answer,
+                Outcome::Reply { answer, after_flush, .. } => {
+                    if after_flush {
+                        self.durable(committer, now).await?;
+                    }
+                    return answer;
+                }
                 Outcome::Commit { command, then } => {
                     committer.commit(command).await?;
                     match then {
@@ -124,6 +160,43 @@ impl Coordinator {
         Err(RemoteError::new(ErrorCode::Internal, "a request kept asking for commits"))
     }
 
+    /// Wait until a flush that begins now has committed the checkpoints recorded so far
+    /// (local mode: flush now). Refused if it does not happen within [`DURABLE_WITHIN`] or this
+    /// node stops leading meanwhile: the caller sends its report again, to the leader.
+    async fn durable<C>(&self, committer: &C, now: Instant) -> Result<(), RemoteError>
+    where
+        C: Committer,
+    {
+        if !committer.flushes_on_timer() {
+            self.flush(committer, now).await;
+            return Ok(());
+        }
+        let mut flushes_rx = self.flushes.subscribe();
+        let asked = *flushes_rx.borrow_and_update();
+        self.flush_wanted.store(true, Ordering::Release);
+        let waited = tokio::time::timeout(
+            DURABLE_WITHIN,
+            flushes_rx.wait_for(|flushes| flushes.committed > asked.started || flushes.lost > asked.lost),
+        )
+        .await;
+        match waited {
+            Ok(Ok(flushes)) if flushes.committed > asked.started => Ok(()),
+            Ok(_) => Err(RemoteError::new(
+                ErrorCode::NotLeader { leader_hint: None },
+                "this coordinator stopped leading before the progress was committed: report it again to the leader",
+            )),
+            Err(_) => Err(RemoteError::new(
+                ErrorCode::Unavailable,
+                format!("the progress was not committed within {DURABLE_WITHIN:?} (no majority?): report it again"),
+            )),
+        }
+    }
+
+    /// Whether an answer waits for a flush (the timer then flushes at its next tick).
+    pub fn flush_wanted(&self) -> bool {
+        self.flush_wanted.load(Ordering::Acquire)
+    }
+
     /// The timer: expire leases, and commit the removal of idle jobs, `extra` (the driver's
     /// own commands) and, if `flush`, the checkpoints recorded since the last flush. A failed
     /// commit is tried again at a later tick.
@@ -131,12 +204,16 @@ impl Coordinator {
     where
         C: Committer,
     {
+        let number_opt = flush.then(|| self.begin_flush());
         let mut commands = match self.step(Event::Tick { flush }, now) {
             Outcome::CommitEach(commands) => commands,
             _ => Vec::new(),
         };
         commands.extend(extra);
-        self.commit_each(committer, commands, now).await;
+        let committed = self.commit_each(committer, commands, now).await;
+        if let Some(number) = number_opt.filter(|_| committed) {
+            self.flush_committed(number);
+        }
     }
 
     /// Commit the checkpoints recorded since the last flush (local mode: after each request).
@@ -144,31 +221,59 @@ impl Coordinator {
     where
         C: Committer,
     {
-        if let Outcome::CommitEach(commands) = self.step(Event::Flush, now) {
-            self.commit_each(committer, commands, now).await;
+        let number = self.begin_flush();
+        if let Outcome::CommitEach(commands) = self.step(Event::Flush, now)
+            && !self.commit_each(committer, commands, now).await
+        {
+            return;
         }
+        self.flush_committed(number);
     }
 
-    async fn commit_each<C>(&self, committer: &C, commands: Vec<Command>, now: Instant)
+    /// Count a flush begun, before the core hands out what is pending: an answer that saw
+    /// the count before is in this flush or in none before it. Returns its number.
+    fn begin_flush(&self) -> u64 {
+        self.flush_wanted.store(false, Ordering::Release);
+        let mut number = 0;
+        self.flushes.send_modify(|flushes| {
+            flushes.started += 1;
+            number = flushes.started;
+        });
+        number
+    }
+
+    fn flush_committed(&self, number: u64) {
+        self.flushes.send_modify(|flushes| flushes.committed = flushes.committed.max(number));
+    }
+
+    /// Commit each command; whether every checkpoint among them committed.
+    async fn commit_each<C>(&self, committer: &C, commands: Vec<Command>, now: Instant) -> bool
     where
         C: Committer,
     {
+        let mut checkpoints_committed = true;
         for command in commands {
             if let Err(error) = committer.commit(command.clone()).await {
                 warn!(failure = %error.message, "cannot commit; trying again at the next tick");
+                checkpoints_committed &= !matches!(command, Command::RecordCheckpoints { .. });
                 self.step(Event::CommitFailed { command }, now);
             }
         }
+        checkpoints_committed
     }
 
     /// This node leads in `term` (its soft state starts afresh when the term is new).
     pub fn lead(&self, term: u64, now: Instant) {
-        self.step(Event::Lead { term, wall_millis: wall_millis() }, now);
+        self.step(Event::Lead { term }, now);
     }
 
-    /// This node no longer leads: its soft state is dropped.
+    /// This node no longer leads: its soft state is dropped, and answers waiting for a flush
+    /// are refused (what they waited for is gone).
     pub fn follow(&self, now: Instant) {
-        self.step(Event::Follow { wall_millis: wall_millis() }, now);
+        self.step(Event::Follow, now);
+        if self.flushes.receiver_count() > 0 {
+            self.flushes.send_modify(|flushes| flushes.lost += 1);
+        }
     }
 
     /// What `stoker status` shows of this coordinator's state.

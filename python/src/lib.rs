@@ -5,6 +5,7 @@
 
 mod batch;
 mod errors;
+mod interrupt;
 mod loader;
 
 use pyo3::prelude::*;
@@ -13,6 +14,8 @@ use pyo3::prelude::*;
 #[pymodule]
 fn _stoker(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_class::<loader::NativeLoader>()?;
+    module.add_function(wrap_pyfunction!(interrupt::note_interrupt, module)?)?;
+    module.add_function(wrap_pyfunction!(interrupt::interrupts, module)?)?;
     errors::register(module)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     init_logging();

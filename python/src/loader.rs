@@ -1,7 +1,8 @@
 //! `NativeLoader`: one trainer rank's [`Loader`], made safe for Python.
 //!
 //! * Waiting for a batch releases the GIL and wakes every 100 ms to let Python handle signals,
-//!   so Ctrl-C interrupts a loop that waits for data.
+//!   so Ctrl-C interrupts a loop that waits for data, also one whose `KeyboardInterrupt` a
+//!   finalizer swallowed (see `interrupt.rs`).
 //! * Fork: the loader's background runtime has threads, and a forked child has none of them.
 //!   The loader remembers the process that built it; used in another process (a PyTorch
 //!   DataLoader worker forked after the loader was made), it leaves the parent's runtime alone
@@ -10,6 +11,7 @@
 
 use std::time::Duration;
 
+use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 use stoker_client::{Loader, LoaderConfig, LoaderState, Next};
@@ -19,6 +21,7 @@ use stoker_plan::transform::TransformSpec;
 
 use crate::batch;
 use crate::errors::{self, ConfigError};
+use crate::interrupt;
 
 /// `timeout=None`: a hundred years (an `Instant` this far ahead cannot overflow).
 const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
@@ -130,13 +133,21 @@ impl NativeLoader {
     }
 
     /// The next batch as a tuple (see `batch.rs`), or `None` at the end of the epoch.
-    fn next_batch<'py>(&mut self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    /// `interrupts_seen`: the SIGINT count (`interrupts()`) when the calling loop last had
+    /// control; a wait that sees it moved raises `KeyboardInterrupt`.
+    #[pyo3(signature = (interrupts_seen=None))]
+    fn next_batch<'py>(&mut self, py: Python<'py>, interrupts_seen: Option<u64>) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let loader = self.loader(py)?;
         loop {
             match py.detach(|| loader.next_within(SIGNAL_CHECK_INTERVAL)) {
                 Ok(Next::Batch(received)) => return batch::to_python(py, received).map(Some),
                 Ok(Next::EndOfEpoch) => return Ok(None),
-                Ok(Next::Waiting) => py.check_signals()?,
+                Ok(Next::Waiting) => {
+                    py.check_signals()?;
+                    if interrupts_seen.is_some_and(interrupt::since) {
+                        return Err(PyKeyboardInterrupt::new_err("Ctrl-C while waiting for a batch"));
+                    }
+                }
                 Err(error) => return Err(errors::to_py(error)),
             }
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 import time
 
@@ -99,7 +100,8 @@ def test_no_batch_within_the_timeout_is_a_timeout_error(idle_cluster, job_name) 
 
 
 def test_ctrl_c_interrupts_a_loop_waiting_for_data(idle_cluster, job_name) -> None:
-    loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, rank=0, world_size=1, job_name=job_name, timeout=120)
+    loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, rank=0, world_size=1, job_name=job_name, timeout=120,
+                           transforms=[stoker.CenterCrop(32)])
     main = threading.get_ident()
     timer = threading.Timer(0.5, lambda: signal.pthread_kill(main, signal.SIGINT))
     started = time.monotonic()
@@ -111,6 +113,37 @@ def test_ctrl_c_interrupts_a_loop_waiting_for_data(idle_cluster, job_name) -> No
     finally:
         timer.cancel()
     assert time.monotonic() - started < 10
+
+
+def test_ctrl_c_whose_keyboard_interrupt_a_finalizer_swallowed_still_stops_the_wait(idle_cluster, job_name, monkeypatch) -> None:
+    """Python runs a SIGINT handler at the next Python code of the main thread; when that is a
+    finalizer, its KeyboardInterrupt is printed as "Exception ignored" and dropped, and the loop
+    went on to wait out its whole batch timeout (seen once in a clean-clone ``make test``, where
+    the garbage collector closes the generators of earlier tests' loops). Here a finalizer runs,
+    and swallows the Ctrl-C, just before the loop waits."""
+    loader = stoker.Loader(idle_cluster.coordinator, "train", batch_size=8, rank=0, world_size=1, job_name=job_name, timeout=30,
+                           transforms=[stoker.CenterCrop(32)])
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda unraisable: ignored.append(unraisable.exc_type))
+
+    class Swallows:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, in the finalizer
+
+    begin = loader._begin
+
+    def begin_then_finalize() -> None:
+        begin()
+        Swallows()  # dropped at once
+
+    monkeypatch.setattr(loader, "_begin", begin_then_finalize)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        for _ in loader:
+            pass
+    assert ignored == [KeyboardInterrupt], "the finalizer swallowed the Ctrl-C's KeyboardInterrupt"
+    assert time.monotonic() - started < 10
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler, "the loop put Python's handler back"
 
 
 def test_a_sample_that_fails_under_on_error_fail_raises_naming_its_key(cluster, job_name, tmp_path) -> None:

@@ -399,6 +399,14 @@ impl TestCluster {
         self.call_with(&self.tls.configs(role), request)
     }
 
+    /// Remove the job named `name` as `stoker job rm` does: resolve its id, then remove by id.
+    pub fn remove_job(&self, name: &str, force: bool) -> Result<stoker_proto::ControlResponse, stoker_proto::RemoteError> {
+        let not_found = || stoker_proto::RemoteError::new(stoker_proto::ErrorCode::NotFound, format!("no job named {name:?}"));
+        let status = expect_response!(self.call(ControlRequest::Status)?, Status { status })?;
+        let job = status.jobs.iter().find(|job| job.spec.name == name).ok_or_else(not_found)?.id;
+        self.call(ControlRequest::RemoveJob { name: name.to_owned(), job, force })
+    }
+
     /// [`TestCluster::call`] with `tls` (a certificate of another role, another CA, expired).
     pub fn call_with(&self, tls: &TlsConfigs, request: ControlRequest) -> Result<stoker_proto::ControlResponse, stoker_proto::RemoteError> {
         let _guard = self.runtime.enter();

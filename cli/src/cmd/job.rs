@@ -67,8 +67,14 @@ pub(crate) fn list(args: CoordinatorAddr) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Remove the job named `args.name`: resolved to its id once, then removed by that id, so
+/// that a request sent again across a fail-over never removes a newer job that took the name.
 pub(crate) fn remove(args: JobRmArgs) -> anyhow::Result<ExitCode> {
-    let request = ControlRequest::RemoveJob { name: args.name.clone(), force: args.force };
+    let status = expect_response!(call(&args.coordinator, ControlRequest::Status)?, Status { status })?;
+    let Some(resolved) = status.jobs.iter().find(|job| job.spec.name == args.name) else {
+        anyhow::bail!("no job named {:?}: `stoker job ls` lists them", args.name);
+    };
+    let request = ControlRequest::RemoveJob { name: args.name.clone(), job: resolved.id, force: args.force };
     let job = expect_response!(call(&args.coordinator, request)?, JobRemoved { job })?;
     println!("removed job {:?} ({job}) and its checkpoint", args.name);
     Ok(ExitCode::SUCCESS)

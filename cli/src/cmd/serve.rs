@@ -5,7 +5,7 @@ use crate::flags::{ObjectStoreArgs, TlsArgs};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 use stoker_net::bulk::BatchTransport;
@@ -14,7 +14,7 @@ use anyhow::Context;
 use stoker_coordinator::CoordinatorConfig;
 use stoker_format::DatasetRoots;
 use stoker_net::{QuicCoordinator, Role};
-use stoker_obs::{Metrics, MetricsListen, MetricsServer};
+use stoker_obs::{Metrics, MetricsListen, MetricsServer, ScrapeToken};
 use stoker_worker::WorkerConfig;
 
 use super::remote::{resolve, resolve_coordinators, runtime};
@@ -68,6 +68,11 @@ pub(crate) struct CoordinatorArgs {
     /// (a Raft leader is known), on this TCP address; `off` serves nothing.
     #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7401", value_name = "ADDR|off")]
     pub(crate) metrics_listen: MetricsListen,
+    /// A file holding the bearer token scrapers must present for /metrics (`Authorization:
+    /// Bearer TOKEN`, Prometheus's `authorization.credentials_file`); /healthz and /readyz stay
+    /// open for probes [default: /metrics unauthenticated: bind it to an internal address].
+    #[arg(long, env = "STOKER_METRICS_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) metrics_token_file: Option<PathBuf>,
     /// The largest batch a job may have, in bytes (batch size x one output sample's bytes): a
     /// trainer attaching a job over it is refused, before any worker allocates for it.
     #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_BATCH_BYTES, value_name = "BYTES")]
@@ -163,6 +168,11 @@ pub(crate) struct WorkerArgs {
     /// (registered with the coordinator), on this TCP address; `off` serves nothing.
     #[arg(long, env = "STOKER_METRICS_LISTEN", default_value = "0.0.0.0:7501", value_name = "ADDR|off")]
     pub(crate) metrics_listen: MetricsListen,
+    /// A file holding the bearer token scrapers must present for /metrics (`Authorization:
+    /// Bearer TOKEN`, Prometheus's `authorization.credentials_file`); /healthz and /readyz stay
+    /// open for probes [default: /metrics unauthenticated: bind it to an internal address].
+    #[arg(long, env = "STOKER_METRICS_TOKEN_FILE", value_name = "FILE")]
+    pub(crate) metrics_token_file: Option<PathBuf>,
     /// Bytes of batch buffers one job may hold here (its batches in flight x one batch's
     /// bytes; each job its own): a job with large batches gets fewer buffers, and a job two
     /// batches of which do not fit is left to other workers [default: half the memory of the
@@ -221,7 +231,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let _guard = runtime.enter();
     let tls = args.tls.source()?.load(Role::Coordinator)?;
     let metrics = Metrics::for_role("coordinator")?;
-    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
+    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, args.metrics_token_file.as_deref(), &metrics)?;
     let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &tls, &metrics))?;
     eprintln!("coordinator {} listening on {} (data in {}); Ctrl-C stops it", args.node_id, handle.local_addr(), args.data_dir.display());
     runtime.block_on(stop_signal())?;
@@ -293,8 +303,16 @@ async fn stop_signal() -> anyhow::Result<()> {
 /// Serve `metrics` on `listen` (unless `off`), and say where. Bound before the node starts, so
 /// that a taken port stops it before it joins the cluster; the node's metrics and readiness
 /// are registered into the same `metrics` as it starts.
-fn serve_metrics(runtime: &tokio::runtime::Runtime, listen: MetricsListen, metrics: &Metrics) -> anyhow::Result<Option<MetricsServer>> {
+fn serve_metrics(
+    runtime: &tokio::runtime::Runtime,
+    listen: MetricsListen,
+    token_file_opt: Option<&Path>,
+    metrics: &Metrics,
+) -> anyhow::Result<Option<MetricsServer>> {
     let MetricsListen::On(addr) = listen else { return Ok(None) };
+    if let Some(file) = token_file_opt {
+        metrics.require_token(ScrapeToken::from_file(file).context("give --metrics-token-file a file holding one token")?);
+    }
     // Not ready until the node has started (its start sets the real check).
     metrics.set_readiness(|| Err("starting".to_owned()));
     let server = runtime
@@ -342,7 +360,7 @@ pub(crate) fn worker(args: WorkerArgs) -> anyhow::Result<ExitCode> {
     let tls = args.tls.source()?.load(Role::Worker)?;
     let api = QuicCoordinator::with_addrs(coordinator.clone(), &tls)?;
     let metrics = Metrics::for_role("worker")?;
-    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, &metrics)?;
+    let _metrics_server = serve_metrics(&runtime, args.metrics_listen, args.metrics_token_file.as_deref(), &metrics)?;
     let handle = stoker_worker::start(config, socket, &tls, api, &metrics)?;
     eprintln!("worker listening on {} with {threads} decode threads, coordinator {coordinator}; Ctrl-C stops it", handle.local_addr());
     runtime.block_on(stop_signal())?;

@@ -25,6 +25,8 @@ pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 pub struct Admission {
     total: usize,
     per_address: usize,
+    /// What the limits are called in a refusal: the total's and the per-address one's.
+    names: (&'static str, &'static str),
     open: Mutex<Open>,
 }
 
@@ -45,7 +47,13 @@ pub struct Admitted {
 impl Admission {
     /// At most `total` connections, `per_address` from one address.
     pub fn new(total: usize, per_address: usize) -> Arc<Self> {
-        Arc::new(Self { total, per_address, open: Mutex::new(Open::default()) })
+        Self::named(total, per_address, ("--max-connections", "--max-connections-per-address"))
+    }
+
+    /// At most `total` of something at once, `per_address` from one address, the limits
+    /// called `names` in a refusal (bulk handshakes in progress, say).
+    pub fn named(total: usize, per_address: usize, names: (&'static str, &'static str)) -> Arc<Self> {
+        Arc::new(Self { total, per_address, names, open: Mutex::new(Open::default()) })
     }
 
     /// Take a connection from `address`, or say which limit it is over. IPv6 addresses count
@@ -55,12 +63,9 @@ impl Admission {
         let mut open = self.open.lock();
         let from_address = open.by_address.get(&address).copied().unwrap_or(0);
         let refusal_opt = if open.total >= self.total {
-            Some(format!("{} connections are open, the limit (--max-connections {})", open.total, self.total))
+            Some(format!("{} connections are open, the limit ({} {})", open.total, self.names.0, self.total))
         } else if from_address >= self.per_address {
-            Some(format!(
-                "{from_address} connections from {address} are open, the limit (--max-connections-per-address {})",
-                self.per_address
-            ))
+            Some(format!("{from_address} connections from {address} are open, the limit ({} {})", self.names.1, self.per_address))
         } else {
             None
         };

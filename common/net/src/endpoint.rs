@@ -243,18 +243,19 @@ pub async fn connect(endpoint: &Endpoint, addr: SocketAddr, timeout: Duration) -
 /// Connect to `addr` and check that it proves `role` (see [`check_peer`]).
 pub async fn connect_to(endpoint: &Endpoint, addr: SocketAddr, timeout: Duration, role: Role) -> Result<Connection, NetError> {
     let connection = connect(endpoint, addr, timeout).await?;
-    check_peer(&connection, role, CertKey::UNCHECKED)?;
+    check_peer(&connection, role, None)?;
     Ok(connection)
 }
 
-/// Refuse (and close) `connection` unless its peer's certificate names `role` and is the one
-/// `key` names ([`CertKey::UNCHECKED`]: any). A peer without a Stoker certificate passed the
-/// handshake only because this node runs `--insecure`, which checks nothing.
-pub fn check_peer(connection: &Connection, role: Role, key: CertKey) -> Result<(), NetError> {
+/// Refuse (and close) `connection` unless its peer's certificate names `role` and, where
+/// `key_opt` names one, is that certificate (`None`: any certificate of the role). A peer
+/// without a Stoker certificate passed the handshake only because this node runs
+/// `--insecure`, which checks nothing.
+pub fn check_peer(connection: &Connection, role: Role, key_opt: Option<CertKey>) -> Result<(), NetError> {
     let Some(PeerIdentity::Certified(peer)) = peer_identity(connection, true) else { return Ok(()) };
     let problem = if peer.role != role {
         format!("it presents {peer}, where the {role} role was expected")
-    } else if !key.admits(&peer.key) {
+    } else if let Some(key) = key_opt.filter(|key| *key != peer.key) {
         format!("it presents {peer}, not the certificate {key} the coordinator named for it")
     } else {
         return Ok(());

@@ -6,6 +6,14 @@ pub enum ObsError {
     /// A metric could not be made or registered (a bad name, one registered twice).
     #[error("metric: {0}")]
     Metric(#[from] prometheus::Error),
+    /// The scrape token file cannot be used (`--metrics-token-file`).
+    #[error("cannot use the metrics token file {path}: {message}")]
+    TokenFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        message: String,
+    },
     /// The metrics address could not be bound.
     #[error("cannot serve metrics on {addr}: {source}")]
     Bind {

@@ -10,10 +10,13 @@ pub mod error;
 
 mod http;
 pub mod process;
+/// The bearer token scrapers must present (`--metrics-token-file`).
+mod token;
 
 use std::sync::Arc;
 
 pub use self::http::{MetricsServer, serve};
+pub use self::token::ScrapeToken;
 pub use prometheus;
 use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 
@@ -37,6 +40,8 @@ struct Inner {
     /// interleave a hook's reset with another's read.
     scrape: Mutex<Vec<Hook>>,
     readiness: Mutex<Option<Readiness>>,
+    /// The token `/metrics` requires, if any (probes never need one).
+    token: Mutex<Option<ScrapeToken>>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -54,7 +59,14 @@ impl Default for Metrics {
 impl Metrics {
     /// An empty registry: no hooks, always ready.
     pub fn new() -> Self {
-        Self { inner: Arc::new(Inner { registry: Registry::new(), scrape: Mutex::new(Vec::new()), readiness: Mutex::new(None) }) }
+        Self {
+            inner: Arc::new(Inner {
+                registry: Registry::new(),
+                scrape: Mutex::new(Vec::new()),
+                readiness: Mutex::new(None),
+                token: Mutex::new(None),
+            }),
+        }
     }
 
     /// A registry with the process metrics and `stoker_build_info{version, role}`: what each
@@ -80,6 +92,20 @@ impl Metrics {
     /// What `/readyz` checks: `Err(reason)` answers 503 with the reason. The last one set wins.
     pub fn set_readiness(&self, check: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
         *self.inner.readiness.lock() = Some(Box::new(check));
+    }
+
+    /// From now on `/metrics` answers only a request with `Authorization: Bearer TOKEN`
+    /// (`401` otherwise); `/healthz` and `/readyz` stay open for probes.
+    pub fn require_token(&self, token: ScrapeToken) {
+        *self.inner.token.lock() = Some(token);
+    }
+
+    /// Whether a scrape presenting `bearer_opt` may read the metrics.
+    pub fn scrape_allowed(&self, bearer_opt: Option<&str>) -> bool {
+        match &*self.inner.token.lock() {
+            Some(token) => bearer_opt.is_some_and(|bearer| token.matches(bearer)),
+            None => true,
+        }
     }
 
     /// Whether the process is ready, and if not why.

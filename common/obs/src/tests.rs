@@ -82,3 +82,76 @@ fn metrics_listen_parses_addresses_and_off() {
     let error = "localhost".parse::<MetricsListen>().expect_err("no port");
     assert!(error.contains("off"), "{error}");
 }
+
+/// Issue 31, item 5: silent connections (more than the old 32 slots shared by everyone) do not
+/// keep the kubelet's probes from an answer: a probe is answered within a second while 40 are
+/// open, and connections over the per-address bound are closed at once.
+#[test]
+fn probes_are_answered_while_silent_connections_hold_the_port() {
+    use std::time::{Duration, Instant};
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let metrics = Metrics::for_role("test").expect("registry");
+    let server = runtime.block_on(serve("127.0.0.1:0".parse().expect("addr"), metrics)).expect("serves");
+    let addr = server.local_addr();
+    // Silent peers on other loopback addresses: each as many as its address may hold, and one
+    // more, which is closed at once.
+    let mut silent = Vec::new();
+    let mut refused = Vec::new();
+    for peer in 2..7u8 {
+        for index in 0..=http::MAX_CONNECTIONS_PER_ADDRESS {
+            let stream = runtime.block_on(async {
+                let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+                socket.bind(std::net::SocketAddr::from(([127, 0, 0, peer], 0))).expect("bind a loopback address");
+                socket.connect(addr).await.expect("connects").into_std().expect("a std stream")
+            });
+            stream.set_nonblocking(false).expect("blocking");
+            if index < http::MAX_CONNECTIONS_PER_ADDRESS { silent.push(stream) } else { refused.push(stream) }
+        }
+    }
+    assert!(silent.len() > 32, "more silent connections than the slots once shared by all");
+    let probed = Instant::now();
+    let (status, body) = runtime.block_on(async move {
+        tokio::task::spawn_blocking(move || get(addr, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")).await.expect("joins")
+    });
+    let waited = probed.elapsed();
+    assert_eq!((status.as_str(), body.as_str()), ("HTTP/1.1 200 OK", "ok\n"));
+    assert!(waited < Duration::from_secs(1), "the probe was answered after {waited:?}");
+    for mut stream in refused {
+        stream.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let mut byte = [0u8; 1];
+        let closed = matches!(stream.read(&mut byte), Ok(0) | Err(_));
+        assert!(closed, "a connection over its address's bound is closed, unanswered");
+    }
+    drop(silent);
+}
+
+/// Issue 31, item 5: with a scrape token, `/metrics` answers only a scraper that presents it
+/// (Prometheus's `authorization.credentials_file`); probes need none.
+#[test]
+fn a_scrape_token_guards_the_metrics_but_not_the_probes() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let dir = std::env::temp_dir().join(format!("stoker-token-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let file = dir.join("token");
+    std::fs::write(&file, "short\n").expect("write");
+    assert!(ScrapeToken::from_file(&file).is_err_and(|error| error.to_string().contains("openssl rand")));
+    std::fs::write(&file, "0123456789abcdef0123456789abcdef\n").expect("write");
+    let metrics = Metrics::for_role("test").expect("registry");
+    metrics.require_token(ScrapeToken::from_file(&file).expect("a token"));
+    let server = runtime.block_on(serve("127.0.0.1:0".parse().expect("addr"), metrics)).expect("serves");
+    let addr = server.local_addr();
+    let request = |head: String| {
+        runtime.block_on(async move { tokio::task::spawn_blocking(move || get(addr, head.as_bytes())).await.expect("joins") })
+    };
+    assert_eq!(request("GET /metrics HTTP/1.1\r\n\r\n".to_owned()).0, "HTTP/1.1 401 Unauthorized");
+    assert_eq!(
+        request("GET /metrics HTTP/1.1\r\nAuthorization: Bearer wrong-token-wrong-token\r\n\r\n".to_owned()).0,
+        "HTTP/1.1 401 Unauthorized"
+    );
+    let (status, body) = request("GET /metrics HTTP/1.1\r\nAuthorization: Bearer 0123456789abcdef0123456789abcdef\r\n\r\n".to_owned());
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(body.contains("stoker_build_info"), "{body}");
+    assert_eq!(request("GET /healthz HTTP/1.1\r\n\r\n".to_owned()).0, "HTTP/1.1 200 OK");
+    let _ = std::fs::remove_dir_all(&dir);
+}

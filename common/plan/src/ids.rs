@@ -86,17 +86,27 @@ id_newtype!(
 /// and hands it on, so a trainer only takes batches from the worker it was told of and a
 /// worker only serves a rank's batches to the trainer that owns the rank's session.
 /// [`CertKey::UNCHECKED`] where nothing is proven (`--insecure`).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
+///
+/// It has no `Default`: a key is always one a peer proved or the explicit
+/// [`CertKey::UNCHECKED`], never a value that appears when an owner is not known (issue 31,
+/// item 7: an unknown owner refuses, it never admits).
+///
+/// ```compile_fail
+/// let key: stoker_plan::ids::CertKey = Default::default();
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct CertKey(pub [u8; 32]);
 
 impl CertKey {
-    /// No certificate: the peer runs `--insecure`, and this key matches any.
+    /// No certificate: the peer runs `--insecure`. It matches only itself: under `--insecure`
+    /// every peer is unchecked, so they match each other; a certified peer never matches it,
+    /// and it never matches a certified peer.
     pub const UNCHECKED: Self = Self([0; 32]);
 
-    /// Whether a peer proving `other` is the one this key names (anyone, when either side
-    /// is unchecked).
+    /// Whether a peer proving `other` is the one this key names: the same key, nothing else.
+    /// Where the owner is not known, callers hold no key at all (an `Option`), and refuse.
     pub fn admits(&self, other: &Self) -> bool {
-        *self == Self::UNCHECKED || *other == Self::UNCHECKED || self == other
+        self == other
     }
 
     /// The key as 64 hex digits (as `stoker certs` prints it and the deny list holds it).
@@ -150,14 +160,17 @@ mod tests {
     }
 
     #[test]
-    fn cert_keys_read_back_and_unchecked_admits_all() {
+    fn cert_keys_read_back_and_unchecked_admits_only_unchecked() {
         let key = CertKey([0xab; 32]);
         assert_eq!(CertKey::from_hex(&key.hex()), Some(key));
         assert_eq!(CertKey::from_hex("ab:cd"), None);
         assert_eq!(CertKey::from_hex(&"zz".repeat(32)), None);
         assert!(key.admits(&key));
         assert!(!key.admits(&CertKey([1; 32])));
-        assert!(key.admits(&CertKey::UNCHECKED) && CertKey::UNCHECKED.admits(&key));
+        // Issue 31, item 7: "unchecked" is no wildcard; it matches only another unchecked peer
+        // (both sides `--insecure`).
+        assert!(!key.admits(&CertKey::UNCHECKED) && !CertKey::UNCHECKED.admits(&key));
+        assert!(CertKey::UNCHECKED.admits(&CertKey::UNCHECKED));
         assert_eq!(key.to_string(), "cert-abababababababab");
     }
 

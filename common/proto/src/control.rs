@@ -264,12 +264,15 @@ pub enum ControlRequest {
         /// What failed, naming the shard and the key.
         reason: String,
     },
-    /// Remove the job `name` (`stoker job rm`): its spec and checkpoint are forgotten and
-    /// nothing of it is made any more. Refused while a trainer of it is live, unless `force`.
-    /// Appended last.
+    /// Remove the job `job`, named `name` (`stoker job rm`, which resolves the name to the id
+    /// first): its spec and checkpoint are forgotten and nothing of it is made any more.
+    /// Refused while a trainer of it is live, unless `force`. By id, so that a request sent
+    /// again (across a fail-over) never removes a newer job that took the name meanwhile.
     RemoveJob {
-        /// The job's name.
+        /// The job's name, as the caller resolved it (checked against the job's).
         name: String,
+        /// The job.
+        job: JobId,
         /// Remove it even though trainers of it are live (they fail at their next request).
         force: bool,
     },

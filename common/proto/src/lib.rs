@@ -48,10 +48,11 @@ pub use self::error_code::{ErrorCode, RemoteError};
 /// * 7: bulk connections: batches over TLS 1.3 on TCP at a worker's batch port
 ///   ([`BULK_ALPN`]: a [`TrainerHello`], its answer, then batches each answered by a
 ///   [`BatchReply`]).
-pub const PROTOCOL_VERSION: u32 = 7;
+/// * 8: `RemoveJob.job` (a job is removed by the id the caller resolved, not by its name).
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/7";
+pub const ALPN_TEXT: &str = "stoker/8";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

@@ -23,7 +23,7 @@ impl Owners {
     /// Refuse `caller` speaking for `session` of (job, rank) if another certificate owns it.
     pub(crate) fn check(&self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) -> Result<(), RemoteError> {
         match self.sessions.get(&(job, rank)) {
-            Some((owned, owner)) if *owned == session && !owner.admits(&caller) => Err(not_yours(session, *owner, caller)),
+            Some((owned, owner)) if *owned == session && *owner != caller => Err(not_yours(session, *owner, caller)),
             _ => Ok(()),
         }
     }
@@ -33,9 +33,9 @@ impl Owners {
         self.sessions.insert((job, rank), (session, caller));
     }
 
-    /// The owner of `session` of (job, rank), or [`CertKey::UNCHECKED`] if not known.
-    pub(crate) fn owner(&self, job: JobId, rank: Rank, session: SessionId) -> CertKey {
-        self.sessions.get(&(job, rank)).filter(|(owned, _)| *owned == session).map_or(CertKey::UNCHECKED, |(_, owner)| *owner)
+    /// The owner of `session` of (job, rank), if known (`None` admits nobody).
+    pub(crate) fn owner(&self, job: JobId, rank: Rank, session: SessionId) -> Option<CertKey> {
+        self.sessions.get(&(job, rank)).filter(|(owned, _)| *owned == session).map(|(_, owner)| *owner)
     }
 
     /// Forget every owner (a new leader's soft state starts empty).
@@ -58,7 +58,10 @@ mod tests {
         assert_eq!(refused.code, ErrorCode::Forbidden);
         // Another session is the seats' business (superseded or adopted), not the owners'.
         assert!(owners.check(JobId(1), Rank(0), SessionId(6), forger).is_ok());
-        assert_eq!(owners.owner(JobId(1), Rank(0), SessionId(5)), honest);
-        assert_eq!(owners.owner(JobId(1), Rank(0), SessionId(6)), CertKey::UNCHECKED);
+        assert_eq!(owners.owner(JobId(1), Rank(0), SessionId(5)), Some(honest));
+        assert_eq!(owners.owner(JobId(1), Rank(0), SessionId(6)), None);
+        // An unchecked owner (`--insecure`) is no wildcard for a certificate.
+        owners.record(JobId(1), Rank(1), SessionId(7), CertKey::UNCHECKED);
+        assert!(owners.check(JobId(1), Rank(1), SessionId(7), honest).is_err());
     }
 }

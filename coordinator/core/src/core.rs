@@ -18,11 +18,34 @@ use crate::ids::IdSource;
 use crate::scheduler::{RunKey, Scheduler};
 use crate::state::{Applied, ClusterState, Command};
 
-/// Random low bits of trainer session ids. The high bits count up from the wall clock in
-/// milliseconds (41 bits until 2039, 42 after), so sessions still order by age (a worker
-/// serves the newest; a coordinator adopts a newer one after a restart), while a peer cannot
-/// name another trainer's session by counting.
+/// Random low bits of trainer session ids. The high bits count up, so sessions still order
+/// by age (a worker serves the newest; a coordinator adopts a newer one after a restart),
+/// while a peer cannot name another trainer's session by counting.
 pub(crate) const SESSION_RANDOM_BITS: u32 = 21;
+
+/// Sessions one leader may hand out in its term (the count's bits in a session's high bits).
+const SESSION_COUNT_BITS: u32 = 22;
+/// Set in the high bits of every session a leader hands out since ids come from the Raft term
+/// (issue 31, item 7): above every session of the earlier scheme (wall-clock milliseconds,
+/// below 2^42 until 2109), so a session recorded before the upgrade never supersedes a new one.
+const SESSION_TERM_SCHEME: u64 = 1 << 42;
+/// Terms the session scheme has room for (2^20); a later term hands out no sessions.
+const SESSION_TERMS: u64 = 1 << (42 - SESSION_COUNT_BITS);
+/// Set in every worker id a leader hands out: worker ids are `flag | term << 32 | count`.
+const WORKER_TERM_SCHEME: u64 = 1 << 62;
+
+/// The first session (high bits) and the end of the range a leader of `term` hands out: a
+/// range of its own, so leaders never hand out the same session whatever their clocks say.
+fn session_range(term: u64) -> (u64, u64) {
+    let first = SESSION_TERM_SCHEME | term.min(SESSION_TERMS) << SESSION_COUNT_BITS;
+    let end = if term >= SESSION_TERMS { first } else { first + (1 << SESSION_COUNT_BITS) };
+    (first, end)
+}
+
+/// The first worker id a leader of `term` hands out (2^32 a term; terms below 2^30).
+fn worker_id_base(term: u64) -> u64 {
+    WORKER_TERM_SCHEME | (term & ((1 << 30) - 1)) << 32
+}
 
 /// A coordinator's state and logic, without IO, clocks, randomness or locks.
 pub struct Core {
@@ -37,6 +60,8 @@ pub struct Core {
     pub(crate) totals: BTreeMap<(JobId, Rank), RankTotals>,
     /// The high bits of the next session id.
     pub(crate) next_session: u64,
+    /// The high bits no session of this leader reaches: its range ends there.
+    pub(crate) session_end: u64,
     /// Which certificate owns each rank's newest session.
     pub(crate) owners: Owners,
     /// Checkpoints not yet committed: one `RecordCheckpoints` entry carries all of them at the
@@ -59,9 +84,9 @@ impl std::fmt::Debug for Core {
 
 impl Core {
     /// A core over `state`, reporting `advertised` as its address, with ids from `ids`, counted
-    /// ids (workers, sessions) from `id_base` on (pass the wall clock in milliseconds, or
-    /// anything above the ids of an earlier run), started at `now`. It schedules at once; a
-    /// replicated coordinator steps [`Event::Lead`] before each request.
+    /// ids (workers, sessions) from `id_base` on (local mode: anything above the ids of an
+    /// earlier run), started at `now`. It schedules at once; a replicated coordinator steps
+    /// [`Event::Lead`] before each request, and counts its ids from the Raft term instead.
     pub fn new(config: CoreConfig, advertised: String, state: ClusterState, ids: Box<dyn IdSource>, id_base: u64, now: Instant) -> Self {
         Self {
             scheduler: Scheduler::new(config.scheduler, id_base),
@@ -72,6 +97,7 @@ impl Core {
             ranks: BTreeMap::new(),
             totals: BTreeMap::new(),
             next_session: id_base,
+            session_end: u64::MAX >> SESSION_RANDOM_BITS,
             owners: Owners::default(),
             pending: BTreeMap::new(),
             led_term: None,
@@ -91,12 +117,12 @@ impl Core {
                 self.commit_failed(command);
                 Outcome::Done
             }
-            Event::Lead { term, wall_millis } => {
-                self.lead(term, wall_millis, now);
+            Event::Lead { term } => {
+                self.lead(term, now);
                 Outcome::Done
             }
-            Event::Follow { wall_millis } => {
-                self.follow(wall_millis);
+            Event::Follow => {
+                self.follow();
                 Outcome::Done
             }
         }
@@ -145,18 +171,21 @@ impl Core {
 
     /// This node leads in `term`: if it did not lead in that term until now, its soft state
     /// (runs, leases, windows, workers, sessions) starts empty, as after a restart; workers
-    /// and trainers rebuild it by registering and opening again (DESIGN §6).
-    fn lead(&mut self, term: u64, wall_millis: u64, now: Instant) {
+    /// and trainers rebuild it by registering and opening again (DESIGN §6). Its worker ids and
+    /// sessions come from a range of the term's own: Raft gives a term one leader at most, and
+    /// later terms higher ranges, so a new leader never hands out an id an earlier one did
+    /// (its wall clock plays no part: issue 31, item 7).
+    fn lead(&mut self, term: u64, now: Instant) {
         if self.led_term == Some(term) {
             return;
         }
-        let id_base = wall_millis.saturating_mul(1000).max(self.next_session + 1);
-        self.drop_soft_state(id_base);
-        // Above every session recorded by earlier leaders too: their clocks may run ahead of
-        // this node's, and a new session must supersede every older one.
+        self.drop_soft_state(worker_id_base(term));
+        let (first, end) = session_range(term);
+        // Above every session recorded too (sessions of the scheme before are below `first`).
         let recorded =
             self.state.sessions.values().flat_map(BTreeMap::values).map(|(session, _)| (session.0 >> SESSION_RANDOM_BITS) + 1).max();
-        self.next_session = wall_millis.max(self.next_session).max(recorded.unwrap_or(0));
+        self.next_session = first.max(recorded.unwrap_or(0));
+        self.session_end = end;
         self.started = now;
         self.led_term = Some(term);
         tracing::info!(term, "leading: scheduling starts afresh; workers and trainers reconnect");
@@ -164,9 +193,10 @@ impl Core {
 
     /// This node no longer leads: drop the soft state so that nothing stale is served if it
     /// leads again.
-    fn follow(&mut self, wall_millis: u64) {
+    fn follow(&mut self) {
         if self.led_term.take().is_some() {
-            self.drop_soft_state(wall_millis.saturating_mul(1000));
+            self.drop_soft_state(WORKER_TERM_SCHEME);
+            self.session_end = self.next_session;
             tracing::info!("no longer leading: soft state dropped");
         }
     }
@@ -224,11 +254,15 @@ impl Core {
         }
     }
 
-    /// A new session id: counted, with random low bits.
-    pub(crate) fn new_session(&mut self) -> SessionId {
+    /// A new session id: counted within this leader's range, with random low bits; `None`
+    /// when the range is used up (a new term gives a new one).
+    pub(crate) fn new_session(&mut self) -> Option<SessionId> {
+        if self.next_session >= self.session_end {
+            return None;
+        }
         let count = self.next_session;
         self.next_session += 1;
-        SessionId(count << SESSION_RANDOM_BITS | self.ids.next_u64() >> (64 - SESSION_RANDOM_BITS))
+        Some(SessionId(count << SESSION_RANDOM_BITS | self.ids.next_u64() >> (64 - SESSION_RANDOM_BITS)))
     }
 
     /// Drop the plans of runs that are gone (finished, left by every rank, or failed).

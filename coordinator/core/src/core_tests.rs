@@ -38,15 +38,26 @@ fn config() -> CoreConfig {
 /// Step `request` to its answer as a driver in local mode does: commits applied at once, the
 /// manifest "read" as `dataset`.
 fn drive(core: &mut Core, request: ControlRequest, dataset: &DatasetInfo, now: Instant) -> ControlResponse {
-    let mut event = Event::Request { request, caller: CertKey::UNCHECKED };
+    drive_as(core, request, CertKey::UNCHECKED, dataset, now).unwrap_or_else(|error| panic!("{error}"))
+}
+
+/// [`drive`] for a peer proving `caller`; the refusal, if it is refused.
+fn drive_as(
+    core: &mut Core,
+    request: ControlRequest,
+    caller: CertKey,
+    dataset: &DatasetInfo,
+    now: Instant,
+) -> Result<ControlResponse, stoker_proto::RemoteError> {
+    let mut event = Event::Request { request, caller };
     for _ in 0..4 {
         match core.step(event, now) {
-            Outcome::Reply { answer, .. } => return answer.unwrap_or_else(|error| panic!("{error}")),
+            Outcome::Reply { answer, .. } => return answer,
             Outcome::Commit { command, then } => {
                 core.apply(command);
                 match then {
-                    Then::Again(request) => event = Event::Request { request, caller: CertKey::UNCHECKED },
-                    Then::Reply(answer) => return answer,
+                    Then::Again(request) => event = Event::Request { request, caller },
+                    Then::Reply(answer) => return Ok(answer),
                 }
             }
             Outcome::ReadManifest { name, .. } => event = Event::ManifestRead { name, read: Ok(dataset.clone()) },
@@ -54,6 +65,20 @@ fn drive(core: &mut Core, request: ControlRequest, dataset: &DatasetInfo, now: I
         }
     }
     panic!("too many rounds")
+}
+
+/// The first open of epoch 0 by rank 0's trainer of `session`.
+fn first_open(job: JobId, session: SessionId) -> ControlRequest {
+    ControlRequest::OpenEpoch {
+        job,
+        rank: Rank(0),
+        epoch: Epoch(0),
+        start: Position(0),
+        session,
+        pass: Pass(1),
+        consumed: 0,
+        holding: Vec::new(),
+    }
 }
 
 /// Attach rank 0 of a one-rank job, open epoch 0, register a worker and pull: the leases.
@@ -67,17 +92,7 @@ fn leases_granted(seed: u64) -> Vec<u64> {
     spec.transforms = TransformSpec::imagenet_train(8);
     let attach = ControlRequest::Attach { spec, rank: Rank(0), client: 1 };
     let ControlResponse::Attached { job, session, .. } = drive(&mut core, attach, &dataset, now) else { panic!("attach") };
-    let open = ControlRequest::OpenEpoch {
-        job,
-        rank: Rank(0),
-        epoch: Epoch(0),
-        start: Position(0),
-        session,
-        pass: Pass(1),
-        consumed: 0,
-        holding: Vec::new(),
-    };
-    drive(&mut core, open, &dataset, now);
+    drive(&mut core, first_open(job, session), &dataset, now);
     let addr: SocketAddr = "127.0.0.1:7500".parse().unwrap_or_else(|error| panic!("{error}"));
     let register = ControlRequest::RegisterWorker { addr, threads: 1, instance: 1, attempt: 1 };
     let ControlResponse::WorkerRegistered { worker, .. } = drive(&mut core, register, &dataset, now) else { panic!("register") };
@@ -129,4 +144,82 @@ fn the_timer_hands_out_checkpoints_once_and_takes_them_back_when_a_commit_fails(
     }
     let Outcome::CommitEach(again) = core.step(Event::Flush, now) else { panic!("commands") };
     assert_eq!(again.len(), 1, "taken back, committed at the next flush");
+}
+
+fn sample_dataset() -> DatasetInfo {
+    DatasetInfo { name: "train".into(), manifest: "/data/manifest.json".into(), shard_counts: vec![8, 8], version: 7 }
+}
+
+/// A core with the dataset `train` and the state `state`, leading in `term`.
+fn leading(state: ClusterState, term: u64, now: Instant) -> Core {
+    let mut core = Core::new(config(), "test".into(), state, Box::new(SeededIds::new(term)), 0, now);
+    core.step(Event::Lead { term }, now);
+    if core.state().datasets.is_empty() {
+        drive(&mut core, ControlRequest::AddDataset { name: "train".into(), manifest: "/data".into() }, &sample_dataset(), now);
+    }
+    core
+}
+
+/// Issue 31, item 7: worker ids and sessions come from the Raft term, not from a clock. A
+/// leader of a later term (whose clock may be behind) never hands out an id the earlier one
+/// did, and its sessions supersede the earlier one's. Before, both were counted from the
+/// leader's wall clock, and a leader whose clock was behind handed out live ids again.
+#[test]
+fn a_later_leader_never_hands_out_an_id_an_earlier_one_did() {
+    let now = Instant::now();
+    let dataset = sample_dataset();
+    let addr: SocketAddr = "127.0.0.1:7500".parse().unwrap_or_else(|error| panic!("{error}"));
+    let mut ids = Vec::new();
+    let mut sessions = Vec::new();
+    let mut state = ClusterState::new();
+    for term in [3, 4, 9] {
+        let mut core = leading(state.clone(), term, now);
+        for attempt in 1..=3 {
+            let register = ControlRequest::RegisterWorker { addr, threads: 1, instance: term, attempt };
+            let ControlResponse::WorkerRegistered { worker, .. } = drive(&mut core, register, &dataset, now) else { panic!("register") };
+            ids.push(worker);
+        }
+        for rank in 0..2 {
+            let mut spec = crate::state::tests::spec("job");
+            spec.transforms = TransformSpec::imagenet_train(8);
+            spec.plan.world_size = std::num::NonZeroU32::new(2).unwrap_or(std::num::NonZeroU32::MIN);
+            let attach = ControlRequest::Attach { spec, rank: Rank(rank), client: term };
+            let ControlResponse::Attached { session, .. } = drive(&mut core, attach, &dataset, now) else { panic!("attach") };
+            sessions.push(session);
+        }
+        state = core.state().clone();
+    }
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "worker ids handed out twice: {ids:?}");
+    assert!(sessions.windows(2).all(|pair| pair[0] < pair[1]), "each later session is newer: {sessions:?}");
+}
+
+/// Issue 31, item 7: an owner that is not known refuses, never admits. Under mutual TLS every
+/// session a trainer is given is recorded first, so after a fail-over a session with no record
+/// (made up, or from nowhere) is refused instead of adopted by whoever names it first.
+#[test]
+fn an_unknown_owner_refuses_under_mutual_tls() {
+    let now = Instant::now();
+    let dataset = sample_dataset();
+    let (honest, forger) = (CertKey([1; 32]), CertKey([2; 32]));
+    let mut core = leading(ClusterState::new(), 1, now);
+    let mut spec = crate::state::tests::spec("job");
+    spec.transforms = TransformSpec::imagenet_train(8);
+    let attach = ControlRequest::Attach { spec, rank: Rank(0), client: 1 };
+    let Ok(ControlResponse::Attached { job, session, .. }) = drive_as(&mut core, attach, honest, &dataset, now) else { panic!("attach") };
+    let open = |session| first_open(job, session);
+    // A new leader: the soft owners are gone, the record stays.
+    let mut core = leading(core.state().clone(), 2, now);
+    let stolen = drive_as(&mut core, open(session), forger, &dataset, now).expect_err("another certificate");
+    assert_eq!(stolen.code, stoker_proto::ErrorCode::Forbidden, "{stolen}");
+    // The record gone (as if never written): nobody adopts the session under mutual TLS.
+    let mut state = core.state().clone();
+    state.sessions.clear();
+    let mut core = leading(state, 3, now);
+    let unrecorded = drive_as(&mut core, open(session), honest, &dataset, now).expect_err("no record");
+    assert_eq!(unrecorded.code, stoker_proto::ErrorCode::Forbidden, "{unrecorded}");
+    // Under --insecure the seats alone decide, as before.
+    assert!(drive_as(&mut core, open(session), CertKey::UNCHECKED, &dataset, now).is_ok());
 }

@@ -18,6 +18,18 @@ pub(crate) fn not_found(message: impl Into<String>) -> RemoteError {
 pub(crate) fn refused(refusal: Refusal) -> RemoteError {
     match refusal {
         Refusal::NotYours { worker, owner, caller } => crate::authz::not_yours(worker, owner, caller),
+        Refusal::TooManyRuns { job, open } => {
+            let runs: Vec<String> = open.iter().map(|key| format!("{} from {}", key.epoch, key.start)).collect();
+            RemoteError::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "{job} has {} epoch runs open ({}), the most a job may have: its ranks are in epochs far apart \
+                     (a trainer that skips epochs, or a hostile certificate); asked again until one of them ends",
+                    open.len(),
+                    runs.join(", ")
+                ),
+            )
+        }
         Refusal::UnknownWorker(worker) => {
             not_found(format!("{worker} is not registered (the coordinator restarted or declared it dead): register again"))
         }

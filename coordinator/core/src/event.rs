@@ -42,17 +42,12 @@ pub enum Event {
     /// This node leads in `term` (asked at every request and tick; only the first in a term
     /// changes anything): its soft state starts afresh.
     Lead {
-        /// The Raft term.
+        /// The Raft term: the ids this leader hands out (workers, sessions) are drawn from it,
+        /// so no two leaders hand out the same id, whatever their clocks say.
         term: u64,
-        /// Milliseconds since 1970 (the wall clock): new ids start above every id an earlier
-        /// leader handed out.
-        wall_millis: u64,
     },
     /// This node no longer leads: its soft state is dropped.
-    Follow {
-        /// Milliseconds since 1970 (the wall clock).
-        wall_millis: u64,
-    },
+    Follow,
 }
 
 /// What the driver does next.
@@ -64,6 +59,10 @@ pub enum Outcome {
         answer: Result<ControlResponse, RemoteError>,
         /// How long a lease was held until done (a `ChunkDone`), for the driver to record.
         lease_held_opt: Option<Duration>,
+        /// Whether the answer may go out only once a flush that started after this step has
+        /// committed: a progress report whose job has a checkpoint pending is acknowledged
+        /// only when that checkpoint is durable, so that it survives a leadership change.
+        after_flush: bool,
     },
     /// Commit `command` (it is valid now), then go on with `then`.
     Commit {
@@ -99,6 +98,6 @@ pub enum Then {
 impl Outcome {
     /// An answer with no figures.
     pub fn reply(answer: Result<ControlResponse, RemoteError>) -> Self {
-        Self::Reply { answer, lease_held_opt: None }
+        Self::Reply { answer, lease_held_opt: None, after_flush: false }
     }
 }

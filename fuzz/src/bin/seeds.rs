@@ -141,7 +141,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
         ControlRequest::Status,
         ControlRequest::Detach { job: JobId(1), rank: Rank(0), session: SessionId(5) },
         ControlRequest::ChunkFatal { worker: WorkerId(2), lease: LeaseId(9), reason: "shard-3: key x: bad JPEG".into() },
-        ControlRequest::RemoveJob { name: "resnet".into(), force: true },
+        ControlRequest::RemoveJob { name: "resnet".into(), job: JobId(3), force: true },
         ControlRequest::Raft { kind: RaftKind::AppendEntries, payload: br#"{"vote":{"leader_id":{"term":1,"node_id":1}}}"#.to_vec() },
         ControlRequest::AddNode { id: 3, addr: "coord-3:7000".into() },
     ];

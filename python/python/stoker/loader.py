@@ -9,7 +9,7 @@ import os
 import warnings
 from typing import Any, Deque, Dict, Iterator, Optional, Sequence, Tuple, Union
 
-from stoker import _stoker
+from stoker import _stoker, interrupt
 from stoker.batch import Batch
 from stoker.errors import ConfigError, ResumeError
 from stoker.placement import distributed_rank, make_device_feed
@@ -183,6 +183,8 @@ class Loader:
         self._missing_label = missing_label
         if rank is None and world_size is None:
             rank, world_size = distributed_rank()
+        # The SIGINT count when the iterating loop last had control (see stoker.interrupt).
+        self._interrupts_seen: Optional[int] = None
         # A batch handed back unused (see __iter__), the batch out in a live loop, whether every
         # iter() starts the epoch again (evaluation), and the GPU feed (device=).
         self._held: Optional[Batch] = None
@@ -333,41 +335,46 @@ class Loader:
         )
 
     def _iterate(self) -> Iterator[Batch]:
-        self._begin()
-        yielded = 0
-        while True:
-            batch = self._held
-            if batch is not None:
-                self._held = None
-                self._out_state = self._held_state
-            else:
-                batch = self._next_batch()
-                if batch is None:
-                    return
-            self._out = batch
-            yielded += 1
-            try:
-                yield batch
-            except GeneratorExit:
-                # Dropped after handing out its first batch only, never asked for a second: a
-                # peek (next(iter(loader))). The batch goes back; the next loop yields it first.
-                if yielded == 1:
-                    self._give_back(batch)
-                raise
-            self._out = None
+        with interrupt.watching():
+            # A Ctrl-C counted after this, while the loop has not had control back, stops the
+            # wait for the next batch even if a finalizer swallowed its KeyboardInterrupt.
+            self._interrupts_seen = interrupt.count()
+            self._begin()
+            yielded = 0
+            while True:
+                batch = self._held
+                if batch is not None:
+                    self._held = None
+                    self._out_state = self._held_state
+                else:
+                    batch = self._next_batch()
+                    if batch is None:
+                        return
+                self._out = batch
+                yielded += 1
+                try:
+                    yield batch
+                except GeneratorExit:
+                    # Dropped after handing out its first batch only, never asked for a second:
+                    # a peek (next(iter(loader))). The batch goes back; the next loop yields it first.
+                    if yielded == 1:
+                        self._give_back(batch)
+                    raise
+                self._out = None
+                self._interrupts_seen = interrupt.count()
 
     def _next_batch(self) -> Optional[Batch]:
         """The next batch of the epoch (``None`` at its end): received, or from the device feed,
         which keeps ``device_prefetch`` more on their way to the device."""
         native, feed = self._native, self._device_feed
         if feed is None:
-            raw = native.next_batch()
+            raw = native.next_batch(self._interrupts_seen)
             if raw is None:
                 return None
             self._out_state = None
             return Batch._from_native(raw, self._output, self._missing_label)
         while not self._source_ended and len(self._in_flight) <= self._device_prefetch:
-            raw = native.next_batch()
+            raw = native.next_batch(self._interrupts_seen)
             if raw is None:
                 self._source_ended = True
                 break

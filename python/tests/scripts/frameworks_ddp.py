@@ -2,10 +2,18 @@
 trained on a Stoker loader through Accelerate, transformers' Trainer or torchdata's
 StatefulDataLoader, stopped after a checkpoint mid-epoch and resumed from it. argv: mode
 (accelerate|trainer|torchdata) coordinator job_name out_dir phase
-stop_after_steps. Each rank writes the keys it trained on to OUT/MODE-PHASE-rankR.jsonl."""
+stop_after_steps. Each rank writes the keys it trained on, with the global step they trained, to
+OUT/MODE-PHASE-rankR.jsonl.
+
+With STOKER_TEST_CHECKPOINT_EVERY=N and STOKER_TEST_STALL_AT=M (the kill test, modes accelerate
+and trainer, phase "killed"), the run saves its state every N steps, and rank 1, at the batch of
+global step M, writes OUT/rank1.pid and OUT/stalled and sleeps, for the test to SIGKILL it there.
+"""
 
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -15,6 +23,8 @@ import stoker
 import stoker.huggingface as stoker_hf
 
 mode, coordinator, job_name, out, phase, stop_after = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4]), sys.argv[5], int(sys.argv[6])
+checkpoint_every = int(os.environ.get("STOKER_TEST_CHECKPOINT_EVERY", "0"))
+stall_at = int(os.environ.get("STOKER_TEST_STALL_AT", "-1"))
 
 
 class Tiny(nn.Module):
@@ -26,9 +36,14 @@ class Tiny(nn.Module):
         return {"loss": nn.functional.cross_entropy(self.net(pixel_values), labels.clamp(min=0))}
 
 
-def record(rank: int, batch: stoker.Batch) -> None:
+def record(rank: int, batch: stoker.Batch, global_step: int) -> None:
     with open(out / f"{mode}-{phase}-rank{rank}.jsonl", "a") as log:
-        log.write(json.dumps({"epoch": batch.epoch, "step": batch.step, "keys": batch.keys}) + "\n")
+        log.write(json.dumps({"epoch": batch.epoch, "step": batch.step, "global_step": global_step, "keys": batch.keys}) + "\n")
+    if rank == 1 and global_step == stall_at:
+        (out / "rank1.pid").write_text(str(os.getpid()))
+        (out / "stalled").write_text("")
+        for _ in range(600):  # bounded: the test kills this process long before
+            time.sleep(1)
 
 
 def make_loader() -> stoker.Loader:
@@ -48,16 +63,20 @@ if mode == "accelerate":
     if phase == "resumed":
         accelerator.load_state(str(out / "accelerate-state"))
         start_epoch = loader.epoch
+        steps = start_epoch * len(loader) + len(loader) - loader.steps_remaining
     for epoch in range(start_epoch, 2):
         batches.set_epoch(epoch)
         for batch in batches:
-            record(accelerator.process_index, batch)
+            record(accelerator.process_index, batch, steps)
             images, labels = batch
             loss = model(images, labels)["loss"]
             optimizer.zero_grad()
             accelerator.backward(loss)
             optimizer.step()
             steps += 1
+            if checkpoint_every and steps % checkpoint_every == 0:
+                accelerator.save_state(str(out / "accelerate-state"))
+                accelerator.wait_for_everyone()  # the state is whole before any rank goes on
             if phase == "first" and steps == stop_after:
                 accelerator.save_state(str(out / "accelerate-state"))
                 accelerator.wait_for_everyone()
@@ -87,7 +106,7 @@ elif mode == "torchdata":
     # No set_epoch: each pass over the loader goes on with the next epoch, as a DataLoader's does.
     while True:
         for batch in data:
-            record(dist.get_rank(), batch)
+            record(dist.get_rank(), batch, steps)
             images, labels = stoker_torch.normalize_batch(batch)
             loss = model(images, labels)["loss"]
             optimizer.zero_grad()
@@ -111,13 +130,13 @@ else:
 
     args = TrainingArguments(
         output_dir=str(out / "trainer"), per_device_train_batch_size=8, num_train_epochs=2, max_steps=stop_after if phase == "first" else -1,
-        save_strategy="steps", save_steps=stop_after, logging_steps=1, report_to=[], use_cpu=True, dataloader_num_workers=0,
+        save_strategy="steps", save_steps=checkpoint_every or stop_after, logging_steps=1, report_to=[], use_cpu=True, dataloader_num_workers=0,
         learning_rate=0.01, disable_tqdm=True, save_only_model=False,
     )
     loader = make_loader()
 
     def inputs(batch: stoker.Batch) -> dict:
-        record(loader.rank, batch)
+        record(loader.rank, batch, trainer.state.global_step)
         return stoker_hf.as_inputs(batch)
 
     trainer = stoker_hf.StokerTrainer(model=Tiny(), args=args, train_loader=loader, convert=inputs)

@@ -150,3 +150,61 @@ fn a_bulk_connection_needs_a_trainer_certificate_that_owns_the_quic_session() {
     assert_eq!(owned.0, Ok(()), "the owner of the QUIC session");
     assert!(owned.1.is_err(), "another session: {:?}", owned.1);
 }
+
+/// Issue 31, item 6: one address holding silent TCP connections to a worker's bulk port (more
+/// than every handshake place there is) leaves the other trainers their bulk connections:
+/// handshake places per address are fewer than the total. Before, the flood took all 256 and
+/// pushed every trainer onto QUIC.
+#[test]
+fn a_handshake_flood_from_one_address_leaves_other_trainers_on_bulk() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let cluster = cluster_with(1);
+    let bulk_port = cluster.worker(0).expect("worker").local_addr();
+    let stop = Arc::new(AtomicBool::new(false));
+    let opened = Arc::new(AtomicUsize::new(0));
+    let flood = {
+        let (stop, opened) = (Arc::clone(&stop), Arc::clone(&opened));
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+            runtime.block_on(async {
+                let connect = || async {
+                    let socket = tokio::net::TcpSocket::new_v4().ok()?;
+                    socket.bind(std::net::SocketAddr::from(([127, 0, 0, 77], 0))).ok()?;
+                    tokio::time::timeout(Duration::from_secs(1), socket.connect(bulk_port)).await.ok()?.ok()
+                };
+                // 300 silent connections, each opened again once the worker closed it (it
+                // closes silent ones after 5 s); at most 60 s.
+                let started = Instant::now();
+                let mut open = Vec::new();
+                while !stop.load(Ordering::Relaxed) && started.elapsed() < Duration::from_secs(60) {
+                    let mut byte = [0u8; 1];
+                    open.retain(|stream: &tokio::net::TcpStream| {
+                        matches!(stream.try_read(&mut byte), Err(error) if error.kind() == std::io::ErrorKind::WouldBlock)
+                    });
+                    while open.len() < 300 {
+                        let Some(stream) = connect().await else { break };
+                        open.push(stream);
+                    }
+                    opened.store(open.len(), Ordering::Relaxed);
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+        })
+    };
+    stoker_testkit::wait_until(Duration::from_secs(30), "the flood holds more connections than there are handshake places", || {
+        opened.load(Ordering::Relaxed) >= 280
+    })
+    .expect("flood");
+    let mut base = cluster.loader_config("train", 4);
+    base.tail = Tail::Partial;
+    base.job_name = Some("bulk-under-flood".to_owned());
+    let seen = consume(&base, 2, 1);
+    stop.store(true, Ordering::Relaxed);
+    flood.join().expect("flood thread");
+    assert_every_key_once(&seen, 1);
+    let (all, bulk) = pushed(&cluster, 1);
+    eprintln!("{bulk} of {all} batches over bulk connections during the flood");
+    assert!(all > 0 && bulk * 10 >= all * 9, "{bulk} of {all} batches over bulk connections");
+}

@@ -23,6 +23,21 @@ pub(crate) struct Seen {
 }
 
 /// 6 classes × 20 images packed into ~6 shards, made once per test binary.
+/// The first open of epoch 0 by rank 0's trainer of `session`.
+pub(crate) fn first_open(job: stoker_plan::ids::JobId, session: stoker_plan::ids::SessionId) -> stoker_proto::ControlRequest {
+    use stoker_plan::ids::{Pass, Position, Rank};
+    stoker_proto::ControlRequest::OpenEpoch {
+        job,
+        rank: Rank(0),
+        epoch: Epoch(0),
+        start: Position(0),
+        session,
+        pass: Pass(1),
+        consumed: 0,
+        holding: Vec::new(),
+    }
+}
+
 pub(crate) fn dataset() -> PathBuf {
     static MANIFEST: OnceLock<PathBuf> = OnceLock::new();
     MANIFEST

@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use stoker_client::{ClientError, Loader};
 use stoker_plan::ids::Epoch;
-use stoker_proto::ControlRequest;
 
 use crate::common::{cluster_with, config_for};
 
@@ -18,9 +17,9 @@ fn a_trainer_of_a_job_removed_under_it_fails_saying_so() {
     let mut loader = Loader::attach(&config).expect("attach");
     loader.set_epoch(Epoch(0));
     loader.next_batch().expect("a batch").expect("valid");
-    let refused = cluster.call(ControlRequest::RemoveJob { name: "removed-under-it".to_owned(), force: false });
+    let refused = cluster.remove_job("removed-under-it", false);
     assert!(refused.is_err_and(|error| error.message.contains("--force")), "a live trainer: refused without --force");
-    cluster.call(ControlRequest::RemoveJob { name: "removed-under-it".to_owned(), force: true }).expect("removed");
+    cluster.remove_job("removed-under-it", true).expect("removed");
     let started = Instant::now();
     let outcome = loop {
         match loader.next_batch() {

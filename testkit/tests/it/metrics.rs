@@ -94,7 +94,7 @@ fn a_job_of_64_ranks_on_8_workers_makes_a_bounded_number_of_series() {
     assert!(made >= u64::from(RANKS), "the workers made {made} samples for {RANKS} one-sample steps");
 
     // A removed job's series go with it.
-    let removed = cluster.call(ControlRequest::RemoveJob { name: job_name(&cluster), force: true });
+    let removed = cluster.remove_job(&job_name(&cluster), true);
     assert!(removed.is_ok(), "{removed:?}");
     let after = series_per_family(&cluster.coordinator_metrics_text(leader).expect("coordinator metrics"));
     for family in

@@ -8,8 +8,9 @@ use std::time::{Duration, Instant};
 
 use stoker_client::{Loader, LoaderConfig};
 use stoker_coordinator::state::Command;
-use stoker_plan::Tail;
-use stoker_plan::ids::Epoch;
+use stoker_plan::ids::{Epoch, Pass, Position, Rank, Step};
+use stoker_plan::{EpochPlan, ShardTable, Tail};
+use stoker_proto::{ControlRequest, ControlResponse};
 use stoker_testkit::{ClusterConfig, TestCluster, wait_until};
 use tracing::info;
 
@@ -235,7 +236,7 @@ fn a_leader_cut_off_from_the_other_coordinators_stops_serving() {
     let ask_it = || {
         cluster.block_on(async {
             let client = stoker_net::QuicCoordinator::new(addr, &cluster.tls(stoker_net::Role::Admin)).expect("client");
-            let answer = stoker_proto::api::CoordinatorApi::call(&client, stoker_proto::ControlRequest::Status).await;
+            let answer = stoker_proto::api::CoordinatorApi::call(&client, ControlRequest::Status).await;
             stoker_proto::api::CoordinatorApi::close(&client);
             answer
         })
@@ -288,4 +289,49 @@ fn a_dead_node_is_replaced_by_a_new_one_through_remove_and_add() {
     cluster.kill_coordinator_node(leader);
     cluster.wait_for_leader(Duration::from_secs(10)).expect("a leader among the two left");
     assert!(cluster.add_dataset("after-replacement", &dataset()).is_ok());
+}
+
+/// Issue 31, item 7: a progress report the leader acknowledged is durable. The leader is
+/// killed right after it answers; the new leader has the checkpoint the report made. Before,
+/// checkpoints waited up to a second for the timer's flush after the answer, and a leader that
+/// died meanwhile took them along.
+#[test]
+fn an_acknowledged_checkpoint_survives_the_leaders_death() {
+    let mut cluster = TestCluster::start(ClusterConfig { workers: 0, coordinators: 3, ..Default::default() }).expect("cluster");
+    cluster.add_dataset("train", &dataset()).expect("dataset");
+    let spec = config_for(&base_config(&cluster, "durable"), 0, 1).job_spec().expect("spec");
+    let attached = cluster.call(ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client: 1 }).expect("attach");
+    let ControlResponse::Attached { job, dataset, session, .. } = attached else { panic!("attach: {attached:?}") };
+    let opened = cluster.call(crate::common::first_open(job, session)).expect("open");
+    assert!(matches!(opened, ControlResponse::EpochOpened { steps } if steps > 3), "{opened:?}");
+    let consumed = 3;
+    let report = ControlRequest::ReportProgress {
+        job,
+        rank: Rank(0),
+        session,
+        epoch: Epoch(0),
+        start: Position(0),
+        consumed,
+        wait_seconds: 0.0,
+        batches: consumed,
+        samples: consumed * 4,
+        pass: Pass(1),
+        missing: Vec::new(),
+    };
+    let leader = cluster.leader_index().expect("a leader");
+    let answer = cluster.call(report).expect("the report is acknowledged");
+    assert!(matches!(answer, ControlResponse::ProgressRecorded { .. }), "{answer:?}");
+    cluster.kill_coordinator_node(leader);
+    let new_leader = cluster.wait_for_leader(Duration::from_secs(10)).expect("a new leader");
+    assert_ne!(new_leader, leader);
+    let table = Arc::new(ShardTable::new(dataset.shard_counts.iter().copied()).expect("table"));
+    let acknowledged = EpochPlan::new(table, spec.plan, Epoch(0)).checkpoint_after(Step(consumed - 1));
+    let mut checkpoint_opt = None;
+    wait_until(Duration::from_secs(20), "the new leader answers status", || {
+        let Ok(ControlResponse::Status { status }) = cluster.call(ControlRequest::Status) else { return false };
+        checkpoint_opt = status.jobs.iter().find(|status| status.id == job).map(|status| status.checkpoint);
+        true
+    })
+    .expect("status");
+    assert_eq!(checkpoint_opt, Some(Some(acknowledged)), "the acknowledged checkpoint survived the leader");
 }

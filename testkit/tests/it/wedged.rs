@@ -10,7 +10,7 @@ use stoker_client::Loader;
 use stoker_format::{Manifest, ManifestShard};
 use stoker_net::{Role, Tuning, client_endpoint};
 use stoker_plan::Tail;
-use stoker_plan::ids::{Epoch, Pass, Position, Rank};
+use stoker_plan::ids::{Epoch, Rank};
 use stoker_plan::transform::{Size, Transform, TransformSpec};
 use stoker_proto::expect_response;
 use stoker_proto::{ControlRequest, TrainerHello};
@@ -45,16 +45,7 @@ fn a_trainer_that_stops_reading_does_not_hold_the_worker() {
     info!("--- a trainer attaches, opens epoch 0, says hello, and never reads");
     let attached = cluster.call(ControlRequest::Attach { spec, rank: Rank(0), client: 77 }).expect("attach");
     let (job, _, _, _, session) = expect_response!(attached, Attached { job, dataset, workers, checkpoint, session }).expect("attached");
-    let open = ControlRequest::OpenEpoch {
-        job,
-        rank: Rank(0),
-        epoch: Epoch(0),
-        start: Position(0),
-        session,
-        pass: Pass(1),
-        consumed: 0,
-        holding: Vec::new(),
-    };
+    let open = crate::common::first_open(job, session);
     cluster.call(open).expect("open");
     let (_endpoint, silent) = cluster.block_on(async {
         let endpoint = client_endpoint(&tls, worker_addr, Tuning { batch_windows: false, ..Tuning::default() }).expect("endpoint");

@@ -105,6 +105,9 @@ pub(crate) fn bulk_listener(addr: SocketAddr) -> Result<tokio::net::TcpListener,
 /// Bulk connections in their TLS handshake and hello at once: before its certificate is
 /// checked, a TCP connection costs only this many places, not the node's connection slots.
 const BULK_HANDSHAKES: usize = 256;
+/// Of those, from one address (IPv6: one /64): fewer than the total, so one address flooding
+/// the port with silent connections leaves the other trainers places (issue 31, item 6).
+const BULK_HANDSHAKES_PER_ADDRESS: usize = 16;
 /// How long a bulk connection may take to finish its handshake and hello.
 const BULK_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -115,7 +118,7 @@ pub(crate) async fn accept_bulk<A>(listener: tokio::net::TcpListener, tls: TlsCo
 where
     A: CoordinatorApi,
 {
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(BULK_HANDSHAKES));
+    let handshakes = Admission::named(BULK_HANDSHAKES, BULK_HANDSHAKES_PER_ADDRESS, ("bulk handshakes", "bulk handshakes per address"));
     loop {
         let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -126,7 +129,7 @@ where
                 continue;
             }
         };
-        let Ok(handshake) = Arc::clone(&handshakes).try_acquire_owned() else {
+        let Ok(handshake) = handshakes.admit(remote.ip()) else {
             node.metrics.handshakes_refused.inc();
             continue;
         };

@@ -3,6 +3,7 @@
 use std::time::Instant;
 
 use stoker_plan::ShardTable;
+use stoker_plan::ids::JobId;
 use stoker_proto::{ControlResponse, DatasetInfo, RemoteError};
 
 use crate::core::Core;
@@ -51,10 +52,22 @@ impl Core {
         Ok(())
     }
 
-    pub(super) fn remove_job(&mut self, name: String, force: bool, now: Instant) -> Outcome {
-        let Some((job, spec)) = self.state.job_named(&name).map(|(job, spec)| (job, spec.clone())) else {
-            return Outcome::reply(Err(not_found(format!("no job named {name:?}: `stoker job ls` lists them"))));
+    /// Remove `job` (named `name`), by id: a request sent again after the job went (across a
+    /// fail-over) is answered as done, and never removes a newer job of that name.
+    pub(super) fn remove_job(&mut self, name: String, job: JobId, force: bool, now: Instant) -> Outcome {
+        let Some(spec) = self.state.jobs.get(&job).cloned() else {
+            // Job ids are never given twice: one below the next id existed and is gone.
+            if job.0 < self.state.next_job && job.0 > 0 {
+                return Outcome::reply(Ok(ControlResponse::JobRemoved { job }));
+            }
+            return Outcome::reply(Err(not_found(format!("{job} ({name:?}) does not exist: `stoker job ls` lists the jobs"))));
         };
+        if spec.name != name {
+            return Outcome::reply(Err(invalid(format!(
+                "{job} is named {:?}, not {name:?}: `stoker job ls` lists the jobs with their ids",
+                spec.name
+            ))));
+        }
         let live = self.scheduler.live_trainers(job, spec.plan.world_size.get(), now);
         if !live.is_empty() && !force {
             let ranks: Vec<String> = live.iter().map(ToString::to_string).collect();

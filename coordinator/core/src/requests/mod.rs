@@ -25,7 +25,7 @@ impl Core {
         }
         match request {
             ControlRequest::AddDataset { name, manifest } => self.add_dataset(name, manifest),
-            ControlRequest::RemoveJob { name, force } => self.remove_job(name, force, now),
+            ControlRequest::RemoveJob { name, job, force } => self.remove_job(name, job, force, now),
             ControlRequest::ListDatasets => {
                 Outcome::reply(Ok(ControlResponse::Datasets { datasets: self.state.datasets.values().cloned().collect() }))
             }
@@ -49,7 +49,11 @@ impl Core {
                 missing,
             } => {
                 let report = trainer::Report { epoch, start, consumed, wait_seconds, batches, samples, session, pass, missing };
-                Outcome::reply(self.report_progress(job, rank, report, caller, now))
+                let answer = self.report_progress(job, rank, report, caller, now);
+                // Acknowledged means durable: the job's checkpoint, if one is pending, is
+                // committed before the answer goes out (issue 31, item 7).
+                let after_flush = answer.is_ok() && self.pending.contains_key(&job);
+                Outcome::Reply { answer, lease_held_opt: None, after_flush }
             }
             ControlRequest::Detach { job, rank, session } => Outcome::reply(self.detach(job, rank, session, caller)),
             ControlRequest::RegisterWorker { addr, threads, instance, attempt } => {
@@ -61,7 +65,7 @@ impl Core {
             ControlRequest::PullChunks { worker, max } => Outcome::reply(self.pull(worker, max, now)),
             ControlRequest::ChunkDone { worker, lease } => {
                 let lease_held_opt = self.scheduler.chunk_done(worker, lease, now);
-                Outcome::Reply { answer: Ok(ControlResponse::Ack), lease_held_opt }
+                Outcome::Reply { answer: Ok(ControlResponse::Ack), lease_held_opt, after_flush: false }
             }
             ControlRequest::ChunkFailed { worker, lease, reason } => {
                 tracing::warn!(%worker, %lease, %reason, "chunk failed; granting it again");

@@ -115,11 +115,16 @@ impl Core {
         let dataset = self.state.job_dataset(job).cloned().unwrap_or(current);
         // The same loader asking again (its answer was lost) keeps its session; anyone else,
         // even with the same client number, gets a new one.
-        let repeated = self.scheduler.attached(job, rank, client).filter(|session| self.owners.owner(job, rank, *session).admits(&caller));
+        let repeated = self.scheduler.attached(job, rank, client).filter(|session| self.owners.owner(job, rank, *session) == Some(caller));
         let session = match repeated {
             Some(session) => session,
             None => {
-                let session = self.new_session();
+                let Some(session) = self.new_session() else {
+                    return Err(AttachNeeds::Refusal(RemoteError::new(
+                        ErrorCode::Unavailable,
+                        "this coordinator handed out every session id of its Raft term: try again after the next election",
+                    )));
+                };
                 self.owners.record(job, rank, session, caller);
                 if self.scheduler.attach(job, rank, session, client, now) {
                     tracing::info!(%job, %rank, %session, "rank attached again; the earlier trainer is no longer served");
@@ -212,19 +217,29 @@ impl Core {
         self.check_record(job, rank, session, caller)?;
         self.owners.check(job, rank, session, caller)?;
         self.scheduler.check_session(job, rank, session).map_err(refused)?;
-        if self.owners.owner(job, rank, session) == CertKey::UNCHECKED {
+        if self.owners.owner(job, rank, session).is_none() {
             self.owners.record(job, rank, session, caller);
         }
         Ok(())
     }
 
     /// Refuse a session other than the rank's recorded newest, or the recorded one from another
-    /// certificate. Nothing is recorded under `--insecure` (nor for ranks that attached before
-    /// records existed): then the seats alone decide, adopting unknown newer sessions.
+    /// certificate. Nothing is recorded under `--insecure`: then the seats alone decide,
+    /// adopting unknown newer sessions. Under mutual TLS every session a trainer was given was
+    /// recorded before it was given, so a session with no record was never given: refused
+    /// (issue 31, item 7: an unknown owner refuses, it never admits).
     fn check_record(&self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) -> Result<(), RemoteError> {
-        let Some((recorded, owner)) = self.state.sessions.get(&job).and_then(|ranks| ranks.get(&rank)) else { return Ok(()) };
+        let Some((recorded, owner)) = self.state.sessions.get(&job).and_then(|ranks| ranks.get(&rank)) else {
+            if caller == CertKey::UNCHECKED {
+                return Ok(());
+            }
+            return Err(RemoteError::new(
+                ErrorCode::Forbidden,
+                format!("{session} of {rank} of {job} was never recorded as given to a certificate: attach to get a session"),
+            ));
+        };
         match session.cmp(recorded) {
-            std::cmp::Ordering::Equal if owner.admits(&caller) => Ok(()),
+            std::cmp::Ordering::Equal if *owner == caller => Ok(()),
             std::cmp::Ordering::Equal => Err(crate::authz::not_yours(session, *owner, caller)),
             std::cmp::Ordering::Less => Err(refused(Refusal::Seat(SeatRefusal::Superseded { job, rank, session }))),
             std::cmp::Ordering::Greater => Err(RemoteError::new(
@@ -235,15 +250,14 @@ impl Core {
     }
 
     /// The certificate that owns `session` of (job, rank): as this leader saw it attach or
-    /// re-open, else as recorded; [`CertKey::UNCHECKED`] if neither knows.
-    pub(crate) fn owner_of(&self, job: JobId, rank: Rank, session: SessionId) -> CertKey {
-        let soft = self.owners.owner(job, rank, session);
-        if soft != CertKey::UNCHECKED {
-            return soft;
+    /// re-open, else as recorded; `None` if neither knows (then nobody is served).
+    pub(crate) fn owner_of(&self, job: JobId, rank: Rank, session: SessionId) -> Option<CertKey> {
+        if let Some(soft) = self.owners.owner(job, rank, session) {
+            return Some(soft);
         }
         match self.state.sessions.get(&job).and_then(|ranks| ranks.get(&rank)) {
-            Some((recorded, owner)) if *recorded == session => *owner,
-            _ => CertKey::UNCHECKED,
+            Some((recorded, owner)) if *recorded == session => Some(*owner),
+            _ => None,
         }
     }
 

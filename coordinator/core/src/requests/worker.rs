@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use stoker_plan::ids::{CertKey, JobId, LeaseId, SessionId, WorkerId};
+use stoker_plan::ids::{CertKey, JobId, LeaseId, WorkerId};
 use stoker_proto::{ChunkGrant, ControlResponse, LeaseProgress, RemoteError};
 
 use crate::core::Core;
@@ -50,13 +50,21 @@ impl Core {
 
     pub(super) fn pull(&mut self, worker: WorkerId, max: u32, now: Instant) -> Result<ControlResponse, RemoteError> {
         let granted = self.scheduler.pull(worker, max, now, &mut *self.ids).map_err(refused)?;
+        let mut withdrawn = Vec::new();
         let grants = granted
             .into_iter()
             .filter_map(|(lease, chunk)| {
                 let spec = self.state.jobs.get(&chunk.job)?.clone();
                 let dataset = self.state.job_dataset(chunk.job)?;
-                let session = self.scheduler.session_of(chunk.job, chunk.rank).unwrap_or(SessionId(0));
-                let trainer = self.owner_of(chunk.job, chunk.rank, session);
+                // Fail closed: a chunk whose session or owner is not known goes to nobody.
+                let owned = self
+                    .scheduler
+                    .session_of(chunk.job, chunk.rank)
+                    .and_then(|session| Some((session, self.owner_of(chunk.job, chunk.rank, session)?)));
+                let Some((session, trainer)) = owned else {
+                    withdrawn.push(lease);
+                    return None;
+                };
                 Some(ChunkGrant {
                     lease,
                     chunk,
@@ -68,6 +76,10 @@ impl Core {
                 })
             })
             .collect();
+        for lease in withdrawn {
+            tracing::warn!(%worker, %lease, "a chunk's rank has no session with a known owner: not granted");
+            self.scheduler.withdraw(worker, lease);
+        }
         Ok(ControlResponse::Chunks { grants })
     }
 

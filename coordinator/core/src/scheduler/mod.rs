@@ -28,6 +28,13 @@ pub use self::seats::{Opening, Reporting, SeatRefusal, Standing};
 use self::workers::WorkerRegistry;
 use crate::ids::IdSource;
 
+/// The most epoch runs a job may have open at once. The ranks of a job are in one or two
+/// epochs (one finishing, the next begun, perhaps opened early for them) and at most one
+/// resumed start; each run keeps state for every rank of the job, so this bounds a job's
+/// scheduling memory however its ranks open epochs (issue 31, item 1: one trainer certificate
+/// opening a different epoch as each rank made a run per rank, W² rank entries).
+pub const MAX_RUNS_PER_JOB: usize = 4;
+
 /// Timing of leases, workers and trainers.
 #[derive(Clone, Copy, Debug)]
 pub struct SchedulerConfig {
@@ -67,6 +74,13 @@ pub enum Refusal {
     UnknownWorker(WorkerId),
     /// A trainer's request the rank's seat refuses.
     Seat(SeatRefusal),
+    /// A job has [`MAX_RUNS_PER_JOB`] runs open and a rank asked for another.
+    TooManyRuns {
+        /// The job.
+        job: JobId,
+        /// The runs it has open.
+        open: Vec<RunKey>,
+    },
     /// The worker registered with another certificate than the request's.
     NotYours {
         /// The worker.
@@ -180,8 +194,22 @@ impl Scheduler {
     /// `opening.consumed` on but those it holds. A new pass starts the rank afresh in the run
     /// (creating it if it is new) and takes the rank out of every other run of the job; a
     /// repeated open of the current pass changes nothing; an older pass is refused as stale.
+    /// A new run is refused while the job has [`MAX_RUNS_PER_JOB`] others open (the rank's
+    /// own run, which it leaves, not counted).
     pub fn open_run(&mut self, key: RunKey, rank: Rank, opening: &Opening, shape: RunShape, now: Instant) -> Result<(), Refusal> {
         let previous_opt = self.seats.run_of(key.job, rank, opening.session);
+        if !self.runs.has(key) {
+            let open: Vec<RunKey> = self.runs.keys_of(key.job).filter(|open| Some(*open) != previous_opt).collect();
+            if open.len() >= MAX_RUNS_PER_JOB {
+                // Room is made by dropping the oldest run no live trainer still needs (its
+                // ranks' trainers died without detaching); a rank that comes back re-opens it.
+                let (seats, ttl) = (&self.seats, self.config.trainer_ttl);
+                let idle_opt = self.runs.oldest_idle(&open, |rank| seats.is_live(key.job, rank, now, ttl));
+                let Some(idle) = idle_opt else { return Err(Refusal::TooManyRuns { job: key.job, open }) };
+                warn!(job = %key.job, epoch = %idle.epoch, start = %idle.start, "dropping an epoch run no live trainer needs: a job keeps at most {MAX_RUNS_PER_JOB}");
+                self.runs.drop_run(idle);
+            }
+        }
         let fresh = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat)?;
         self.runs.open(key, rank, opening, fresh, previous_opt, shape, &self.seats, now);
         Ok(())
@@ -349,6 +377,14 @@ impl Scheduler {
         }
     }
 
+    /// Take a lease back from `worker` and queue its chunk again at once, counting nothing
+    /// (a grant the core would not hand out: the owner of its session is not known).
+    pub fn withdraw(&mut self, worker: WorkerId, lease: LeaseId) {
+        if let Some(held) = self.leases.take(worker, lease) {
+            self.runs.requeue(&held.chunk, lease, None);
+        }
+    }
+
     /// A lease's chunk can never be made: forget it and every run of its job (nothing of the
     /// job is granted any more). Returns the job, if the lease was `worker`'s.
     pub fn chunk_fatal(&mut self, worker: WorkerId, lease: LeaseId) -> Option<JobId> {
@@ -388,8 +424,9 @@ impl Scheduler {
     pub fn worker_status(&self, now: Instant) -> Vec<WorkerStatus> {
         self.workers
             .iter()
-            .map(|(id, worker)| WorkerStatus {
-                info: WorkerInfo { id, addr: worker.addr, key: self.workers.key_of(id) },
+            .filter_map(|(id, worker)| Some((id, worker, self.workers.key_of(id)?)))
+            .map(|(id, worker, key)| WorkerStatus {
+                info: WorkerInfo { id, addr: worker.addr, key },
                 alive: worker.is_alive(now, self.config.lease_ttl),
                 threads: worker.threads,
                 chunks_in_flight: self.leases.in_flight(id),

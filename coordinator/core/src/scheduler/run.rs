@@ -137,6 +137,14 @@ impl Run {
         self.ranks.get(rank.0 as usize).map_or(0, |steps| steps.consumed)
     }
 
+    /// Whether a rank that `live` says is live has steps here it has not consumed.
+    pub fn needed_by_any(&self, live: impl Fn(Rank) -> bool) -> bool {
+        self.ranks
+            .iter()
+            .enumerate()
+            .any(|(rank, steps)| steps.consumed < self.steps && live(Rank(u32::try_from(rank).unwrap_or(u32::MAX))))
+    }
+
     /// Whether every rank has consumed every step (or moved past the run).
     pub fn is_finished(&self) -> bool {
         self.slowest_consumed() >= self.steps

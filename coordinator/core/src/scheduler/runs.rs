@@ -114,7 +114,9 @@ impl Runs {
     fn open_next_epoch_early(&mut self, key: RunKey, shape: RunShape, seats: &Seats) {
         let chunk_steps = self.config.chunk_steps;
         let next = RunKey { epoch: Epoch(key.epoch.0 + 1), start: Position(0), job: key.job };
-        if self.not_early.contains(&key.job) || self.runs.keys().any(|other| other.job == key.job && other.epoch >= next.epoch) {
+        // Early only while a run is left for the ranks to open one of their own.
+        let full = self.keys_of(key.job).count() + 1 >= super::MAX_RUNS_PER_JOB;
+        if full || self.not_early.contains(&key.job) || self.runs.keys().any(|other| other.job == key.job && other.epoch >= next.epoch) {
             return;
         }
         let run = Run::new(next, shape.steps, shape.world_size, shape.prefetch, chunk_steps, |rank| seats.counted(key.job, rank, next));
@@ -139,6 +141,23 @@ impl Runs {
     /// Whether the run exists.
     pub(super) fn has(&self, key: RunKey) -> bool {
         self.runs.contains_key(&key)
+    }
+
+    /// The oldest of `candidates` that no rank `live` says is live still needs.
+    pub(super) fn oldest_idle(&self, candidates: &[RunKey], live: impl Fn(Rank) -> bool) -> Option<RunKey> {
+        let idle = |key: &&RunKey| self.runs.get(*key).is_some_and(|run| !run.needed_by_any(&live));
+        candidates.iter().filter(idle).min_by_key(|key| (key.epoch, key.start)).copied()
+    }
+
+    /// Drop run `key` (leases of it that finish later find no run and change nothing).
+    pub(super) fn drop_run(&mut self, key: RunKey) {
+        self.runs.remove(&key);
+        self.early.remove(&key);
+    }
+
+    /// The runs of `job`.
+    pub(super) fn keys_of(&self, job: JobId) -> impl Iterator<Item = RunKey> + '_ {
+        self.runs.keys().copied().filter(move |key| key.job == job)
     }
 
     /// The jobs with a run open.

@@ -566,3 +566,28 @@ fn an_epoch_iterated_again_gets_no_next_epoch_early_and_early_runs_come_last() {
     report(&mut scheduler, next, 0, 3, 2, now);
     assert!(scheduler.has_run(RunKey { epoch: Epoch(2), ..key() }));
 }
+
+/// Issue 31, item 1: a job keeps at most `MAX_RUNS_PER_JOB` runs. Ranks whose trainers are live
+/// and each in another epoch get no more; once the trainers that need the oldest run are gone
+/// (silent past the trainer TTL), that run makes room for a new one.
+#[test]
+fn a_job_keeps_a_bounded_number_of_runs_and_drops_the_oldest_no_live_trainer_needs() {
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    let world = 2 + MAX_RUNS_PER_JOB as u32;
+    let run = |epoch: u64| RunKey { job: JobId(1), epoch: Epoch(epoch), start: Position(0) };
+    for rank in 0..MAX_RUNS_PER_JOB as u32 {
+        open(&mut scheduler, run(u64::from(rank)), rank, 1, shape(8, world, 2), start);
+    }
+    let extra = MAX_RUNS_PER_JOB as u32;
+    let opening = |rank: u32| Opening { session: SessionId(100 + u64::from(rank)), pass: Pass(1), consumed: 0, holding: Vec::new() };
+    let refused = scheduler.open_run(run(u64::from(extra)), Rank(extra), &opening(extra), shape(8, world, 2), start);
+    assert!(matches!(refused, Err(Refusal::TooManyRuns { ref open, .. }) if open.len() == MAX_RUNS_PER_JOB), "{refused:?}");
+    assert!(!scheduler.has_run(run(u64::from(extra))));
+    // The trainers of the first runs went silent: the oldest run gives way, one at a time.
+    let later = start + config().trainer_ttl + Duration::from_secs(1);
+    scheduler.open_run(run(u64::from(extra)), Rank(extra), &opening(extra), shape(8, world, 2), later).expect("room made");
+    assert!(!scheduler.has_run(run(0)) && scheduler.has_run(run(1)) && scheduler.has_run(run(u64::from(extra))));
+    scheduler.open_run(run(u64::from(extra + 1)), Rank(extra + 1), &opening(extra + 1), shape(8, world, 2), later).expect("room made");
+    assert!(!scheduler.has_run(run(1)) && scheduler.has_run(run(2)));
+}

@@ -42,7 +42,7 @@ impl WorkerRegistry {
     pub(super) fn replaced_by(&self, addr: SocketAddr, process: WorkerProcess, key: CertKey) -> Vec<WorkerId> {
         let mut replaced = Vec::new();
         for (id, worker) in &self.workers {
-            let same_key = self.keys.get(id).is_none_or(|owner| owner.admits(&key));
+            let same_key = self.keys.get(id) == Some(&key);
             if worker.process.instance == process.instance && worker.process.attempt < process.attempt && same_key {
                 replaced.push(*id);
             } else if worker.addr == addr && worker.process.instance != process.instance {
@@ -83,17 +83,19 @@ impl WorkerRegistry {
         Ok(())
     }
 
-    /// Refuse `caller` speaking for `worker` if the worker registered with another certificate.
+    /// Refuse `caller` speaking for `worker` if the worker registered with another
+    /// certificate, or is not known (fail closed: it registers again).
     pub(super) fn check_key(&self, worker: WorkerId, caller: CertKey) -> Result<(), Refusal> {
         match self.keys.get(&worker) {
-            Some(key) if !key.admits(&caller) => Err(Refusal::NotYours { worker, owner: *key, caller }),
-            _ => Ok(()),
+            Some(key) if *key == caller => Ok(()),
+            Some(key) => Err(Refusal::NotYours { worker, owner: *key, caller }),
+            None => Err(Refusal::UnknownWorker(worker)),
         }
     }
 
-    /// The certificate `worker` registered with.
-    pub(super) fn key_of(&self, worker: WorkerId) -> CertKey {
-        self.keys.get(&worker).copied().unwrap_or(CertKey::UNCHECKED)
+    /// The certificate `worker` registered with, if it is known.
+    pub(super) fn key_of(&self, worker: WorkerId) -> Option<CertKey> {
+        self.keys.get(&worker).copied()
     }
 
     /// A worker leaves.
@@ -115,7 +117,7 @@ impl WorkerRegistry {
     pub(super) fn alive(&self, now: Instant, ttl: Duration) -> Vec<WorkerInfo> {
         self.iter()
             .filter(|(_, worker)| worker.is_alive(now, ttl))
-            .map(|(id, worker)| WorkerInfo { id, addr: worker.addr, key: self.key_of(id) })
+            .filter_map(|(id, worker)| Some(WorkerInfo { id, addr: worker.addr, key: self.key_of(id)? }))
             .collect()
     }
 }
