@@ -51,6 +51,8 @@ pub struct ClusterConfig {
     /// Every worker's shard cache: a folder of its own in this one (`worker-N`, N its index,
     /// so a worker started again at that index finds its files) of this many bytes.
     pub worker_cache: Option<(PathBuf, u64)>,
+    /// Every worker's fetch ahead, in steps (`None`: the worker's default).
+    pub fetch_ahead_steps: Option<u32>,
 }
 
 impl Default for ClusterConfig {
@@ -75,6 +77,7 @@ impl Default for ClusterConfig {
             batch_transport: BatchTransport::Tcp,
             object_store: None,
             worker_cache: None,
+            fetch_ahead_steps: None,
         }
     }
 }

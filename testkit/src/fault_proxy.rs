@@ -22,6 +22,22 @@ pub struct FaultCounts {
     pub cut: AtomicU64,
 }
 
+/// What the proxy does to requests.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Faults {
+    /// Share of requests (0.0 to 1.0) answered `503 Slow Down` without reaching the store.
+    pub unavailable: f64,
+    /// Share of GET bodies cut at half their length.
+    pub cut: f64,
+    /// Bytes per second each response is passed on at (`None`: as fast as it comes): a slow
+    /// link, so that a test can catch a download midway.
+    pub bytes_per_second_opt: Option<u64>,
+    /// Time each request waits before it is forwarded (`None`: none): a round trip's latency.
+    pub latency_opt: Option<std::time::Duration>,
+    /// Seed of the draws.
+    pub seed: u64,
+}
+
 /// A fault-injecting HTTP proxy; stops accepting when dropped.
 #[derive(Debug)]
 pub struct FaultProxy {
@@ -36,9 +52,8 @@ fn draw(seed: u64, number: u64) -> f64 {
 }
 
 impl FaultProxy {
-    /// Listen on `127.0.0.<host>`, forwarding to `upstream`: `unavailable` of the requests
-    /// (0.0 to 1.0) answered 503, `cut` of the bodies cut at half their length.
-    pub fn start(host: u8, upstream: SocketAddr, unavailable: f64, cut: f64, seed: u64) -> Result<Self, TestkitError> {
+    /// Listen on `127.0.0.<host>`, forwarding to `upstream` with `faults`.
+    pub fn start(host: u8, upstream: SocketAddr, faults: Faults) -> Result<Self, TestkitError> {
         let listener = TcpListener::bind((std::net::Ipv4Addr::new(127, 0, 0, host), 0)).map_err(|error| error.to_string())?;
         let addr = listener.local_addr().map_err(|error| error.to_string())?;
         let (counts, stop) = (Arc::new(FaultCounts::default()), Arc::new(AtomicBool::new(false)));
@@ -52,10 +67,10 @@ impl FaultProxy {
                     }
                     let Ok(client) = client else { continue };
                     let number = thread_counts.requests.fetch_add(1, Ordering::Relaxed);
-                    let fate = draw(seed, number);
+                    let fate = draw(faults.seed, number);
                     let counts = Arc::clone(&thread_counts);
                     std::thread::spawn(move || {
-                        let _ = serve(client, upstream, fate, unavailable, cut, &counts);
+                        let _ = serve(client, upstream, fate, faults, &counts);
                     });
                 }
             })
@@ -84,7 +99,7 @@ impl Drop for FaultProxy {
 
 /// One request: read it, then fail it or forward it (with `Connection: close`) and pass the
 /// answer back, whole or cut.
-fn serve(client: TcpStream, upstream: SocketAddr, fate: f64, unavailable: f64, cut: f64, counts: &FaultCounts) -> std::io::Result<()> {
+fn serve(client: TcpStream, upstream: SocketAddr, fate: f64, faults: Faults, counts: &FaultCounts) -> std::io::Result<()> {
     let mut reader = BufReader::new(client.try_clone()?);
     let mut head = Vec::new();
     let mut content_length = 0_usize;
@@ -108,7 +123,7 @@ fn serve(client: TcpStream, upstream: SocketAddr, fate: f64, unavailable: f64, c
     let mut body = vec![0_u8; content_length];
     reader.read_exact(&mut body)?;
     let mut client = client;
-    if fate < unavailable {
+    if fate < faults.unavailable {
         counts.unavailable.fetch_add(1, Ordering::Relaxed);
         let answer = "<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
         write!(
@@ -118,6 +133,9 @@ fn serve(client: TcpStream, upstream: SocketAddr, fate: f64, unavailable: f64, c
         )?;
         return client.shutdown(Shutdown::Both);
     }
+    if let Some(latency) = faults.latency_opt {
+        std::thread::park_timeout(latency);
+    }
     let mut store = TcpStream::connect(upstream)?;
     store.write_all(&head)?;
     store.write_all(&body)?;
@@ -125,12 +143,22 @@ fn serve(client: TcpStream, upstream: SocketAddr, fate: f64, unavailable: f64, c
     store.read_to_end(&mut answer)?;
     let body_start = answer.windows(4).position(|window| window == b"\r\n\r\n").map_or(answer.len(), |at| at + 4);
     let is_get = head.starts_with(b"GET ");
-    if is_get && fate >= 1.0 - cut && answer.len() > body_start + 1 {
+    let keep = if is_get && fate >= 1.0 - faults.cut && answer.len() > body_start + 1 {
         counts.cut.fetch_add(1, Ordering::Relaxed);
-        let keep = body_start + (answer.len() - body_start) / 2;
-        client.write_all(&answer[..keep])?;
+        body_start + (answer.len() - body_start) / 2
     } else {
-        client.write_all(&answer)?;
+        answer.len()
+    };
+    match faults.bytes_per_second_opt {
+        None => client.write_all(&answer[..keep])?,
+        Some(rate) => {
+            // Pieces of a tenth of a second.
+            let piece = usize::try_from(rate / 10).unwrap_or(usize::MAX).max(1);
+            for part in answer[..keep].chunks(piece) {
+                client.write_all(part)?;
+                std::thread::park_timeout(std::time::Duration::from_millis(100));
+            }
+        }
     }
     client.shutdown(Shutdown::Both)
 }

@@ -316,6 +316,9 @@ impl TestCluster {
         if let Some(store) = &self.config.object_store {
             config.store = store.clone();
         }
+        if let Some(steps) = self.config.fetch_ahead_steps {
+            config.fetch_ahead_steps = steps;
+        }
         if let Some((dir, capacity)) = &self.config.worker_cache {
             let index = self.workers.len();
             config.cache_opt = Some(stoker_worker::CacheConfig { dir: dir.join(format!("worker-{index}")), capacity: *capacity });

@@ -41,6 +41,8 @@ pub struct CacheMetrics {
     pub bytes: IntGauge,
     /// Bytes of shards downloaded into the cache.
     pub fetched_bytes: IntCounter,
+    /// Shards downloaded ahead of the chunks that read them (from the plan).
+    pub prefetched: IntCounter,
     /// Seconds chunks waited for their shards (claims, downloads, mapping) before their
     /// batches were queued.
     pub wait_seconds: Counter,
@@ -58,6 +60,10 @@ impl CacheMetrics {
             evictions: metrics.counter("stoker_worker_cache_evictions_total", "Shard files evicted from the cache to make room.")?,
             bytes: metrics.gauge("stoker_worker_cache_bytes", "Bytes the shard cache holds (files and downloads in progress).")?,
             fetched_bytes: metrics.counter("stoker_worker_fetched_bytes_total", "Bytes of shards downloaded from the object store.")?,
+            prefetched: metrics.counter(
+                "stoker_worker_cache_prefetched_total",
+                "Shards downloaded ahead of need: read by the steps that follow a granted chunk in the epoch's plan.",
+            )?,
             wait_seconds: metrics
                 .float_counter_vec(
                     "stoker_worker_chunk_data_wait_seconds_total",

@@ -34,6 +34,13 @@ struct Indexed {
 pub(crate) fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
     let mut paths = Vec::new();
     for pattern in &args.shards {
+        if stoker_store::ObjectUri::is_object_uri(pattern) {
+            anyhow::bail!(
+                "{}: stoker index does not read object stores yet: download the file (aws s3 cp) and index the copy; \
+                 `stoker pack --output s3://...` writes indexes and the manifest beside the shards",
+                pattern
+            );
+        }
         paths.extend(brace::expand(pattern)?.into_iter().map(PathBuf::from));
     }
     let policy = if args.force { IndexPolicy::Rebuild } else { IndexPolicy::LoadOrBuildAndWrite };

@@ -36,6 +36,14 @@ pub(crate) struct InspectArgs {
 }
 
 pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
+    let given = args.path.to_string_lossy();
+    if stoker_store::ObjectUri::is_object_uri(&given) {
+        anyhow::bail!(
+            "{}: stoker inspect does not read object stores yet: download the file (aws s3 cp) and inspect the copy; \
+             `stoker pack --output s3://...` writes indexes and the manifest beside the shards",
+            given
+        );
+    }
     let is_manifest = args.path.is_dir() || args.path.extension().is_some_and(|extension| extension == "json");
     if is_manifest {
         let path = if args.path.is_dir() { args.path.join(MANIFEST_FILE) } else { args.path.clone() };

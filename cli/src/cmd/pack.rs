@@ -97,11 +97,13 @@ pub(crate) fn run(args: PackArgs) -> anyhow::Result<ExitCode> {
         rewrite_jpeg: (!args.verbatim).then_some(stoker_worker::make_seekable_for_pack as RewriteJpeg),
         shuffle_seed: (!args.no_shuffle).then_some(args.seed),
     };
-    let summary = pack_with_progress(&options)?;
-    print_summary(&summary);
-    if let Some((prefix, _staging)) = upload_to {
-        upload(&args.object_store, &options.output, &prefix)?;
+    let mut summary = pack_with_progress(&options)?;
+    if let Some((prefix, _staging)) = &upload_to {
+        upload(&args.object_store, &options.output, prefix)?;
+        // Where the manifest is now: the staging folder is gone when this returns.
+        summary.manifest_path = PathBuf::from(prefix.join(stoker_format::MANIFEST_FILE)?.to_string());
     }
+    print_summary(&summary);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -128,10 +130,9 @@ fn upload(store_args: &ObjectStoreArgs, folder: &std::path::Path, prefix: &stoke
     }
     bar.finish_and_clear();
     println!(
-        "uploaded {} files ({:.1} MiB) to {prefix}; add it with: stoker dataset add NAME {}",
+        "uploaded {} files ({:.1} MiB) to {prefix}; add it with: stoker dataset add NAME {prefix}",
         files.len(),
-        bytes as f64 / 1048576.0,
-        prefix.join(stoker_format::MANIFEST_FILE)?
+        bytes as f64 / 1048576.0
     );
     Ok(())
 }

@@ -203,6 +203,11 @@ pub(crate) struct WorkerArgs {
     /// size it needs.
     #[arg(long, env = "STOKER_CACHE_SIZE", value_name = "BYTES", value_parser = super::pack::parse_byte_size, requires = "cache_dir")]
     pub(crate) cache_size: Option<u64>,
+    /// Fetch from the plan: after each chunk it is granted, download into the cache's free
+    /// room (never evicting) the shards every rank's next N steps read, so that the next
+    /// chunks find them there; 0 turns it off.
+    #[arg(long, default_value_t = 8, value_name = "N")]
+    pub(crate) fetch_ahead_steps: u32,
     /// The most trainer connections open at once (handshakes in progress count); more are
     /// refused before their handshake.
     #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -383,6 +388,7 @@ fn worker_config(args: &WorkerArgs, threads: usize) -> anyhow::Result<WorkerConf
     if let (Some(dir), Some(capacity)) = (&args.cache_dir, args.cache_size) {
         config.cache_opt = Some(stoker_worker::CacheConfig { dir: dir.clone(), capacity });
     }
+    config.fetch_ahead_steps = args.fetch_ahead_steps;
     config.max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
     config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
     Ok(config)

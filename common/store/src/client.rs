@@ -144,7 +144,7 @@ impl ObjectStores {
                     .iter()
                     .any(|status| text.contains(status));
                 if client_error {
-                    Attempt::Fatal(StoreError::Unavailable { uri: uri_text, attempts: 1, detail: redact(&text) })
+                    Attempt::Fatal(StoreError::Refused { uri: uri_text, detail: redact(&text) })
                 } else {
                     Attempt::Transient(redact(&text))
                 }

@@ -72,6 +72,15 @@ pub enum StoreError {
         /// The object.
         uri: String,
     },
+    /// The store refused the request as malformed (a 4xx other than not found or access
+    /// denied: an invalid bucket name, a range it cannot serve).
+    #[error("{uri}: the object store refused the request: {detail}")]
+    Refused {
+        /// The object.
+        uri: String,
+        /// What the store said, redacted.
+        detail: String,
+    },
     /// Still failing after every retry (timeouts, 5xx, cut bodies).
     #[error("{uri}: the object store did not answer after {attempts} attempts: {detail}")]
     Unavailable {

@@ -16,6 +16,7 @@ mod loss_paths;
 mod metrics;
 mod next_epoch;
 mod object_store;
+mod object_store_bench;
 mod protocol_model;
 mod raft;
 mod raft_bench;

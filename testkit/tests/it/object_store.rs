@@ -14,6 +14,7 @@ use stoker_client::{Loader, LoaderConfig};
 use stoker_format::Manifest;
 use stoker_plan::ids::Epoch;
 use stoker_plan::{Shuffle, Tail};
+use stoker_testkit::fault_proxy::{FaultProxy, Faults};
 use stoker_testkit::moto::{MotoServer, TEST_ACCESS_KEY_ID, TEST_SECRET_ACCESS_KEY};
 use stoker_testkit::{ClusterConfig, TestCluster};
 use tracing::info;
@@ -284,7 +285,8 @@ fn an_epoch_completes_exactly_once_through_a_store_that_fails_a_fifth_of_request
     let manifest_path = local_dataset(20, 32 << 10);
     let samples = Manifest::load(&manifest_path).expect("manifest").samples();
     let moto = moto_with(26, &manifest_path);
-    let proxy = stoker_testkit::fault_proxy::FaultProxy::start(27, moto.addr(), 0.20, 0.05, 30).expect("proxy");
+    let faults = Faults { unavailable: 0.20, cut: 0.05, seed: 30, ..Faults::default() };
+    let proxy = FaultProxy::start(27, moto.addr(), faults).expect("proxy");
     let mut store = moto.store_config();
     store.endpoint_opt = Some(proxy.endpoint());
     store.attempts = 20;

@@ -34,7 +34,11 @@ pub struct Dataset {
     manifest_path: PathBuf,
     /// The manifest's version (hash of its bytes).
     version: u64,
-    /// One slot per shard, in manifest order: the mapped shard, or none (not in the cache).
+    /// A local dataset's shards, in manifest order, mapped for the dataset's life: read with
+    /// no lock (the decode threads look one up per sample).
+    fixed: Vec<Arc<Shard>>,
+    /// A remote dataset's slots, one per shard in manifest order: the mapped shard, or none
+    /// (not in the cache). Empty for a local dataset.
     shards: Vec<RwLock<Option<Arc<Shard>>>>,
     /// Where each shard comes from: its path, or its object-store URI (remote datasets).
     shard_uris: Vec<String>,
@@ -82,12 +86,22 @@ impl Dataset {
                 return Err(PipelineError::ShardCountMismatch { shard: file, manifest: entry.samples, actual: shard.len() as u64 });
             }
             shard_uris.push(file.display().to_string());
-            shards.push(RwLock::new(Some(Arc::new(shard))));
+            shards.push(Arc::new(shard));
         }
         let table = Arc::new(manifest.shard_table().map_err(|e| PipelineError::Start(e.to_string()))?);
         let shard_bytes = manifest.shards.iter().map(|shard| shard.bytes).collect();
         let manifest_path = path.to_path_buf();
-        Ok(Self { manifest_path, version, shards, shard_uris, shard_bytes, remote: false, table, classes: manifest.classes })
+        Ok(Self {
+            manifest_path,
+            version,
+            fixed: shards,
+            shards: Vec::new(),
+            shard_uris,
+            shard_bytes,
+            remote: false,
+            table,
+            classes: manifest.classes,
+        })
     }
 
     /// A dataset in an object store: `manifest` (read from `manifest_uri`, of `version`) with
@@ -104,6 +118,7 @@ impl Dataset {
         Ok(Self {
             manifest_path: PathBuf::from(manifest_uri),
             version,
+            fixed: Vec::new(),
             shards: manifest.shards.iter().map(|_| RwLock::new(None)).collect(),
             shard_bytes: manifest.shards.iter().map(|shard| shard.bytes).collect(),
             shard_uris,
@@ -155,11 +170,23 @@ impl Dataset {
 
     /// Whether `shard` is mapped.
     pub fn is_mapped(&self, shard: ShardId) -> bool {
-        self.shards.get(shard.0 as usize).is_some_and(|slot| slot.read().is_some())
+        self.shard(shard).is_some()
+    }
+
+    /// The mapped `shard`, if it is, borrowed: a local dataset's with no lock and no reference
+    /// count touched (the decode threads call this once per sample), a remote one's held.
+    pub fn shard_ref(&self, shard: ShardId) -> Option<ShardRef<'_>> {
+        if !self.remote {
+            return self.fixed.get(shard.0 as usize).map(|shard| ShardRef::Fixed(shard));
+        }
+        self.shards.get(shard.0 as usize)?.read().clone().map(ShardRef::Mapped)
     }
 
     /// The mapped `shard`, if it is.
     pub fn shard(&self, shard: ShardId) -> Option<Arc<Shard>> {
+        if !self.remote {
+            return self.fixed.get(shard.0 as usize).cloned();
+        }
         self.shards.get(shard.0 as usize)?.read().clone()
     }
 
@@ -191,7 +218,7 @@ impl Dataset {
     /// Call `read` with a sample by reference: `None` if it is outside the dataset or its
     /// shard is not mapped (a remote dataset's shard the cache does not hold).
     pub fn with_sample<R>(&self, sample: SampleRef, read: impl FnOnce(Option<&Sample<'_>>) -> R) -> R {
-        let shard = self.shard(sample.shard);
+        let shard = self.shard_ref(sample.shard);
         let found = shard.as_deref().zip(usize::try_from(sample.index).ok()).and_then(|(shard, index)| shard.sample(index));
         read(found.as_ref())
     }
@@ -203,7 +230,30 @@ impl Dataset {
 
     /// The shards mapped now, in manifest order (every shard of a local dataset).
     pub fn shards(&self) -> Vec<Arc<Shard>> {
+        if !self.remote {
+            return self.fixed.clone();
+        }
         self.shards.iter().filter_map(|slot| slot.read().clone()).collect()
+    }
+}
+
+/// A mapped shard as [`Dataset::shard_ref`] lends it.
+#[derive(Debug)]
+pub enum ShardRef<'a> {
+    /// A local dataset's shard, borrowed.
+    Fixed(&'a Shard),
+    /// A remote dataset's shard, held while it is read (the cache may unmap its slot).
+    Mapped(Arc<Shard>),
+}
+
+impl std::ops::Deref for ShardRef<'_> {
+    type Target = Shard;
+
+    fn deref(&self) -> &Shard {
+        match self {
+            Self::Fixed(shard) => shard,
+            Self::Mapped(shard) => shard,
+        }
     }
 }
 

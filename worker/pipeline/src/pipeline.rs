@@ -395,7 +395,7 @@ fn make_one(shared: &Shared, maker: &mut SampleMaker, job: &Job, slot: usize, ou
     let stats = &shared.stats;
     stats.samples.fetch_add(1, Ordering::Relaxed);
     let planned = job.planned(slot);
-    let mapped = planned.and_then(|p| shared.dataset.shard(p.sample.shard));
+    let mapped = planned.and_then(|p| shared.dataset.shard_ref(p.sample.shard));
     if let (Some(planned), None) = (planned, &mapped) {
         // A remote dataset's shard that is not in the cache: the worker maps every shard a
         // batch reads before queueing it, so this is a bug; never a black image in its place.

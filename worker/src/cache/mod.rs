@@ -108,6 +108,8 @@ pub struct ShardCache {
     released_tx: watch::Sender<u64>,
     /// One chunk claims at a time.
     claiming: tokio::sync::Mutex<()>,
+    /// One fetch ahead at a time (a grant that finds one running fetches nothing ahead).
+    fetching_ahead: tokio::sync::Mutex<()>,
     metrics: CacheMetrics,
 }
 
@@ -192,6 +194,7 @@ impl ShardCache {
             users: Mutex::new(HashMap::new()),
             released_tx,
             claiming: tokio::sync::Mutex::new(()),
+            fetching_ahead: tokio::sync::Mutex::new(()),
             metrics,
         }))
     }
@@ -265,14 +268,57 @@ impl ShardCache {
                 }
             }
         }
+        // Chunks waiting for one of these downloads (claimed by this chunk first) look again.
+        self.released_tx.send_modify(|generation| *generation += 1);
         if let Some(error) = failure_opt {
-            self.released_tx.send_modify(|generation| *generation += 1);
             self.metrics.bytes.set(self.held() as i64);
             return Err(error);
         }
         self.map(dataset, shards).await?;
         self.metrics.wait_seconds.inc_by(waited.elapsed().as_secs_f64());
         Ok(pins)
+    }
+
+    /// Fetch ahead: download those of `shards` of `dataset` that the cache does not hold, as far
+    /// as its free room allows without evicting anything, unpinned (a later chunk that needs one
+    /// finds it there, or waits for its download). Failures are left for that chunk to meet.
+    pub async fn prefetch(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>) {
+        let Ok(_ahead) = self.fetching_ahead.try_lock() else { return };
+        let mut downloads = Vec::new();
+        {
+            let _turn = self.claiming.lock().await;
+            let mut table = self.table.lock();
+            for &shard in shards {
+                let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
+                let name = file_name(&uri);
+                if table.reserve_free(&name, bytes) {
+                    downloads.push((uri, name, bytes));
+                }
+            }
+        }
+        if downloads.is_empty() {
+            return;
+        }
+        self.metrics.bytes.set(self.held() as i64);
+        let results: Vec<_> = futures_util::stream::iter(downloads)
+            .map(|(uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
+            .buffer_unordered(PARALLEL_DOWNLOADS)
+            .collect()
+            .await;
+        for (name, result) in results {
+            match result {
+                Ok(()) => {
+                    self.metrics.prefetched.inc();
+                    self.table.lock().downloaded(&name);
+                }
+                Err(error) => {
+                    debug!(%error, "a shard fetched ahead failed; the chunk that needs it fetches it again");
+                    self.table.lock().forget(&name);
+                }
+            }
+        }
+        self.released_tx.send_modify(|generation| *generation += 1);
+        self.metrics.bytes.set(self.held() as i64);
     }
 
     /// Download `uri` (of `bytes`) as the cache file `name`: aside, checked, synced, renamed.

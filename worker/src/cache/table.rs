@@ -152,6 +152,18 @@ impl CacheTable {
         Some(evicted)
     }
 
+    /// Reserve room for a download of `name` fetched ahead, unpinned, only if it is not held
+    /// and fits in the free room without evicting anything; whether it was reserved.
+    pub(crate) fn reserve_free(&mut self, name: &str, bytes: u64) -> bool {
+        if self.entries.contains_key(name) || self.held.saturating_add(bytes) > self.capacity {
+            return false;
+        }
+        self.clock += 1;
+        self.entries.insert(name.to_owned(), Entry { bytes, pins: 0, ready: false, last_use: self.clock });
+        self.held += bytes;
+        true
+    }
+
     /// The download of `name` finished and its file is in place.
     pub(crate) fn downloaded(&mut self, name: &str) {
         if let Some(entry) = self.entries.get_mut(name) {
@@ -197,6 +209,19 @@ mod tests {
     }
 
     #[test]
+    fn fetching_ahead_takes_only_free_room_and_is_claimed_after_its_download() {
+        let mut table = CacheTable::new(100);
+        assert!(table.reserve_free("a", 60));
+        assert!(!table.reserve_free("b", 60), "no eviction for a fetch ahead");
+        assert!(!table.reserve_free("a", 10), "held already");
+        assert_eq!(table.claim("a", 60), Claim::InFlight);
+        table.downloaded("a");
+        assert_eq!(table.claim("a", 60), Claim::Hit);
+        table.unpin("a");
+        assert_eq!(table.claim("b", 60), Claim::Download { evicted: vec!["a".to_owned()] });
+    }
+
+    #[test]
     fn a_file_of_another_size_is_replaced() {
         let mut table = CacheTable::new(100);
         assert!(table.adopt("a", 30).is_empty());
@@ -232,6 +257,7 @@ mod tests {
                         table.unpin(&pinned.remove(at));
                     },
                     2 if bytes % 5 == 0 && !pinned.contains(&name) => table.forget(&name),
+                    3 if table.reserve_free(&name, size) => table.downloaded(&name),
                     _ => {}
                 }
                 prop_assert!(table.held() <= table.capacity());

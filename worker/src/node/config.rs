@@ -56,6 +56,9 @@ pub struct WorkerConfig {
     pub object_roots: ObjectRoots,
     /// The shard cache for datasets in object stores; `None`: such jobs are refused here.
     pub cache_opt: Option<CacheConfig>,
+    /// Steps after each granted chunk whose shards (every rank's, by the epoch's plan) are
+    /// downloaded ahead into the cache's free room (`--fetch-ahead-steps`); 0: none.
+    pub fetch_ahead_steps: u32,
     /// The most trainer connections open at once, handshakes included (`--max-connections`).
     pub max_connections: usize,
     /// The most from one IP address (`--max-connections-per-address`).
@@ -89,6 +92,7 @@ impl WorkerConfig {
             store: StoreConfig::default(),
             object_roots: ObjectRoots::anywhere(),
             cache_opt: None,
+            fetch_ahead_steps: 8,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             before_dataset_open: None,

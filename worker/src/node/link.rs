@@ -3,13 +3,14 @@
 //! dispatch of finished batches to their trainers. What each lease owes lives in the pure
 //! [`LeaseLedger`](super::ledger::LeaseLedger); this file only moves events in and reports out.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use stoker_net::send_batch;
-use stoker_plan::ids::LeaseId;
+use stoker_plan::ids::{LeaseId, Rank, ShardId, Step};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
 use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode};
@@ -22,6 +23,7 @@ use super::job_pipeline::{JobPipeline, Made, Meta};
 use super::job_table::{batch_bytes, buffers_within};
 use super::ledger::{Ending, Failure};
 use crate::PipelineError;
+use crate::cache::ShardCache;
 use crate::metrics::Occupied;
 
 fn failure_of(error: &PipelineError) -> Failure {
@@ -218,6 +220,7 @@ where
         match cache.acquire(dataset, &shards).await {
             Ok(pins) => {
                 self.pins.lock().insert(grant.lease, (chunk.steps, pins));
+                self.fetch_ahead(cache, pipeline, grant, &shards);
                 Ok(())
             }
             Err(error) => {
@@ -233,6 +236,27 @@ where
                 Err(Failure { reason: error.to_string(), fatal })
             }
         }
+    }
+
+    /// Fetch from the plan: download in the background, into the cache's free room, the shards
+    /// that every rank's next `fetch_ahead_steps` steps after this chunk read (the plan is the
+    /// same on every worker), so that the chunks granted next find them there.
+    fn fetch_ahead(&self, cache: &Arc<ShardCache>, pipeline: &JobPipeline, grant: &ChunkGrant, current: &BTreeSet<ShardId>) {
+        let ahead = self.config.fetch_ahead_steps;
+        if ahead == 0 {
+            return;
+        }
+        let chunk = grant.chunk;
+        let next = Step(chunk.first_step.0 + u64::from(chunk.steps));
+        let shards: BTreeSet<ShardId> = (0..grant.spec.plan.world_size.get())
+            .flat_map(|rank| pipeline.shards_of(chunk.epoch, chunk.start, Rank(rank), next, ahead))
+            .filter(|shard| !current.contains(shard))
+            .collect();
+        if shards.is_empty() {
+            return;
+        }
+        let (cache, dataset) = (Arc::clone(cache), Arc::clone(pipeline.dataset()));
+        tokio::spawn(async move { cache.prefetch(&dataset, &shards).await });
     }
 
     /// `count` batches of `lease` came out of the pipeline (or never will): once none is left,
@@ -388,7 +412,7 @@ where
 /// `block` anything, `none` two neighbouring shards.
 fn working_set_bytes(dataset: &crate::Dataset, shuffle: stoker_plan::Shuffle) -> u64 {
     let table = dataset.table();
-    let mut sizes: Vec<u64> = (0..table.shards()).map(|shard| dataset.shard_bytes(stoker_plan::ids::ShardId(shard))).collect();
+    let mut sizes: Vec<u64> = (0..table.shards()).map(|shard| dataset.shard_bytes(ShardId(shard))).collect();
     sizes.sort_unstable_by(|a, b| b.cmp(a));
     let shards = match shuffle {
         stoker_plan::Shuffle::None => 2,
