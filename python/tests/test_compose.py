@@ -286,7 +286,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         started = time.monotonic()
         stack.up()
-        bounded_wait(lambda: all(stack.ready(service) for service in COORDINATORS + WORKERS), 120, "every coordinator and worker to answer /readyz")
+        bounded_wait(lambda: all(stack.ready(service) for service in COORDINATORS + WORKERS), 180, "every coordinator and worker to answer /readyz")
         record("ready_stack_seconds", round(time.monotonic() - started, 1))
         stack.stoker("dataset", "add", "train", "/datasets")
         yield stack
@@ -328,13 +328,13 @@ def test_the_leader_container_killed_mid_epoch_then_started(stack: Stack) -> Non
     no step is lost or repeated, and the killed one, started again, rejoins as a follower."""
     old_leader = bounded_wait(stack.leader, 30, "a leader")
     # 16 steps/s a rank: the 4 prefetched steps last 0.25 s, less than an election.
-    trainers = stack.start_trainers("leader-kill", epochs=6, rate=16)
+    trainers = stack.start_trainers("leader-kill", epochs=10, rate=16)
     bounded_wait(lambda: trainers.steps_done() >= 6, 60, "6 steps before the kill", every=0.1)
     stack.docker("kill", stack.container(old_leader))
     killed = time.monotonic()
     new_leader = bounded_wait(lambda: (leader := stack.leader()) != old_leader and leader, 60, "a new leader", every=0.1)
     record("new_leader_after_kill_seconds", round(time.monotonic() - killed, 1))
-    assert trainers.steps_done() < 6 * STEPS, "the trainers finished before the fail-over: not a kill mid-run"
+    assert trainers.steps_done() < 10 * STEPS, "the trainers finished before the fail-over: not a kill mid-run"
     stack.docker("start", stack.container(old_leader))
     ended = trainers.wait(180)
     trainers.assert_every_key_once()
@@ -371,16 +371,18 @@ def test_a_worker_cut_off_the_network_for_10_s(stack: Stack) -> None:
 def test_a_rolling_restart_of_the_coordinators_during_training(stack: Stack) -> None:
     """`docker-compose restart` of each coordinator in turn, waiting for it to be ready before
     the next, while 2 ranks train: no step lost or repeated."""
-    trainers = stack.start_trainers("rolling", epochs=8, rate=8)
+    trainers = stack.start_trainers("rolling", epochs=16, rate=8)
     bounded_wait(lambda: trainers.steps_done() >= 3, 60, "3 steps before the restarts")
     seconds = {}
     for service in COORDINATORS:
+        # Each restart begins while the ranks train (a slow machine may see the last one's
+        # readiness after the job ends: no step may be lost either way).
+        assert trainers.steps_done() < 16 * STEPS, f"the trainers finished before {service} restarted: not a restart during training"
         started = time.monotonic()
         stack.compose("restart", "-t", "10", service)
         bounded_wait(lambda: stack.ready(service), 60, f"{service} ready after its restart", every=0.1)
         seconds[service] = round(time.monotonic() - started, 1)
     record("rolling_restart_seconds_to_ready", seconds)
-    assert trainers.steps_done() < 8 * STEPS, "the trainers finished before the last restart: not a restart during training"
     ended = trainers.wait(180)
     trainers.assert_every_key_once()
     record("stall_seconds_rolling_restart", stack.trainer_wait("rolling", ended))
