@@ -11,6 +11,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use quinn::{Connection, Endpoint};
 use stoker_net::bulk::BatchTransport;
+use stoker_net::random::random_u64;
 use stoker_net::{NetError, PayloadPool, SUPERSEDED_CLOSE_CODE, TlsConfigs, Tuning, client_endpoint};
 use stoker_plan::ShardTable;
 use stoker_plan::ids::WorkerId;
@@ -24,6 +25,7 @@ use tracing::{debug, info, warn};
 
 use crate::batch::{HeldCount, ReceivedBatch};
 use crate::config::LoaderConfig;
+use crate::dial_backoff::DialBackoff;
 use crate::error::ClientError;
 use crate::receive::{Expect, PlanBook, ReceiveStats, bulk_loop, connect_worker, receive_loop};
 use crate::session::{Progress, Session, report_progress};
@@ -36,6 +38,8 @@ pub(crate) struct Connector {
     expect: Expect,
     /// Workers dialled: `None` while the dial is under way.
     connected: Mutex<HashMap<WorkerId, Option<Connection>>>,
+    /// Dials by address: one at a time, spaced out after failures.
+    backoff: Mutex<DialBackoff>,
     batches_tx: mpsc::UnboundedSender<ReceivedBatch>,
     pub(crate) stats: Arc<ReceiveStats>,
     pub(crate) pool: PayloadPool,
@@ -48,8 +52,9 @@ impl Connector {
     pub(crate) fn connect_new(self: &Arc<Self>, workers: &[WorkerInfo]) {
         let mut connected = self.connected.lock();
         connected.retain(|_, connection_opt| connection_opt.as_ref().is_none_or(|connection| connection.close_reason().is_none()));
+        let now = std::time::Instant::now();
         for worker in workers {
-            if connected.contains_key(&worker.id) {
+            if connected.contains_key(&worker.id) || !self.backoff.lock().start(worker.addr, now) {
                 continue;
             }
             connected.insert(worker.id, None);
@@ -59,6 +64,7 @@ impl Connector {
                 match connect_worker(&this.endpoint, worker, &this.expect, this.bulk_tls.is_some()).await {
                     Ok(connection) => {
                         debug!(worker = %worker.id, addr = %worker.addr, "connected to worker");
+                        this.backoff.lock().connected(worker.addr);
                         this.connected.lock().insert(worker.id, Some(connection.clone()));
                         if let Some(tls) = &this.bulk_tls {
                             tokio::spawn(bulk_loop(
@@ -89,10 +95,12 @@ impl Connector {
                     Err(error @ (NetError::Refused { .. } | NetError::WrongPeer { .. } | NetError::Tls(_))) => {
                         warn!(worker = %worker.id, addr = %worker.addr, %error, "refused a worker's certificate, or it refused ours: no batches from it");
                         this.connected.lock().remove(&worker.id);
+                        this.backoff.lock().failed(worker.addr, std::time::Instant::now(), random_u64());
                     }
                     Err(error) => {
                         debug!(worker = %worker.id, %error, "cannot connect to worker");
                         this.connected.lock().remove(&worker.id);
+                        this.backoff.lock().failed(worker.addr, std::time::Instant::now(), random_u64());
                     }
                 }
             });
@@ -208,6 +216,7 @@ where
         bulk_tls: (config.batch_transport == BatchTransport::Tcp).then(|| tls.clone()),
         expect,
         connected: Mutex::new(HashMap::new()),
+        backoff: Mutex::new(DialBackoff::default()),
         batches_tx,
         stats: Arc::new(ReceiveStats::default()),
         // Up to two windows of freed batches are kept: near an epoch's end the rest of it
@@ -229,7 +238,7 @@ where
 
 /// A random id for this loader (its attach is idempotent under it); never 0.
 pub(crate) fn loader_id() -> u64 {
-    stoker_net::random::random_u64().max(1)
+    random_u64().max(1)
 }
 
 pub(crate) fn new_runtime() -> Result<Runtime, ClientError> {
