@@ -279,3 +279,33 @@ fn squatters_on_a_ranks_slots_give_way_to_the_granted_trainer() {
     let closed = squatters.iter().filter(|connection| connection.close_reason().is_some()).count();
     assert!(closed >= 1, "a squatter gave its slot up");
 }
+
+/// Issue 31, item 3: a worker revoked mid-epoch is cut off by the trainer (its connections
+/// closed: nothing more is taken from it), its chunks are made by the other worker, and the
+/// epoch completes with every step once. Before, the trainer kept the revoked worker's
+/// connection open and took what it sent.
+#[test]
+fn a_worker_revoked_mid_epoch_is_cut_off_and_the_epoch_completes_once() {
+    let mut cluster = cluster_with(1);
+    let (tls, revoked_key) = issued(&cluster, Role::Worker, "revoked-worker", valid());
+    let revoked = cluster.add_worker_with(tls).expect("a worker of its own certificate");
+    cluster.wait_for_workers().expect("workers");
+    let mut base = cluster.loader_config("train", 4);
+    base.job_name = Some("revoked-mid-epoch".to_owned());
+    let config = config_for(&base, 0, 1);
+    let mut loader = Loader::attach(&config).expect("attach");
+    loader.set_epoch(Epoch(0));
+    let steps = loader.len().expect("steps");
+    let mut yielded = Vec::new();
+    crate::common::wait_for_open_trainer(&cluster, revoked);
+    for batch in &mut loader {
+        yielded.push(batch.expect("a batch").step().0);
+        if yielded.len() == 3 {
+            cluster.deny(revoked_key).expect("deny");
+        }
+        std::thread::park_timeout(Duration::from_millis(150));
+    }
+    assert_eq!(yielded, (0..steps).collect::<Vec<_>>(), "every step once, in order");
+    let worker = cluster.worker(revoked).expect("the revoked worker");
+    assert_eq!(worker.open_trainers(), 0, "the trainer closed its connection to the revoked worker");
+}
