@@ -5,6 +5,7 @@
 #   make lint   rustfmt + clippy
 #   make fuzz   every fuzz target for FUZZ_SECONDS each (see ARCHITECTURE.md, "Fuzzing")
 #   make docs   the documentation site (docs/, MkDocs) into target/site
+#   make compose-up / compose-down   deploy/compose.yaml on this machine's Docker (deploy/README.md)
 
 SHELL := /bin/bash
 CARGO ?= cargo
@@ -15,7 +16,7 @@ PYTHON := $(abspath $(VENV))/bin/python
 FUZZ_SECONDS ?= 300
 FUZZ_SHORT_SECONDS ?= 15
 
-.PHONY: demo test bench lint deps test-deps venv wheel docs
+.PHONY: demo test bench lint deps test-deps venv wheel docs compose-up compose-down
 
 deps:
 	@scripts/ensure-deps.sh
@@ -79,3 +80,33 @@ docs: $(VENV)/.docs-installed
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy -j$(JOBS) --workspace --all-targets -- -D warnings
+
+# deploy/compose.yaml from this checkout on this machine's Docker engine, no registry needed:
+# deploy/build-images makes the images (a debootstrap base when debian:bookworm-slim cannot be
+# pulled, this checkout's debug `stoker`, Debian's Prometheus), then the stack starts without
+# Grafana, every port on 127.0.0.1. Datasets: the folder STOKER_DATASETS (read-only in the
+# containers); an empty one gets a small generated sample, registered as `sample`.
+STOKER_DATASETS ?= $(abspath deploy/datasets)
+COMPOSE := docker-compose -f deploy/compose.yaml -p stoker
+export STOKER_DATASETS
+
+compose-up: deps test-deps
+	$(CARGO) build -j$(JOBS) -p stoker-cli
+	deploy/build-images --binary target/debug/stoker
+	@mkdir -p $(STOKER_DATASETS)
+	@if [ -z "$$(ls -A $(STOKER_DATASETS))" ]; then \
+		echo "==> a generated sample in $(STOKER_DATASETS)/sample"; \
+		./target/debug/stoker demo --workdir target/compose-sample --epochs 1 >/dev/null && \
+		cp -r target/compose-sample/shards $(STOKER_DATASETS)/sample; \
+	fi
+	$(COMPOSE) up -d --no-build
+	@for i in $$(seq 1 60); do \
+		[ "$$($(COMPOSE) ps | grep -c '(healthy)')" -ge 5 ] && break; \
+		[ $$i -lt 60 ] || { echo "the stack is not healthy after 120 s: $(COMPOSE) ps; $(COMPOSE) logs" >&2; exit 1; }; sleep 2; \
+	done
+	@if [ -f $(STOKER_DATASETS)/sample/manifest.json ]; then $(COMPOSE) run --rm cli dataset add sample /datasets/sample || true; fi
+	$(COMPOSE) run --rm cli status
+	@echo "Prometheus: http://$$($(COMPOSE) port prometheus 9090)"
+
+compose-down:
+	$(COMPOSE) down -v --remove-orphans

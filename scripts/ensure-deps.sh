@@ -23,6 +23,11 @@ if [ "${1:-}" = "--test" ]; then
   command -v promtool >/dev/null 2>&1 || need+=(prometheus)
   # The multi-host tests run real processes in network namespaces (ip netns, veth).
   command -v ip >/dev/null 2>&1 || need+=(iproute2)
+  # The compose tests build their base image with debootstrap (no registry to pull one from).
+  command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+  if ! docker info >/dev/null 2>&1; then
+    echo "note: no Docker engine answers; the compose tests (python/tests/test_compose.py) will skip (fail under CI)" >&2
+  fi
   # The fuzz targets link libFuzzer, which is C++ (a machine with only `cc` lacks it).
   command -v c++ >/dev/null 2>&1 || need+=(g++)
   if ! command -v kubectl >/dev/null 2>&1; then

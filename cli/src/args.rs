@@ -32,7 +32,8 @@ use crate::flags::CoordinatorAddr;
 /// with Raft (`coordinator --peers`, `cluster add-node`); coordinators and workers serve
 /// Prometheus metrics (`--metrics-listen`; deploy/ has dashboards and alerts). Every connection
 /// is mutual TLS: one machine needs no set-up (a local CA), a cluster a CA and a certificate per
-/// node (`certs`, `--tls-dir`). Not built yet: object stores.
+/// node (`certs`, `--tls-dir`). Datasets may live in S3 (`pack --output s3://...`, workers'
+/// `--cache-dir`).
 #[derive(Debug, Parser)]
 #[command(name = "stoker", version, propagate_version = true)]
 pub(crate) struct Cli {

@@ -43,3 +43,32 @@ impl TlsArgs {
 pub(crate) fn parse_shuffle(text: &str) -> Result<Shuffle, String> {
     text.parse().map_err(|error: stoker_plan::error::PlanError| error.to_string())
 }
+
+/// How this process reaches object stores (datasets at `s3://` URIs). Credentials are not
+/// flags: they come from the standard AWS environment variables (`AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), a web-identity token
+/// (`AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_ARN`) or the instance/pod role.
+#[derive(Debug, Args)]
+pub(crate) struct ObjectStoreArgs {
+    /// An S3-compatible endpoint (MinIO, Ceph RGW, R2, a local test server):
+    /// http://HOST:PORT or https://HOST [default: AWS, or AWS_ENDPOINT_URL where set].
+    #[arg(long, env = "STOKER_S3_ENDPOINT", value_name = "URL")]
+    pub(crate) s3_endpoint: Option<String>,
+    /// The store's region [default: AWS_REGION or AWS_DEFAULT_REGION, else us-east-1].
+    #[arg(long, env = "STOKER_S3_REGION", value_name = "REGION")]
+    pub(crate) s3_region: Option<String>,
+}
+
+impl ObjectStoreArgs {
+    /// The client settings these flags give.
+    pub(crate) fn config(&self) -> Result<stoker_store::StoreConfig, stoker_store::StoreError> {
+        let mut config = stoker_store::StoreConfig::with_endpoint(self.s3_endpoint.clone())?;
+        config.region_opt = self.s3_region.clone();
+        Ok(config)
+    }
+
+    /// Clients with these settings, reading anywhere the credentials allow.
+    pub(crate) fn stores(&self) -> Result<stoker_store::ObjectStores, stoker_store::StoreError> {
+        Ok(stoker_store::ObjectStores::new(self.config()?, stoker_store::ObjectRoots::anywhere()))
+    }
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::error::CoordinatorError;
 use stoker_coordinator_core::CoreConfig;
 use stoker_coordinator_core::scheduler::SchedulerConfig;
+use stoker_store::{ObjectRoots, StoreConfig};
 
 /// How a coordinator runs.
 #[derive(Clone, Debug)]
@@ -60,6 +61,10 @@ pub struct CoordinatorConfig {
     /// Folders datasets must be in (`--dataset-root`, after symlinks are resolved); empty:
     /// anywhere the coordinator can read.
     pub dataset_roots: Vec<PathBuf>,
+    /// How to reach object stores, for manifests at `s3://` URIs (`--s3-endpoint`).
+    pub store: StoreConfig,
+    /// Buckets and prefixes `s3://` manifests and their shards must be under (`--object-root`).
+    pub object_roots: ObjectRoots,
     /// The most connections open at once, handshakes in progress included
     /// (`--max-connections`); more are refused before their handshake.
     pub max_connections: usize,
@@ -117,6 +122,8 @@ impl CoordinatorConfig {
             max_jobs: DEFAULT_MAX_JOBS,
             max_datasets: DEFAULT_MAX_DATASETS,
             dataset_roots: Vec::new(),
+            store: StoreConfig::default(),
+            object_roots: ObjectRoots::anywhere(),
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,

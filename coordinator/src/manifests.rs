@@ -1,11 +1,14 @@
 //! Reading a dataset's manifest for `stoker dataset add` (file IO, which the core asks the
-//! driver to do): confined to the dataset roots, after symlinks are resolved.
+//! driver to do): confined to the dataset roots, after symlinks are resolved; or one GET from
+//! an object store, confined to the object roots. The coordinator reads a manifest once, here:
+//! trainers get its shard counts from the coordinator, workers its version in each grant.
 
 use std::path::{Path, PathBuf};
 
 use stoker_format::error::ShardError;
 use stoker_format::{DatasetRoots, Manifest};
 use stoker_proto::{DatasetInfo, ErrorCode, RemoteError};
+use stoker_store::{MAX_OBJECT_READ_BYTES, ObjectStores, ObjectUri, StoreError};
 
 fn invalid(message: impl Into<String>) -> RemoteError {
     RemoteError::new(ErrorCode::InvalidArgument, message)
@@ -35,6 +38,44 @@ pub(crate) fn read(roots: &[PathBuf], manifest: &str) -> Result<DatasetInfo, Rem
     Ok(DatasetInfo {
         name: String::new(),
         manifest: path.to_string_lossy().into_owned(),
+        shard_counts: loaded.shards.iter().map(|shard| shard.samples).collect(),
+        version,
+    })
+}
+
+/// A store error as the caller sees it: confinement is forbidden, a missing object not found,
+/// the rest a mistake to fix or an outage to retry.
+fn store_refusal(error: &StoreError) -> RemoteError {
+    let code = match error {
+        StoreError::Confined { .. } => ErrorCode::Forbidden,
+        StoreError::NotFound { .. } => ErrorCode::NotFound,
+        StoreError::Unavailable { .. } => ErrorCode::Unavailable,
+        _ => ErrorCode::InvalidArgument,
+    };
+    RemoteError::new(code, error.to_string())
+}
+
+/// Load the manifest at the object-store URI `manifest` (`s3://bucket/key`, or a prefix
+/// holding `manifest.json`), checking that it and its shards are under the object roots.
+pub(crate) async fn read_remote(stores: &ObjectStores, manifest: &str) -> Result<DatasetInfo, RemoteError> {
+    let given = ObjectUri::parse_prefix(manifest).map_err(|error| store_refusal(&error))?;
+    let uri = if given.key().is_empty() || given.key().ends_with('/') || !given.file_name().contains('.') {
+        given.join(stoker_format::MANIFEST_FILE).map_err(|error| store_refusal(&error))?
+    } else {
+        given
+    };
+    stores.roots().check(&uri).map_err(|error| store_refusal(&error))?;
+    let bytes = stores.read(&uri, MAX_OBJECT_READ_BYTES).await.map_err(|error| store_refusal(&error))?;
+    let version = xxhash_rust::xxh3::xxh3_64(&bytes).max(1);
+    let text = std::str::from_utf8(&bytes).map_err(|_| invalid(format!("{uri}: the manifest is not UTF-8 text")))?;
+    let loaded = Manifest::parse(text, Path::new(&uri.to_string())).map_err(|error| invalid(error.to_string()))?;
+    for shard in &loaded.shards {
+        let resolved = uri.resolve_shard(&shard.uri).map_err(|error| store_refusal(&error))?;
+        stores.roots().check(&resolved).map_err(|error| store_refusal(&error))?;
+    }
+    Ok(DatasetInfo {
+        name: String::new(),
+        manifest: uri.to_string(),
         shard_counts: loaded.shards.iter().map(|shard| shard.samples).collect(),
         version,
     })

@@ -6,8 +6,8 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
 use parking_lot::Mutex;
@@ -16,6 +16,7 @@ use stoker_coordinator_core::{Core, Event, Figures, IdSource, Outcome, Then};
 use stoker_obs::prometheus::Histogram;
 use stoker_plan::ids::CertKey;
 use stoker_proto::{ClusterStatus, ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_store::{ObjectStores, ObjectUri};
 use tracing::warn;
 
 use crate::config::CoordinatorConfig;
@@ -63,6 +64,8 @@ pub struct Coordinator {
     core: Mutex<Core>,
     /// Folders manifests must be in (validated: resolved).
     dataset_roots: Vec<PathBuf>,
+    /// Clients of object stores, for manifests at `s3://` URIs (confined to `--object-root`).
+    stores: Arc<ObjectStores>,
     /// How long leases are held until done, once metrics are on.
     lease_seconds: OnceLock<Histogram>,
     /// Flushes, for answers that wait until their checkpoint is durable.
@@ -89,9 +92,11 @@ impl Coordinator {
         now: Instant,
     ) -> Self {
         let core = Core::new(config.core(), advertised, state, ids, id_base, now);
+        let stores = Arc::new(ObjectStores::new(config.store.clone(), config.object_roots.clone()));
         Self {
             core: Mutex::new(core),
             dataset_roots: config.dataset_roots.clone(),
+            stores,
             lease_seconds: OnceLock::new(),
             flushes: tokio::sync::watch::Sender::new(Flushes::default()),
             flush_wanted: AtomicBool::new(false),
@@ -137,6 +142,10 @@ impl Coordinator {
                         Then::Again(again) => event = Event::Request { request: again, caller },
                         Then::Reply(answer) => return Ok(answer),
                     }
+                }
+                Outcome::ReadManifest { name, manifest } if ObjectUri::is_object_uri(&manifest) => {
+                    let read = crate::manifests::read_remote(&self.stores, &manifest).await;
+                    event = Event::ManifestRead { name, read };
                 }
                 Outcome::ReadManifest { name, manifest } => {
                     let roots = self.dataset_roots.clone();

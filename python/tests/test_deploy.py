@@ -1,7 +1,7 @@
-"""`deploy/` checked statically (no Docker engine or Kubernetes cluster runs here): the
-Kubernetes manifests render with kustomize and validate against the Kubernetes schemas, and
-every `stoker` flag the compose file, the manifests and the Dockerfile use exists in that
-subcommand's `--help`, so they cannot drift from the binary."""
+"""`deploy/` checked statically: the Kubernetes manifests render with kustomize and validate
+against the Kubernetes schemas (no Kubernetes cluster runs here), and every `stoker` flag the
+compose file, the manifests and the Dockerfile use exists in that subcommand's `--help`, so
+they cannot drift from the binary. test_compose.py runs the compose stack in Docker."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ yaml = need_module("yaml")
 DEPLOY = REPO / "deploy"
 # Kustomizations that render on their own; the operator's PodMonitors need its CRDs, which the
 # schema validator has no schema for: they are rendered and checked for their kind only.
-VALIDATED = [DEPLOY / "k8s", DEPLOY, DEPLOY / "k8s" / "node-sysctls"]
+VALIDATED = [DEPLOY / "k8s", DEPLOY, DEPLOY / "k8s" / "node-sysctls", DEPLOY / "k8s-s3"]
 OPERATOR = DEPLOY / "k8s" / "prometheus-operator"
 # The containers of deploy/k8s that run `stoker`.
 STOKER_CONTAINERS = {"coordinator", "worker"}
@@ -100,12 +100,15 @@ def shell_invocations(script: str) -> Iterator[List[str]]:
 def compose_invocations() -> Iterator[Tuple[str, List[str]]]:
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     for name, service in compose["services"].items():
+        # The Stoker image (not stoker-prometheus, whose flags are Prometheus's).
         image = str(service.get("image", ""))
         command = service.get("command")
-        if "stoker" in image and command and service.get("entrypoint") == ["sh", "-c"]:
+        if not image.startswith("${STOKER_IMAGE"):
+            continue
+        if command and service.get("entrypoint") == ["sh", "-c"]:
             for words in shell_invocations(str(command[0])):
                 yield f"compose.yaml service {name}", words
-        elif "stoker" in image and command:
+        elif command:
             words = shlex.split(command) if isinstance(command, str) else [str(word) for word in command]
             yield f"compose.yaml service {name}", words
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use stoker_coordinator::CoordinatorConfig;
 use stoker_net::bulk::BatchTransport;
+use stoker_store::StoreConfig;
 use stoker_worker::WorkerConfig;
 
 /// How the cluster runs.
@@ -45,6 +46,11 @@ pub struct ClusterConfig {
     pub before_dataset_open: Option<fn(&Path)>,
     /// How every worker sends batches (bulk connections where trainers make them, by default).
     pub batch_transport: BatchTransport,
+    /// How the coordinator and the workers reach object stores (a test's S3 server).
+    pub object_store: Option<StoreConfig>,
+    /// Every worker's shard cache: a folder of its own in this one (`worker-N`, N its index,
+    /// so a worker started again at that index finds its files) of this many bytes.
+    pub worker_cache: Option<(PathBuf, u64)>,
 }
 
 impl Default for ClusterConfig {
@@ -67,6 +73,8 @@ impl Default for ClusterConfig {
             configure_coordinator: None,
             before_dataset_open: None,
             batch_transport: BatchTransport::Tcp,
+            object_store: None,
+            worker_cache: None,
         }
     }
 }

@@ -4,9 +4,13 @@
 mod cluster_config;
 /// Sample datasets packed into shards.
 mod dataset;
+/// A fault-injecting HTTP proxy in front of a test's S3 server (503s, cut bodies).
+pub mod fault_proxy;
 /// A randomized model of the delivery protocol: real coordinator, trainer protocol and lease
 /// ledger on a simulated clock and network, with faults.
 pub mod model;
+/// An S3-compatible server for tests: moto, started by the test on a loopback address.
+pub mod moto;
 pub mod netns;
 /// The cluster CA and certificates of a test cluster.
 pub mod tls;
@@ -179,6 +183,9 @@ impl TestCluster {
         config.chunk_steps = self.config.chunk_steps;
         config.lease_stall = self.config.lease_stall;
         config.max_batch_bytes = self.config.max_batch_bytes;
+        if let Some(store) = &self.config.object_store {
+            config.store = store.clone();
+        }
         if let Some(configure) = self.config.configure_coordinator {
             configure(&mut config);
         }
@@ -309,6 +316,13 @@ impl TestCluster {
         config.batch_transport = self.config.batch_transport;
         if let Some(bytes) = self.config.max_batch_memory {
             config.max_batch_memory = bytes;
+        }
+        if let Some(store) = &self.config.object_store {
+            config.store = store.clone();
+        }
+        if let Some((dir, capacity)) = &self.config.worker_cache {
+            let index = self.workers.len();
+            config.cache_opt = Some(stoker_worker::CacheConfig { dir: dir.join(format!("worker-{index}")), capacity: *capacity });
         }
         let metrics = role_metrics("worker")?;
         let handle = stoker_worker::start(config, socket, &tls, api, &metrics).map_err(|error| error.to_string())?;

@@ -1,5 +1,7 @@
 #![doc = include_str!("../README.md")]
 
+/// The shard cache of datasets in object stores: bounded, crash-safe, mapped.
+pub mod cache;
 pub mod metrics;
 /// The worker service: coordinator link, job pipelines, batch delivery to trainers.
 pub mod node;
@@ -11,4 +13,4 @@ pub use stoker_pipeline::{
     dataset, error, floor, make_seekable, make_seekable_for_pack, pipeline, sample,
 };
 
-pub use self::node::{WorkerConfig, WorkerHandle, bind_socket, start};
+pub use self::node::{CacheConfig, WorkerConfig, WorkerHandle, bind_socket, start};

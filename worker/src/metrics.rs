@@ -3,7 +3,7 @@
 //! passes to [`crate::start`]; stage depths are read from the worker's state at scrape time.
 
 use stoker_obs::error::ObsError;
-use stoker_obs::prometheus::{Histogram, IntCounter, IntGauge, IntGaugeVec};
+use stoker_obs::prometheus::{Counter, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 use stoker_obs::{Metrics, latency_buckets};
 pub use stoker_pipeline::metrics::PipelineMetrics;
 
@@ -28,6 +28,57 @@ pub fn register_pipeline_metrics(metrics: &Metrics) -> Result<PipelineMetrics, O
     })
 }
 
+/// The shard cache's and the object-store client's figures (datasets in S3, issue 30).
+#[derive(Clone, Debug)]
+pub struct CacheMetrics {
+    /// Shards a chunk needed that the cache held.
+    pub hits: IntCounter,
+    /// Shards a chunk needed that had to be downloaded.
+    pub misses: IntCounter,
+    /// Files evicted (or dropped as stale) to make room.
+    pub evictions: IntCounter,
+    /// Bytes of files held and downloads reserved.
+    pub bytes: IntGauge,
+    /// Bytes of shards downloaded into the cache.
+    pub fetched_bytes: IntCounter,
+    /// Seconds chunks waited for their shards (claims, downloads, mapping) before their
+    /// batches were queued.
+    pub wait_seconds: Counter,
+    /// Object-store requests by outcome: ok, retried (a transient failure, tried again),
+    /// failed (for good).
+    pub requests: IntCounterVec,
+}
+
+impl CacheMetrics {
+    /// Register the cache's metrics in `metrics`.
+    pub fn register(metrics: &Metrics) -> Result<Self, ObsError> {
+        let cache = Self {
+            hits: metrics.counter("stoker_worker_cache_hits_total", "Shards a chunk needed that the worker's shard cache held.")?,
+            misses: metrics.counter("stoker_worker_cache_misses_total", "Shards a chunk needed that were downloaded into the cache.")?,
+            evictions: metrics.counter("stoker_worker_cache_evictions_total", "Shard files evicted from the cache to make room.")?,
+            bytes: metrics.gauge("stoker_worker_cache_bytes", "Bytes the shard cache holds (files and downloads in progress).")?,
+            fetched_bytes: metrics.counter("stoker_worker_fetched_bytes_total", "Bytes of shards downloaded from the object store.")?,
+            wait_seconds: metrics
+                .float_counter_vec(
+                    "stoker_worker_chunk_data_wait_seconds_total",
+                    "Seconds chunks waited for their shards to be in the cache before their batches were queued.",
+                    &[],
+                )?
+                .with_label_values::<&str>(&[]),
+            requests: metrics.counter_vec(
+                "stoker_worker_object_requests_total",
+                "Object-store requests by outcome: ok, retried (failed transiently and tried again), failed (for good).",
+                &["outcome"],
+            )?,
+        };
+        // Every outcome has a series from the start (at 0), for dashboards and rate().
+        for outcome in ["ok", "retried", "failed"] {
+            cache.requests.with_label_values(&[outcome]);
+        }
+        Ok(cache)
+    }
+}
+
 /// Everything a worker counts.
 #[derive(Clone, Debug)]
 pub struct WorkerMetrics {
@@ -47,12 +98,14 @@ pub struct WorkerMetrics {
     pub(crate) bulk_connections: IntGauge,
     pub(crate) bulk_batches: IntCounter,
     pub(crate) registered: IntGauge,
+    pub(crate) cache: CacheMetrics,
 }
 
 impl WorkerMetrics {
     /// Register the worker's metrics in `metrics`.
     pub fn register(metrics: &Metrics) -> Result<Self, ObsError> {
         Ok(Self {
+            cache: CacheMetrics::register(metrics)?,
             pipeline: register_pipeline_metrics(metrics)?,
             samples: metrics.counter("stoker_worker_samples_total", "Samples made (replaced ones included).")?,
             batches: metrics.counter("stoker_worker_batches_total", "Batches delivered: sent and acknowledged by their trainer.")?,

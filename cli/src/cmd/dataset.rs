@@ -14,7 +14,8 @@ use super::remote::call;
 pub(crate) struct DatasetAddArgs {
     /// Name trainers use.
     pub(crate) name: String,
-    /// manifest.json, or the folder holding it.
+    /// manifest.json, or the folder holding it; or `s3://bucket/prefix` (its manifest.json)
+    /// or `s3://bucket/key.json`, read by the coordinator from the object store.
     pub(crate) path: PathBuf,
     #[command(flatten)]
     pub(crate) coordinator: CoordinatorAddr,
@@ -26,8 +27,13 @@ fn describe(dataset: &DatasetInfo) -> String {
 }
 
 pub(crate) fn add(args: DatasetAddArgs) -> anyhow::Result<ExitCode> {
-    let path = std::path::absolute(&args.path)?;
-    let request = ControlRequest::AddDataset { name: args.name, manifest: path.to_string_lossy().into_owned() };
+    let given = args.path.to_string_lossy();
+    let manifest = if stoker_store::ObjectUri::is_object_uri(&given) {
+        given.into_owned()
+    } else {
+        std::path::absolute(&args.path)?.to_string_lossy().into_owned()
+    };
+    let request = ControlRequest::AddDataset { name: args.name, manifest };
     let dataset = expect_response!(call(&args.coordinator, request)?, DatasetAdded { dataset })?;
     println!("added {}", describe(&dataset));
     Ok(ExitCode::SUCCESS)

@@ -9,6 +9,7 @@ use anyhow::Context;
 use stoker_format::manifest::PackedOrder;
 use stoker_format::pack::{PackOptions, PackSummary, RewriteJpeg, pack};
 
+use crate::flags::ObjectStoreArgs;
 use crate::progress;
 
 #[derive(Debug, Args)]
@@ -16,7 +17,9 @@ pub(crate) struct PackArgs {
     /// ImageFolder root: class folders holding images (jpg, jpeg, png, ppm, bmp, pgm, tif, tiff, webp).
     #[arg(long)]
     pub(crate) input: PathBuf,
-    /// Folder for the shards, their indexes and manifest.json (created if missing).
+    /// Folder for the shards, their indexes and manifest.json (created if missing); or
+    /// `s3://bucket/prefix`: packed into a temporary folder (it needs the dataset's size in
+    /// free space there, $TMPDIR), then uploaded (multipart), manifest.json last.
     #[arg(long)]
     pub(crate) output: PathBuf,
     /// Largest shard size, e.g. 256MiB, 1GB, 500000 (bytes). Samples are never split.
@@ -46,6 +49,8 @@ pub(crate) struct PackArgs {
     /// Seed of the order samples are written in (recorded in manifest.json).
     #[arg(long, default_value_t = 0, conflicts_with = "no_shuffle")]
     pub(crate) seed: u64,
+    #[command(flatten)]
+    pub(crate) object_store: ObjectStoreArgs,
 }
 
 /// `256MiB`, `1GB`, `4k`, `1000`: a byte count with an optional decimal or binary unit.
@@ -72,11 +77,19 @@ pub(crate) fn parse_byte_size(text: &str) -> Result<u64, String> {
 }
 
 pub(crate) fn run(args: PackArgs) -> anyhow::Result<ExitCode> {
+    let output_text = args.output.to_string_lossy().into_owned();
+    let (output, upload_to) = if stoker_store::ObjectUri::is_object_uri(&output_text) {
+        let prefix = stoker_store::ObjectUri::parse_prefix(&output_text)?;
+        let staging = tempfile::Builder::new().prefix("stoker-pack-").tempdir().context("cannot make a temporary folder to pack into")?;
+        (staging.path().join("shards"), Some((prefix, staging)))
+    } else {
+        (args.output.clone(), None)
+    };
     let threads =
         args.threads.and_then(NonZeroUsize::new).unwrap_or_else(|| std::thread::available_parallelism().unwrap_or(NonZeroUsize::MIN));
     let options = PackOptions {
         input: args.input,
-        output: args.output,
+        output,
         shard_size: args.shard_size,
         threads,
         prefix: args.prefix,
@@ -86,7 +99,41 @@ pub(crate) fn run(args: PackArgs) -> anyhow::Result<ExitCode> {
     };
     let summary = pack_with_progress(&options)?;
     print_summary(&summary);
+    if let Some((prefix, _staging)) = upload_to {
+        upload(&args.object_store, &options.output, &prefix)?;
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Upload what pack wrote in `folder` under `prefix`: shards and indexes, then manifest.json
+/// (whose shard names are relative, so they resolve beside it), so that a manifest is only
+/// ever seen with its shards in place.
+fn upload(store_args: &ObjectStoreArgs, folder: &std::path::Path, prefix: &stoker_store::ObjectUri) -> anyhow::Result<()> {
+    let stores = store_args.stores()?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(folder)
+        .with_context(|| format!("cannot list {}", folder.display()))?
+        .map(|entry| entry.map(|entry| entry.path()))
+        .collect::<Result<_, _>>()?;
+    files.retain(|path| path.is_file());
+    // The manifest last.
+    files.sort_by_key(|path| (path.file_name().is_some_and(|name| name == stoker_format::MANIFEST_FILE), path.clone()));
+    let runtime = super::remote::runtime()?;
+    let bar = progress::bar(files.len() as u64, "uploading");
+    let mut bytes = 0;
+    for path in &files {
+        let name = path.file_name().map(|name| name.to_string_lossy().into_owned()).unwrap_or_default();
+        let uri = prefix.join(&name)?;
+        bytes += runtime.block_on(stores.upload(path, &uri))?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    println!(
+        "uploaded {} files ({:.1} MiB) to {prefix}; add it with: stoker dataset add NAME {}",
+        files.len(),
+        bytes as f64 / 1048576.0,
+        prefix.join(stoker_format::MANIFEST_FILE)?
+    );
+    Ok(())
 }
 
 /// Pack with a progress bar on stderr.

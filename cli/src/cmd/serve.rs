@@ -1,7 +1,7 @@
 //! `stoker coordinator` and `stoker worker`: long-running nodes, stopped by Ctrl-C or SIGTERM
 //! (a worker then hands its leases back).
 
-use crate::flags::TlsArgs;
+use crate::flags::{ObjectStoreArgs, TlsArgs};
 use clap::Args;
 use std::collections::BTreeMap;
 use std::net::UdpSocket;
@@ -113,6 +113,13 @@ pub(crate) struct CoordinatorArgs {
     /// host lacks the file). Manifests must be regular files of at most 256 MiB in any case.
     #[arg(long = "dataset-root", value_name = "DIR")]
     pub(crate) dataset_roots: Vec<PathBuf>,
+    /// A bucket or prefix (s3://bucket or s3://bucket/prefix; repeat for several) that
+    /// datasets in object stores must be under: `stoker dataset add s3://...` is refused for a
+    /// manifest or a shard outside every one [default: any object the credentials can read].
+    #[arg(long = "object-root", value_name = "S3_URI")]
+    pub(crate) object_roots: Vec<String>,
+    #[command(flatten)]
+    pub(crate) object_store: ObjectStoreArgs,
     #[command(flatten)]
     pub(crate) tls: TlsArgs,
 }
@@ -179,6 +186,23 @@ pub(crate) struct WorkerArgs {
     /// files in any case (no devices, no FIFOs).
     #[arg(long = "dataset-root", value_name = "DIR")]
     pub(crate) dataset_roots: Vec<PathBuf>,
+    /// A bucket or prefix (s3://bucket or s3://bucket/prefix; repeat for several) that
+    /// datasets in object stores must be under: a job whose manifest or shards are outside
+    /// every one is refused here [default: any object the credentials can read].
+    #[arg(long = "object-root", value_name = "S3_URI")]
+    pub(crate) object_roots: Vec<String>,
+    #[command(flatten)]
+    pub(crate) object_store: ObjectStoreArgs,
+    /// The folder of the shard cache, for datasets in object stores: shards are downloaded
+    /// there and mapped (a local disk; files of an earlier run are reused after checks).
+    /// Without it, jobs of datasets in object stores are refused here.
+    #[arg(long, env = "STOKER_CACHE_DIR", value_name = "DIR", requires = "cache_size")]
+    pub(crate) cache_dir: Option<PathBuf>,
+    /// The shard cache's bound (e.g. 500GiB): never exceeded. It must hold the shards one chunk
+    /// reads (about the job's shuffle window of shards); a job needing more is refused with the
+    /// size it needs.
+    #[arg(long, env = "STOKER_CACHE_SIZE", value_name = "BYTES", value_parser = super::pack::parse_byte_size, requires = "cache_dir")]
+    pub(crate) cache_size: Option<u64>,
     /// The most trainer connections open at once (handshakes in progress count); more are
     /// refused before their handshake.
     #[arg(long, default_value_t = stoker_net::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -253,6 +277,8 @@ fn coordinator_config(args: &CoordinatorArgs) -> anyhow::Result<CoordinatorConfi
     config.max_jobs = usize::try_from(args.max_jobs).unwrap_or(usize::MAX);
     config.max_datasets = usize::try_from(args.max_datasets).unwrap_or(usize::MAX);
     config.dataset_roots = args.dataset_roots.clone();
+    config.store = args.object_store.config()?;
+    config.object_roots = stoker_store::ObjectRoots::new(&args.object_roots)?;
     config.max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
     config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
     config.max_streams_per_connection = args.max_streams_per_connection;
@@ -352,6 +378,11 @@ fn worker_config(args: &WorkerArgs, threads: usize) -> anyhow::Result<WorkerConf
         config.max_batch_memory = bytes;
     }
     config.dataset_roots = DatasetRoots::new(args.dataset_roots.iter().cloned())?;
+    config.store = args.object_store.config()?;
+    config.object_roots = stoker_store::ObjectRoots::new(&args.object_roots)?;
+    if let (Some(dir), Some(capacity)) = (&args.cache_dir, args.cache_size) {
+        config.cache_opt = Some(stoker_worker::CacheConfig { dir: dir.clone(), capacity });
+    }
     config.max_connections = usize::try_from(args.max_connections).unwrap_or(usize::MAX);
     config.max_connections_per_address = usize::try_from(args.max_connections_per_address).unwrap_or(usize::MAX);
     Ok(config)

@@ -26,7 +26,9 @@ fn planned_keys(manifest: &Path, config: &LoaderConfig, epoch: Epoch) -> BTreeMa
     let rank = Rank(config.rank.unwrap_or(0));
     (0..plan.steps())
         .map(|step| {
-            let keys = plan.batch(rank, Step(step)).map(|planned| dataset.sample(planned.sample).expect("sample").key().to_owned());
+            let keys = plan
+                .batch(rank, Step(step))
+                .map(|planned| dataset.with_sample(planned.sample, |sample| sample.expect("sample").key().to_owned()));
             (step, keys.collect())
         })
         .collect()

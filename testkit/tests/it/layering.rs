@@ -20,6 +20,8 @@ const RULES: &[Rule] = &[
     Rule { dir: "common/obs", layer: 0, allowed_opt: Some(&[]), no_runtime: false },
     Rule { dir: "common/format", layer: 1, allowed_opt: Some(&["stoker-plan"]), no_runtime: true },
     Rule { dir: "common/proto", layer: 1, allowed_opt: Some(&["stoker-plan"]), no_runtime: true },
+    // Object-store access (ADR 0033): async, and on none of Stoker's crates.
+    Rule { dir: "common/store", layer: 1, allowed_opt: Some(&[]), no_runtime: false },
     Rule { dir: "common/net", layer: 2, allowed_opt: Some(&["stoker-plan", "stoker-proto"]), no_runtime: false },
     Rule { dir: "worker/pipeline", layer: 2, allowed_opt: Some(&["stoker-plan", "stoker-format"]), no_runtime: true },
     Rule { dir: "coordinator/core", layer: 2, allowed_opt: Some(&["stoker-plan", "stoker-proto"]), no_runtime: true },

@@ -15,6 +15,7 @@ mod limits;
 mod loss_paths;
 mod metrics;
 mod next_epoch;
+mod object_store;
 mod protocol_model;
 mod raft;
 mod raft_bench;

@@ -119,8 +119,12 @@ pub enum PipelineError {
         /// Count in the shard's index.
         actual: u64,
     },
-    /// The manifest names a shard in an object store, which this build cannot read yet.
-    #[error("shard {uri}: object-store shards are not supported yet; copy the shards to local disk and list them as files")]
+    /// A manifest on local disk names a shard in an object store: only a manifest in the
+    /// object store itself is read that way (the worker's shard cache serves it).
+    #[error(
+        "shard {uri}: a manifest on local disk may not list s3:// shards: put the manifest in the object store beside its \
+         shards (stoker pack --output s3://..., or upload it) and add the dataset by its s3:// URI"
+    )]
     ObjectStoreNotSupported {
         /// The shard's URI.
         uri: String,

@@ -71,8 +71,10 @@ pub fn full_decode(
                     let stride = threads.max(1);
                     let mut i = thread;
                     while !stop.load(Ordering::Relaxed) && !samples.is_empty() {
-                        let data = dataset.sample(samples[i % samples.len()]).as_ref().and_then(image_member);
-                        match data.map(|d| decode_whole(&mut decoder, d, &mut out)) {
+                        let decoded = dataset.with_sample(samples[i % samples.len()], |sample| {
+                            sample.and_then(image_member).map(|data| decode_whole(&mut decoder, data, &mut out))
+                        });
+                        match decoded {
                             Some(Ok(n)) => {
                                 images.fetch_add(1, Ordering::Relaxed);
                                 pixels.fetch_add(n, Ordering::Relaxed);

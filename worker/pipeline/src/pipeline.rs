@@ -331,9 +331,10 @@ fn feed(
         storage.clear();
         let len = plan.layout().batch_len(request.rank, request.step) as usize;
         for planned in plan.batch(request.rank, request.step) {
-            let sample = shared.dataset.sample(planned.sample);
-            storage.labels.push(sample.as_ref().map_or(crate::dataset::NO_LABEL, label));
-            storage.key_text.push_str(sample.as_ref().map_or("", |s| s.key()));
+            shared.dataset.with_sample(planned.sample, |sample| {
+                storage.labels.push(sample.map_or(crate::dataset::NO_LABEL, label));
+                storage.key_text.push_str(sample.map_or("", |s| s.key()));
+            });
             storage.key_ends.push(u32::try_from(storage.key_text.len()).unwrap_or(u32::MAX));
         }
         storage.slot_flags.iter_mut().for_each(|f| *f.get_mut() = 0);
@@ -394,7 +395,17 @@ fn make_one(shared: &Shared, maker: &mut SampleMaker, job: &Job, slot: usize, ou
     let stats = &shared.stats;
     stats.samples.fetch_add(1, Ordering::Relaxed);
     let planned = job.planned(slot);
-    let sample = planned.and_then(|p| shared.dataset.sample(p.sample));
+    let mapped = planned.and_then(|p| shared.dataset.shard(p.sample.shard));
+    if let (Some(planned), None) = (planned, &mapped) {
+        // A remote dataset's shard that is not in the cache: the worker maps every shard a
+        // batch reads before queueing it, so this is a bug; never a black image in its place.
+        if !shared.stop.swap(true, Ordering::AcqRel) {
+            let shard = shared.dataset.shard_uri(planned.sample.shard).to_owned();
+            let _ = done.send(Err(PipelineError::Start(format!("shard {shard} was not mapped when its batch was made"))));
+        }
+        return;
+    }
+    let sample = planned.zip(mapped.as_deref()).and_then(|(p, shard)| shard.sample(usize::try_from(p.sample.index).ok()?));
     let result = match (&planned, &sample) {
         (Some(planned), Some(sample)) => match image_member(sample) {
             Some(data) => maker.make(data, planned.augment_seed, out),

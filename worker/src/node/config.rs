@@ -3,9 +3,21 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use std::path::PathBuf;
+
 use stoker_format::DatasetRoots;
 use stoker_net::bulk::BatchTransport;
 use stoker_net::{DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_ADDRESS, Tuning};
+use stoker_store::{ObjectRoots, StoreConfig};
+
+/// Where a worker keeps shards of datasets in object stores (`--cache-dir`, `--cache-size`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// The folder (created if missing; files of an earlier run are reused after checks).
+    pub dir: PathBuf,
+    /// The bound, in bytes, never exceeded by the files it holds.
+    pub capacity: u64,
+}
 
 /// How a worker runs.
 #[derive(Clone, Debug)]
@@ -38,6 +50,12 @@ pub struct WorkerConfig {
     /// Folders datasets must be in (`--dataset-root`): a job whose manifest or shards are
     /// elsewhere is refused here (logged, reported stuck) before anything of it is read.
     pub dataset_roots: DatasetRoots,
+    /// How to reach object stores (`--s3-endpoint`, `--s3-region`).
+    pub store: StoreConfig,
+    /// Buckets and prefixes datasets in object stores must be under (`--object-root`).
+    pub object_roots: ObjectRoots,
+    /// The shard cache for datasets in object stores; `None`: such jobs are refused here.
+    pub cache_opt: Option<CacheConfig>,
     /// The most trainer connections open at once, handshakes included (`--max-connections`).
     pub max_connections: usize,
     /// The most from one IP address (`--max-connections-per-address`).
@@ -68,6 +86,9 @@ impl WorkerConfig {
             max_batch_memory: default_batch_memory(),
             time_samples: true,
             dataset_roots: DatasetRoots::anywhere(),
+            store: StoreConfig::default(),
+            object_roots: ObjectRoots::anywhere(),
+            cache_opt: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             before_dataset_open: None,

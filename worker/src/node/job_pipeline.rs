@@ -1,14 +1,14 @@
 //! One job's decode pipeline: chunks become batch requests; a thread per pipeline hands
 //! finished batches, with the lease they belong to, to the node's async side.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 use parking_lot::Mutex;
 use stoker_plan::EpochPlan;
-use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, Step};
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, Rank, SessionId, ShardId, Step};
 use stoker_proto::ChunkGrant;
 use tokio::sync::mpsc;
 
@@ -101,21 +101,40 @@ impl JobPipeline {
         self.dead.load(Ordering::Acquire)
     }
 
+    /// The dataset it reads.
+    pub(crate) fn dataset(&self) -> &Arc<Dataset> {
+        &self.dataset
+    }
+
+    /// The plan of `epoch` from `start` (cached: chunks of one pass share it).
+    fn plan(&self, epoch: Epoch, start: Position) -> Arc<EpochPlan> {
+        let mut plans = self.plans.lock();
+        if plans.len() > 8 {
+            plans.clear();
+        }
+        Arc::clone(
+            plans.entry((epoch, start)).or_insert_with(|| Arc::new(EpochPlan::starting_at(self.dataset.table(), self.spec, epoch, start))),
+        )
+    }
+
+    /// The shards the batches of steps `first..first+steps` of `rank` read.
+    pub(crate) fn shards_of(&self, epoch: Epoch, start: Position, rank: Rank, first: Step, steps: u32) -> BTreeSet<ShardId> {
+        let plan = self.plan(epoch, start);
+        if rank.0 >= plan.spec().world_size.get() {
+            return BTreeSet::new();
+        }
+        (0..steps)
+            .map(|offset| Step(first.0 + u64::from(offset)))
+            .filter(|step| step.0 < plan.steps())
+            .flat_map(|step| plan.batch(rank, step).map(|planned| planned.sample.shard).collect::<Vec<_>>())
+            .collect()
+    }
+
     /// Queue the batches of steps `first..first+steps` of `rank` under `meta`'s lease. Returns
     /// how many were queued: each of those comes out of the pipeline (made or failed), the
     /// rest never will (the pipeline stopped meanwhile) and are the caller's to fail.
     pub(crate) fn submit(&self, epoch: Epoch, rank: Rank, first: Step, steps: u32, meta: Meta) -> u32 {
-        let plan = {
-            let mut plans = self.plans.lock();
-            if plans.len() > 8 {
-                plans.clear();
-            }
-            Arc::clone(
-                plans
-                    .entry((epoch, meta.start))
-                    .or_insert_with(|| Arc::new(EpochPlan::starting_at(self.dataset.table(), self.spec, epoch, meta.start))),
-            )
-        };
+        let plan = self.plan(epoch, meta.start);
         let submit = self.submit.lock();
         for queued in 0..steps {
             let step = Step(first.0 + u64::from(queued));

@@ -18,9 +18,13 @@ use stoker_proto::ChunkGrant;
 use tokio::sync::{OnceCell, mpsc};
 use tracing::{info, warn};
 
+use stoker_format::Manifest;
+use stoker_store::{MAX_OBJECT_READ_BYTES, ObjectStores, ObjectUri};
+
 use super::config::WorkerConfig;
 use super::job_pipeline::{JobPipeline, Made};
 use super::ledger::LeaseLedger;
+use crate::cache::ShardCache;
 use crate::dataset::Dataset;
 use crate::error::PipelineError;
 use crate::metrics::PipelineMetrics;
@@ -65,6 +69,10 @@ pub(crate) struct JobTable {
     jobs: Mutex<HashMap<JobKey, JobSlot>>,
     /// Datasets by (manifest path, version).
     datasets: Mutex<HashMap<(String, u64), DatasetSlot>>,
+    /// Object-store clients (datasets in S3).
+    stores: Arc<ObjectStores>,
+    /// The shard cache, where this worker has one (`--cache-dir`).
+    cache_opt: Option<Arc<ShardCache>>,
     /// Jobs whose batches do not fit this worker's batch memory, or whose data is outside its
     /// `--dataset-root`: reported stuck with every heartbeat, so that the coordinator grants
     /// them to other workers.
@@ -74,15 +82,28 @@ pub(crate) struct JobTable {
 impl JobTable {
     /// No jobs yet; pipelines are made as `config` says, send what they make to `made_tx` and
     /// count into `metrics`.
-    pub(crate) fn new(config: WorkerConfig, made_tx: mpsc::Sender<Made>, metrics: PipelineMetrics) -> Self {
+    pub(crate) fn new(
+        config: WorkerConfig,
+        made_tx: mpsc::Sender<Made>,
+        metrics: PipelineMetrics,
+        stores: Arc<ObjectStores>,
+        cache_opt: Option<Arc<ShardCache>>,
+    ) -> Self {
         Self {
             config,
+            stores,
+            cache_opt,
             made_tx,
             metrics,
             jobs: Mutex::new(HashMap::new()),
             datasets: Mutex::new(HashMap::new()),
             unmakeable: Mutex::default(),
         }
+    }
+
+    /// The shard cache, where this worker has one.
+    pub(crate) fn cache(&self) -> Option<&Arc<ShardCache>> {
+        self.cache_opt.as_ref()
     }
 
     /// Job pipelines held now.
@@ -151,6 +172,10 @@ impl JobTable {
             let mut datasets = self.datasets.lock();
             Arc::clone(datasets.entry((grant.manifest.clone(), grant.dataset_version)).or_default())
         };
+        if ObjectUri::is_object_uri(&grant.manifest) {
+            let dataset = cell.get_or_try_init(|| self.open_remote(grant)).await?;
+            return Ok(Arc::clone(dataset));
+        }
         let dataset = cell
             .get_or_try_init(|| async {
                 let (path, version) = (std::path::PathBuf::from(&grant.manifest), grant.dataset_version);
@@ -177,6 +202,49 @@ impl JobTable {
             })
             .await?;
         Ok(Arc::clone(dataset))
+    }
+
+    /// A dataset in an object store: its manifest read once (and checked against the version
+    /// the job was created with), its shards mapped later, as chunks need them, by the cache.
+    async fn open_remote(&self, grant: &ChunkGrant) -> Result<Arc<Dataset>, String> {
+        let refuse = |reason: String| {
+            if self.refuse(grant.chunk.job) {
+                warn!(job = %grant.chunk.job, %reason, "job refused");
+            }
+            reason
+        };
+        if self.cache_opt.is_none() {
+            return Err(refuse(format!(
+                "{} is in an object store and this worker has no shard cache: start it with --cache-dir and --cache-size",
+                grant.manifest
+            )));
+        }
+        let uri = ObjectUri::parse(&grant.manifest).map_err(|error| error.to_string())?;
+        if let Err(error) = self.stores.roots().check(&uri) {
+            return Err(refuse(error.to_string()));
+        }
+        let bytes = self.stores.read(&uri, MAX_OBJECT_READ_BYTES).await.map_err(|error| error.to_string())?;
+        let version = xxhash_rust::xxh3::xxh3_64(&bytes).max(1);
+        if grant.dataset_version != 0 && version != grant.dataset_version {
+            return Err(format!(
+                "{uri}: the manifest changed since the job was created (version {version:016x}, the job's {:016x}): \
+                 add the dataset again under a new name",
+                grant.dataset_version
+            ));
+        }
+        let text = std::str::from_utf8(&bytes).map_err(|_| format!("{uri}: the manifest is not UTF-8 text"))?;
+        let manifest = Manifest::parse(text, std::path::Path::new(&grant.manifest)).map_err(|error| error.to_string())?;
+        let mut shard_uris = Vec::with_capacity(manifest.shards.len());
+        for shard in &manifest.shards {
+            let resolved = uri.resolve_shard(&shard.uri).map_err(|error| error.to_string())?;
+            if let Err(error) = self.stores.roots().check(&resolved) {
+                return Err(refuse(error.to_string()));
+            }
+            shard_uris.push(resolved.to_string());
+        }
+        let dataset = Dataset::remote(manifest, version, &grant.manifest, shard_uris).map_err(|error| error.to_string())?;
+        info!(manifest = %uri, shards = dataset.table().shards(), "dataset in an object store opened");
+        Ok(Arc::new(dataset))
     }
 
     /// Release the pipelines of jobs that have nothing in flight here (by `ledger`) and either

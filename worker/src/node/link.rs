@@ -18,7 +18,7 @@ use tracing::{debug, error, warn};
 
 use super::Node;
 use super::bulk_link::Sent;
-use super::job_pipeline::{Made, Meta};
+use super::job_pipeline::{JobPipeline, Made, Meta};
 use super::job_table::{batch_bytes, buffers_within};
 use super::ledger::{Ending, Failure};
 use crate::PipelineError;
@@ -176,22 +176,75 @@ where
                 dataset_version: grant.dataset_version,
                 plan_digest: 0,
             };
-            let (queued, reason) = match node.jobs.pipeline(&grant).await {
-                Ok(_) if node.ledger.lock().is_revoked(lease) => (0, "the lease was revoked while the job's pipeline started".to_owned()),
-                Ok(pipeline) => {
-                    (pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta), "the pipeline stopped".to_owned())
+            let (queued, failure) = match node.jobs.pipeline(&grant).await {
+                Ok(_) if node.ledger.lock().is_revoked(lease) => {
+                    (0, Failure::retry("the lease was revoked while the job's pipeline started"))
                 }
+                Ok(pipeline) => match node.pin_shards(&pipeline, &grant).await {
+                    Ok(()) => {
+                        let queued = pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta);
+                        node.batches_out(lease, chunk.steps - queued);
+                        (queued, Failure::retry("the pipeline stopped"))
+                    }
+                    Err(failure) => (0, failure),
+                },
                 Err(error) => {
                     warn!(job = %chunk.job, %error, "cannot start the job's pipeline");
-                    (0, format!("the worker could not start the job's pipeline: {error}"))
+                    (0, Failure::retry(format!("the worker could not start the job's pipeline: {error}")))
                 }
             };
             // Each batch ends in exactly one finish: the queued ones through the pipeline, the rest
             // here.
             for _ in queued..chunk.steps {
-                node.batch_unmade(lease, Failure::retry(reason.clone()));
+                node.batch_unmade(lease, failure.clone());
             }
         });
+    }
+
+    /// For a dataset in an object store: make the shards the chunk's batches read ready in the
+    /// cache, mapped and pinned until those batches are made. A failure says whether the job
+    /// can be made at all: a cache too small for it, or data that is missing, refused or not
+    /// what the manifest says, fails the job with a message naming the size or the URI.
+    async fn pin_shards(&self, pipeline: &JobPipeline, grant: &ChunkGrant) -> Result<(), Failure> {
+        let dataset = pipeline.dataset();
+        if !dataset.is_remote() {
+            return Ok(());
+        }
+        let Some(cache) = self.jobs.cache() else {
+            return Err(Failure::retry("this worker has no shard cache (--cache-dir) for datasets in object stores"));
+        };
+        let chunk = grant.chunk;
+        let shards = pipeline.shards_of(chunk.epoch, chunk.start, chunk.rank, chunk.first_step, chunk.steps);
+        match cache.acquire(dataset, &shards).await {
+            Ok(pins) => {
+                self.pins.lock().insert(grant.lease, (chunk.steps, pins));
+                Ok(())
+            }
+            Err(error) => {
+                let fatal = error.is_too_small() || error.is_permanent();
+                if error.is_too_small() {
+                    let estimate = working_set_bytes(dataset, grant.spec.plan.shuffle);
+                    let reason =
+                        format!("{error}; with its shuffle ({}) the job reads up to {estimate} bytes at a time", grant.spec.plan.shuffle);
+                    warn!(job = %chunk.job, %reason, "job refused: the shard cache is too small");
+                    return Err(Failure { reason, fatal });
+                }
+                warn!(job = %chunk.job, %error, fatal, "the chunk's shards could not be made ready");
+                Err(Failure { reason: error.to_string(), fatal })
+            }
+        }
+    }
+
+    /// `count` batches of `lease` came out of the pipeline (or never will): once none is left,
+    /// the chunk's shards are unpinned.
+    fn batches_out(&self, lease: LeaseId, count: u32) {
+        let mut pins = self.pins.lock();
+        if let Some((left, _)) = pins.get_mut(&lease) {
+            *left = left.saturating_sub(count);
+            if *left == 0 {
+                pins.remove(&lease);
+            }
+        }
     }
 
     /// Push finished batches to their trainers, each on its own task.
@@ -202,6 +255,7 @@ where
                 ledger.made(meta.lease, Instant::now());
                 ledger.is_revoked(meta.lease)
             };
+            self.batches_out(meta.lease, 1);
             let batch = match result {
                 Ok(batch) => batch,
                 Err(error) => {
@@ -327,4 +381,19 @@ where
             }
         });
     }
+}
+
+/// What the shards one chunk of a job may read can add up to, by its shuffle: a window of k
+/// shards reads the k largest (twice that where a chunk straddles two windows), `full` and
+/// `block` anything, `none` two neighbouring shards.
+fn working_set_bytes(dataset: &crate::Dataset, shuffle: stoker_plan::Shuffle) -> u64 {
+    let table = dataset.table();
+    let mut sizes: Vec<u64> = (0..table.shards()).map(|shard| dataset.shard_bytes(stoker_plan::ids::ShardId(shard))).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let shards = match shuffle {
+        stoker_plan::Shuffle::None => 2,
+        stoker_plan::Shuffle::Window { shards } => 2 * shards.get() as usize,
+        _ => sizes.len(),
+    };
+    sizes.iter().take(shards).sum()
 }

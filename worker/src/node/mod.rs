@@ -24,6 +24,7 @@ mod link;
 mod registration;
 mod trainers;
 
+use std::collections::HashMap;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,19 +33,22 @@ use parking_lot::Mutex;
 use stoker_net::bulk::BatchTransport;
 use stoker_net::{Admission, Role, TlsConfigs, server_endpoint};
 use stoker_obs::Metrics;
+use stoker_plan::ids::LeaseId;
 use stoker_proto::ControlRequest;
 use stoker_proto::api::CoordinatorApi;
+use stoker_store::ObjectStores;
 use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 pub use self::accept::bind_socket;
 use self::accept::{accept_bulk, accept_trainers, batch_port, bulk_listener};
-pub use self::config::{WorkerConfig, default_batch_memory};
+pub use self::config::{CacheConfig, WorkerConfig, default_batch_memory};
 use self::job_table::JobTable;
 use self::ledger::LeaseLedger;
 use self::registration::Registration;
 use self::trainers::Trainers;
+use crate::cache::{Pins, ShardCache};
 use crate::error::PipelineError;
 use crate::metrics::WorkerMetrics;
 
@@ -60,6 +64,8 @@ pub(crate) struct Node<A> {
     /// Wakes the pull loop when a batch finished (room to pull).
     room: Notify,
     jobs: JobTable,
+    /// The shard-cache pins of leases whose batches are still being made, with how many are.
+    pins: Mutex<HashMap<LeaseId, (u32, Pins)>>,
     metrics: WorkerMetrics,
     stopping: AtomicBool,
 }
@@ -113,12 +119,21 @@ where
     };
     let endpoint = server_endpoint(socket, tls, batch_port(config.tuning)).map_err(|error| PipelineError::Start(error.to_string()))?;
     let (made_tx, made_rx) = mpsc::channel(config.in_flight.max(1));
+    let stores = Arc::new(ObjectStores::new(config.store.clone(), config.object_roots.clone()));
+    let cache_opt = match &config.cache_opt {
+        Some(cache) => Some(
+            ShardCache::open(&cache.dir, cache.capacity, Arc::clone(&stores), worker_metrics.cache.clone())
+                .map_err(|error| PipelineError::Start(error.to_string()))?,
+        ),
+        None => None,
+    };
     // Random for this worker (the one recipe for ids): its registrations replace only its own.
     let instance = stoker_net::random::random_u64();
     let node = Arc::new(Node {
         api,
         advertised: config.advertise.unwrap_or(addr),
-        jobs: JobTable::new(config.clone(), made_tx, worker_metrics.pipeline.clone()),
+        jobs: JobTable::new(config.clone(), made_tx, worker_metrics.pipeline.clone(), Arc::clone(&stores), cache_opt),
+        pins: Mutex::new(HashMap::new()),
         config,
         registration: Registration::new(instance),
         trainers: Trainers::new(tls.clone(), bulk_listener.is_some()),
@@ -168,6 +183,17 @@ where
         observed.trainer_connections.set(node.trainers.open() as i64);
         observed.bulk_connections.set(node.trainers.bulk_open() as i64);
         observed.registered.set(i64::from(node.registration.linked().is_ok()));
+        if let Some(cache) = node.jobs.cache() {
+            observed.cache.bytes.set(cache.held() as i64);
+            let counters = cache.stores().counters();
+            let catch_up = |outcome: &str, total: u64| {
+                let counter = observed.cache.requests.with_label_values(&[outcome]);
+                counter.inc_by(total.saturating_sub(counter.get()));
+            };
+            catch_up("ok", counters.requests_ok.load(Ordering::Relaxed));
+            catch_up("retried", counters.retries.load(Ordering::Relaxed));
+            catch_up("failed", counters.requests_failed.load(Ordering::Relaxed));
+        }
     });
     let weak = Arc::downgrade(node);
     metrics.set_readiness(move || weak.upgrade().map_or_else(|| Err("stopped".to_owned()), |node| node.registration.linked()));

@@ -202,11 +202,10 @@ impl Trainers {
     /// Serve one incoming trainer connection of `peer`: read its hello, answer, and register it.
     pub(crate) async fn accept(&self, connection: Connection, peer: PeerIdentity) {
         let addr = connection.remote_address();
-        if !peer.is(Role::Trainer) {
-            warn!(%addr, %peer, "refused a connection to the batch port: only trainer certificates may receive batches");
-            connection.close(2u32.into(), b"only trainers may connect here");
-            return;
-        }
+        // Another role is refused in the answer to its hello, not by closing at once: a close
+        // right after the handshake could reach the peer as a stateless reset ("reset by
+        // peer"), without the reason.
+        let trainer = peer.is(Role::Trainer);
         // A peer that sends no hello, or sends it slowly, is cut off.
         let hello_phase = async {
             let (send, mut recv) = connection.accept_bi().await?;
@@ -225,6 +224,10 @@ impl Trainers {
             }
         };
         let answer: Result<(), RemoteError> = match &hello {
+            Ok(_) if !trainer => {
+                warn!(%addr, %peer, "refused a connection to the batch port: only trainer certificates may receive batches");
+                Err(RemoteError::new(ErrorCode::Forbidden, "only trainers may connect here".to_owned()))
+            }
             Ok(hello) => self.register(hello, peer.key(), &connection),
             Err(error) => Err(RemoteError::new(ErrorCode::InvalidArgument, format!("expected a trainer hello: {error}"))),
         };

@@ -1,0 +1,337 @@
+//! The worker's shard cache (`--cache-dir`, `--cache-size`, issue 30): whole shards of datasets
+//! in an object store, downloaded on demand into a folder of this host and mapped from there,
+//! under a hard byte bound.
+//!
+//! * A chunk's shards are claimed together before any of its batches is queued ([`ShardCache::acquire`]),
+//!   one chunk at a time, so two chunks never each hold part of what the other waits for. The
+//!   pins are released when the chunk's batches are made ([`Pins`]); only unpinned files are
+//!   evicted (least recently used first) and unmapped from their datasets.
+//! * A download is written aside (`NAME.part`), its size checked against the manifest, synced,
+//!   then renamed into place: a partial file is never mapped. At start-up, `.part` files are
+//!   deleted and complete files adopted; a file is used only if its size is the manifest's and
+//!   its tar index builds with the manifest's sample count, else it is downloaded again.
+//! * A chunk whose shards alone exceed the bound is refused with the size it needs.
+//!
+//! The bookkeeping is the pure [`table::CacheTable`]; this module does the I/O it decides.
+
+mod table;
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use parking_lot::Mutex;
+use stoker_format::{IndexPolicy, Shard};
+use stoker_plan::ids::ShardId;
+use stoker_store::{ObjectStores, ObjectUri, StoreError};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use self::table::{CacheTable, Claim};
+use crate::dataset::Dataset;
+use crate::metrics::CacheMetrics;
+
+/// Downloads of one chunk's shards at once.
+const PARALLEL_DOWNLOADS: usize = 4;
+
+/// How long a chunk waits for room (other chunks' pins to go) before it gives up and is
+/// granted again later.
+const ROOM_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Why a chunk's shards could not be made ready.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// The chunk's shards alone are larger than the cache.
+    #[error(
+        "the worker's shard cache ({capacity} bytes, --cache-size) is smaller than the shards one chunk of this job reads \
+         ({needed} bytes): give the workers --cache-size {needed} or more (the job's shuffle window of shards must fit), \
+         or a smaller shuffle window"
+    )]
+    TooSmall {
+        /// Bytes the chunk's shards take.
+        needed: u64,
+        /// The cache's bound.
+        capacity: u64,
+    },
+    /// Other chunks held the room for too long.
+    #[error("no room in the shard cache within {seconds} s: other chunks hold every shard it has")]
+    Busy {
+        /// How long it waited.
+        seconds: u64,
+    },
+    /// The object store failed (it names the URI).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A downloaded shard did not open (not a tar, another sample count than the manifest's).
+    #[error("shard {uri}: {reason}")]
+    BadShard {
+        /// The shard.
+        uri: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The cache folder.
+    #[error("shard cache {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+impl CacheError {
+    /// Whether the job can never be made on this worker (its cache is too small).
+    pub fn is_too_small(&self) -> bool {
+        matches!(self, Self::TooSmall { .. })
+    }
+
+    /// Whether retrying the chunk (here or elsewhere) cannot help: the data is missing,
+    /// refused or not what the manifest says.
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Store(error) if !error.is_transient())
+    }
+}
+
+/// Which datasets map a cached file as which shard, to unmap it when the file is evicted.
+type Users = HashMap<String, Vec<(Weak<Dataset>, ShardId)>>;
+
+/// The shard cache of one worker.
+pub struct ShardCache {
+    dir: PathBuf,
+    stores: Arc<ObjectStores>,
+    table: Mutex<CacheTable>,
+    users: Mutex<Users>,
+    /// Bumped whenever pins are released or files dropped: claims waiting for room look again.
+    released_tx: watch::Sender<u64>,
+    /// One chunk claims at a time.
+    claiming: tokio::sync::Mutex<()>,
+    metrics: CacheMetrics,
+}
+
+impl std::fmt::Debug for ShardCache {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("ShardCache")
+            .field("dir", &self.dir)
+            .field("capacity", &self.table.lock().capacity())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The pins of one chunk's shards; released on drop.
+#[derive(Debug)]
+pub struct Pins {
+    cache: Arc<ShardCache>,
+    names: Vec<String>,
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        {
+            let mut table = self.cache.table.lock();
+            for name in &self.names {
+                table.unpin(name);
+            }
+        }
+        self.cache.released_tx.send_modify(|generation| *generation += 1);
+    }
+}
+
+/// The file name of the shard at `uri` in the cache: a hash of the URI (distinct objects, distinct files)
+/// and its last part (for people looking at the folder).
+pub fn file_name(uri: &str) -> String {
+    let last: String =
+        uri.rsplit('/').next().unwrap_or("").chars().filter(|c| c.is_ascii_alphanumeric() || "._-".contains(*c)).take(80).collect();
+    format!("{:016x}-{last}", xxhash_rust::xxh3::xxh3_64(uri.as_bytes()))
+}
+
+impl ShardCache {
+    /// The cache in `dir` (created if missing) of `capacity` bytes, reading from `stores`:
+    /// partial downloads a crash left are deleted, complete files adopted (oldest first
+    /// evicted if they exceed the bound).
+    pub fn open(dir: &Path, capacity: u64, stores: Arc<ObjectStores>, metrics: CacheMetrics) -> Result<Arc<Self>, CacheError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| CacheError::Io { path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(io(dir))? {
+            let entry = entry.map_err(io(dir))?;
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let metadata = entry.metadata().map_err(io(&path))?;
+            if !metadata.is_file() {
+                continue;
+            }
+            if name.ends_with(".part") {
+                info!(file = %path.display(), "shard cache: deleting a partial download left by an earlier run");
+                std::fs::remove_file(&path).map_err(io(&path))?;
+                continue;
+            }
+            found.push((metadata.modified().ok(), name, metadata.len()));
+        }
+        found.sort();
+        let mut table = CacheTable::new(capacity);
+        for (_, name, bytes) in found {
+            for evicted in table.adopt(&name, bytes) {
+                let path = dir.join(&evicted);
+                std::fs::remove_file(&path).map_err(io(&path))?;
+            }
+        }
+        info!(dir = %dir.display(), capacity, files = table.len(), held = table.held(), "shard cache open");
+        metrics.bytes.set(table.held() as i64);
+        let (released_tx, _) = watch::channel(0);
+        Ok(Arc::new(Self {
+            dir: dir.to_path_buf(),
+            stores,
+            table: Mutex::new(table),
+            users: Mutex::new(HashMap::new()),
+            released_tx,
+            claiming: tokio::sync::Mutex::new(()),
+            metrics,
+        }))
+    }
+
+    /// The object stores it reads from.
+    pub fn stores(&self) -> &Arc<ObjectStores> {
+        &self.stores
+    }
+
+    /// Bytes held now (files and reserved downloads).
+    pub fn held(&self) -> u64 {
+        self.table.lock().held()
+    }
+
+    /// Make `shards` of `dataset` (a remote one) ready and mapped, pinned until the returned
+    /// [`Pins`] are dropped: hits as they are, misses downloaded (a few at once), evicting
+    /// unpinned files as needed.
+    pub async fn acquire(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>) -> Result<Pins, CacheError> {
+        let needed: u64 = shards.iter().map(|&shard| dataset.shard_bytes(shard)).sum();
+        let capacity = self.table.lock().capacity();
+        if needed > capacity {
+            return Err(CacheError::TooSmall { needed, capacity });
+        }
+        let waited = Instant::now();
+        let turn = self.claiming.lock().await;
+        let mut pins = Pins { cache: Arc::clone(self), names: Vec::new() };
+        let mut downloads = Vec::new();
+        for &shard in shards {
+            let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
+            let name = file_name(&uri);
+            let mut released_rx = self.released_tx.subscribe();
+            loop {
+                let claim = self.table.lock().claim(&name, bytes);
+                match claim {
+                    Claim::Hit => {
+                        self.metrics.hits.inc();
+                        pins.names.push(name);
+                        break;
+                    }
+                    Claim::Download { evicted } => {
+                        self.metrics.misses.inc();
+                        self.delete(&evicted);
+                        pins.names.push(name.clone());
+                        downloads.push((shard, uri, name, bytes));
+                        break;
+                    }
+                    Claim::Stale => self.delete(std::slice::from_ref(&name)),
+                    Claim::InFlight | Claim::Full => {
+                        let left = ROOM_PATIENCE.saturating_sub(waited.elapsed());
+                        if tokio::time::timeout(left, released_rx.changed()).await.is_err() {
+                            return Err(CacheError::Busy { seconds: ROOM_PATIENCE.as_secs() });
+                        }
+                    }
+                }
+            }
+        }
+        drop(turn);
+        self.metrics.bytes.set(self.held() as i64);
+        let results: Vec<_> = futures_util::stream::iter(downloads)
+            .map(|(_, uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
+            .buffer_unordered(PARALLEL_DOWNLOADS)
+            .collect()
+            .await;
+        let mut failure_opt = None;
+        for (name, result) in results {
+            match result {
+                Ok(()) => self.table.lock().downloaded(&name),
+                Err(error) => {
+                    self.table.lock().forget(&name);
+                    failure_opt.get_or_insert(error);
+                }
+            }
+        }
+        if let Some(error) = failure_opt {
+            self.released_tx.send_modify(|generation| *generation += 1);
+            self.metrics.bytes.set(self.held() as i64);
+            return Err(error);
+        }
+        self.map(dataset, shards).await?;
+        self.metrics.wait_seconds.inc_by(waited.elapsed().as_secs_f64());
+        Ok(pins)
+    }
+
+    /// Download `uri` (of `bytes`) as the cache file `name`: aside, checked, synced, renamed.
+    async fn download(&self, uri: &str, name: &str, bytes: u64) -> Result<(), CacheError> {
+        let object = ObjectUri::parse(uri)?;
+        let (part, path) = (self.dir.join(format!("{name}.part")), self.dir.join(name));
+        let started = Instant::now();
+        if let Err(error) = self.stores.download(&object, &part, Some(bytes)).await {
+            let _ = tokio::fs::remove_file(&part).await;
+            return Err(error.into());
+        }
+        tokio::fs::rename(&part, &path).await.map_err(|source| CacheError::Io { path: path.clone(), source })?;
+        self.metrics.fetched_bytes.inc_by(bytes);
+        debug!(%uri, bytes, seconds = started.elapsed().as_secs_f64(), "shard downloaded into the cache");
+        Ok(())
+    }
+
+    /// Map every shard of `shards` that `dataset` does not map yet, from its cache file; a
+    /// file that does not open as the manifest says is deleted (downloaded again next time).
+    async fn map(&self, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>) -> Result<(), CacheError> {
+        for &shard in shards {
+            if dataset.is_mapped(shard) {
+                continue;
+            }
+            let uri = dataset.shard_uri(shard).to_owned();
+            let name = file_name(&uri);
+            let path = self.dir.join(&name);
+            let opening = Arc::clone(dataset);
+            let opened = tokio::task::spawn_blocking(move || {
+                let opened = Shard::open(&path, IndexPolicy::LoadOrBuildInMemory).map_err(|error| error.to_string())?;
+                opening.install(shard, opened).map_err(|error| error.to_string())
+            })
+            .await
+            .map_err(|error| CacheError::BadShard { uri: uri.clone(), reason: error.to_string() })?;
+            if let Err(reason) = opened {
+                warn!(%uri, %reason, "a cached shard did not open as its manifest says; it is downloaded again next time");
+                self.table.lock().forget(&name);
+                self.delete(std::slice::from_ref(&name));
+                return Err(CacheError::BadShard { uri, reason });
+            }
+            self.users.lock().entry(name).or_default().push((Arc::downgrade(dataset), shard));
+        }
+        Ok(())
+    }
+
+    /// Delete the files `names` (evicted or stale) and unmap them from the datasets using them.
+    fn delete(&self, names: &[String]) {
+        for name in names {
+            for (dataset, shard) in self.users.lock().remove(name).unwrap_or_default() {
+                if let Some(dataset) = dataset.upgrade() {
+                    dataset.evict(shard);
+                }
+            }
+            let path = self.dir.join(name);
+            match std::fs::remove_file(&path) {
+                Ok(()) => self.metrics.evictions.inc(),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => warn!(file = %path.display(), %error, "shard cache: cannot delete an evicted file"),
+            }
+        }
+    }
+}
