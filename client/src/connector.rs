@@ -11,9 +11,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use quinn::{Connection, Endpoint};
 use stoker_net::bulk::BatchTransport;
+use stoker_net::random::random_u64;
 use stoker_net::{NetError, PayloadPool, SUPERSEDED_CLOSE_CODE, TlsConfigs, Tuning, client_endpoint};
 use stoker_plan::ShardTable;
-use stoker_plan::ids::WorkerId;
+use stoker_plan::ids::{CertKey, WorkerId};
 use stoker_plan::transform::Recipe;
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
@@ -24,6 +25,7 @@ use tracing::{debug, info, warn};
 
 use crate::batch::{HeldCount, ReceivedBatch};
 use crate::config::LoaderConfig;
+use crate::dial_backoff::DialBackoff;
 use crate::error::ClientError;
 use crate::receive::{Expect, PlanBook, ReceiveStats, bulk_loop, connect_worker, receive_loop};
 use crate::session::{Progress, Session, report_progress};
@@ -36,6 +38,12 @@ pub(crate) struct Connector {
     expect: Expect,
     /// Workers dialled: `None` while the dial is under way.
     connected: Mutex<HashMap<WorkerId, Option<Connection>>>,
+    /// Dials by address: one at a time, spaced out after failures.
+    backoff: Mutex<DialBackoff>,
+    /// The trainer's TLS: its deny list is asked about every connected worker.
+    tls: TlsConfigs,
+    /// Each connected worker's certificate, and since when the coordinator no longer lists it.
+    listing: Mutex<HashMap<WorkerId, (CertKey, Option<std::time::Instant>)>>,
     batches_tx: mpsc::UnboundedSender<ReceivedBatch>,
     pub(crate) stats: Arc<ReceiveStats>,
     pub(crate) pool: PayloadPool,
@@ -44,12 +52,18 @@ pub(crate) struct Connector {
 }
 
 impl Connector {
-    /// Connect to the workers in `workers` that we have no live connection to.
+    /// Connect to the workers in `workers` (every worker the coordinator lists now) that we
+    /// have no live connection to, and close the connections to workers whose certificate is
+    /// revoked (this trainer's deny list) or that the coordinator has not listed for
+    /// [`UNLISTED_GRACE`] (revoked there, or gone): nothing more is taken from them (issue 31,
+    /// item 3).
     pub(crate) fn connect_new(self: &Arc<Self>, workers: &[WorkerInfo]) {
+        self.cut_revoked_and_unlisted(workers);
         let mut connected = self.connected.lock();
         connected.retain(|_, connection_opt| connection_opt.as_ref().is_none_or(|connection| connection.close_reason().is_none()));
+        let now = std::time::Instant::now();
         for worker in workers {
-            if connected.contains_key(&worker.id) {
+            if connected.contains_key(&worker.id) || !self.backoff.lock().start(worker.addr, now) {
                 continue;
             }
             connected.insert(worker.id, None);
@@ -59,6 +73,8 @@ impl Connector {
                 match connect_worker(&this.endpoint, worker, &this.expect, this.bulk_tls.is_some()).await {
                     Ok(connection) => {
                         debug!(worker = %worker.id, addr = %worker.addr, "connected to worker");
+                        this.backoff.lock().connected(worker.addr);
+                        this.listing.lock().insert(worker.id, (worker.key, None));
                         this.connected.lock().insert(worker.id, Some(connection.clone()));
                         if let Some(tls) = &this.bulk_tls {
                             tokio::spawn(bulk_loop(
@@ -89,13 +105,46 @@ impl Connector {
                     Err(error @ (NetError::Refused { .. } | NetError::WrongPeer { .. } | NetError::Tls(_))) => {
                         warn!(worker = %worker.id, addr = %worker.addr, %error, "refused a worker's certificate, or it refused ours: no batches from it");
                         this.connected.lock().remove(&worker.id);
+                        this.backoff.lock().failed(worker.addr, std::time::Instant::now(), random_u64());
                     }
                     Err(error) => {
                         debug!(worker = %worker.id, %error, "cannot connect to worker");
                         this.connected.lock().remove(&worker.id);
+                        this.backoff.lock().failed(worker.addr, std::time::Instant::now(), random_u64());
                     }
                 }
             });
+        }
+    }
+}
+
+/// How long a connected worker may go unlisted by the coordinator before its connection is
+/// closed: a worker whose heartbeat is late for a moment keeps its connection.
+const UNLISTED_GRACE: Duration = Duration::from_secs(3);
+
+impl Connector {
+    fn cut_revoked_and_unlisted(&self, workers: &[WorkerInfo]) {
+        let now = std::time::Instant::now();
+        let mut cut = Vec::new();
+        {
+            let mut listing = self.listing.lock();
+            listing.retain(|id, (key, unlisted_since)| {
+                let revoked = self.tls.is_denied(key);
+                let listed = workers.iter().any(|worker| worker.id == *id);
+                *unlisted_since = if listed { None } else { Some(unlisted_since.unwrap_or(now)) };
+                let gone = unlisted_since.is_some_and(|since| now.saturating_duration_since(since) >= UNLISTED_GRACE);
+                if revoked || gone {
+                    cut.push((*id, if revoked { "its certificate is revoked" } else { "the coordinator no longer lists it" }));
+                }
+                !(revoked || gone)
+            });
+        }
+        let mut connected = self.connected.lock();
+        for (worker, why) in cut {
+            if let Some(Some(connection)) = connected.remove(&worker) {
+                warn!(%worker, reason = why, "closing the connection to a worker: nothing more is taken from it");
+                connection.close(6u32.into(), why.as_bytes());
+            }
         }
     }
 }
@@ -208,6 +257,9 @@ where
         bulk_tls: (config.batch_transport == BatchTransport::Tcp).then(|| tls.clone()),
         expect,
         connected: Mutex::new(HashMap::new()),
+        backoff: Mutex::new(DialBackoff::default()),
+        tls: tls.clone(),
+        listing: Mutex::new(HashMap::new()),
         batches_tx,
         stats: Arc::new(ReceiveStats::default()),
         // Up to two windows of freed batches are kept: near an epoch's end the rest of it
@@ -229,7 +281,7 @@ where
 
 /// A random id for this loader (its attach is idempotent under it); never 0.
 pub(crate) fn loader_id() -> u64 {
-    stoker_net::random::random_u64().max(1)
+    random_u64().max(1)
 }
 
 pub(crate) fn new_runtime() -> Result<Runtime, ClientError> {

@@ -8,6 +8,8 @@ pub mod config;
 mod connector;
 /// Where a rank stands in its epochs, pure.
 mod cursor;
+/// When a worker's address may be dialled again.
+mod dial_backoff;
 /// Errors.
 pub mod error;
 /// The loader: attach, epochs, iteration, checkpoints.

@@ -241,6 +241,10 @@ async fn bulk_session(
             Ok(received) => received,
             Err(error) => return Ok((error.to_string(), batches)),
         };
+        // A worker revoked since the connection was made gets nothing more taken from it.
+        if tls.is_denied(&worker.key) {
+            return Ok(("the worker's certificate is revoked".to_owned(), batches));
+        }
         let reply = match received {
             Received::Batch(header, payload) => {
                 stats.received.fetch_add(1, Ordering::AcqRel);

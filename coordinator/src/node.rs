@@ -92,7 +92,7 @@ pub async fn start(
     let endpoint = server_endpoint(socket, tls, tuning)?;
     let raft_settings = raft_config("stoker").validate().map_err(|error| CoordinatorError::Config { message: error.to_string() })?;
     let isolated = Arc::new(AtomicBool::new(false));
-    let network = Network::new(endpoint.clone(), Arc::clone(&isolated));
+    let network = Network::new(endpoint.clone(), Arc::clone(&isolated), tls.clone());
     let raft = Raft::new(config.node_id, Arc::new(raft_settings), network, LogStore::new(file.clone()), machine)
         .await
         .map_err(|error| CoordinatorError::Internal { message: format!("cannot start Raft: {error}") })?;

@@ -297,12 +297,16 @@ impl TestCluster {
 
     /// Start one more worker on the next loopback address; returns its index.
     pub fn add_worker(&mut self) -> Result<usize, TestkitError> {
+        self.add_worker_with(self.tls.configs(Role::Worker))
+    }
+
+    /// [`TestCluster::add_worker`] with a certificate of its own (`tls`), to revoke it alone.
+    pub fn add_worker_with(&mut self, tls: TlsConfigs) -> Result<usize, TestkitError> {
         let ip = Ipv4Addr::new(127, 0, 0, self.next_worker_ip);
         self.next_worker_ip = self.next_worker_ip.checked_add(1).ok_or("too many workers")?;
         let socket =
             stoker_worker::bind_socket(SocketAddr::from((ip, 0)), self.config.batch_transport).map_err(|error| error.to_string())?;
         let _guard = self.runtime.enter();
-        let tls = self.tls.configs(Role::Worker);
         let api = QuicCoordinator::with_addrs(self.coordinator_list(), &tls).map_err(|error| error.to_string())?;
         let mut config = WorkerConfig::new(self.config.threads_per_worker);
         config.delivery_timeout = self.config.delivery_timeout;

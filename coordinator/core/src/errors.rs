@@ -18,6 +18,14 @@ pub(crate) fn not_found(message: impl Into<String>) -> RemoteError {
 pub(crate) fn refused(refusal: Refusal) -> RemoteError {
     match refusal {
         Refusal::NotYours { worker, owner, caller } => crate::authz::not_yours(worker, owner, caller),
+        Refusal::TooManyWorkers { key } => RemoteError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "{key} has {} workers registered, the most one certificate may: give each worker host (or group) its own \
+                 certificate (`stoker certs issue --role worker`)",
+                crate::scheduler::MAX_WORKERS_PER_CERTIFICATE
+            ),
+        ),
         Refusal::TooManyRuns { job, open } => {
             let runs: Vec<String> = open.iter().map(|key| format!("{} from {}", key.epoch, key.start)).collect();
             RemoteError::new(

@@ -17,7 +17,7 @@ use openraft::raft::{
 use quinn::{Connection, Endpoint};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use stoker_net::{NetError, Role, call, connect_to};
+use stoker_net::{NetError, Role, TlsConfigs, call, connect_to, peer_identity};
 use stoker_proto::wire::CONTROL_FRAME_LIMIT;
 use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RaftKind, RemoteError};
 
@@ -45,13 +45,15 @@ pub struct Network {
     endpoint: Endpoint,
     isolated: Arc<AtomicBool>,
     connections: Arc<parking_lot::Mutex<HashMap<String, Connection>>>,
+    /// This node's TLS: a cached connection to a peer revoked since is closed, not used.
+    tls: TlsConfigs,
 }
 
 impl Network {
-    /// Peers are dialled from `endpoint` (the one the coordinator serves on); while
+    /// Peers are dialled from `endpoint` (the one the coordinator serves on) with `tls`; while
     /// `isolated` is set (a test's partition switch) nothing is sent.
-    pub fn new(endpoint: Endpoint, isolated: Arc<AtomicBool>) -> Self {
-        Self { endpoint, isolated, connections: Arc::default() }
+    pub fn new(endpoint: Endpoint, isolated: Arc<AtomicBool>, tls: TlsConfigs) -> Self {
+        Self { endpoint, isolated, connections: Arc::default(), tls }
     }
 }
 
@@ -65,6 +67,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             endpoint: self.endpoint.clone(),
             connections: Arc::clone(&self.connections),
             isolated: Arc::clone(&self.isolated),
+            tls: self.tls.clone(),
         }
     }
 }
@@ -77,6 +80,7 @@ pub struct Peer {
     endpoint: Endpoint,
     connections: Arc<parking_lot::Mutex<HashMap<String, Connection>>>,
     isolated: Arc<AtomicBool>,
+    tls: TlsConfigs,
 }
 
 /// A failure to reach the peer (openraft backs off) or to understand it.
@@ -100,7 +104,15 @@ impl Peer {
     async fn connection(&mut self, timeout: Duration) -> Result<Connection, SendError> {
         let cached = self.cached().get(&self.addr).filter(|connection| connection.close_reason().is_none()).cloned();
         if let Some(connection) = cached {
-            return Ok(connection);
+            // Revoked since it was made (issue 31, item 3): closed, and a new one is refused
+            // at its handshake.
+            let revoked = peer_identity(&connection, true).is_some_and(|peer| self.tls.is_denied(&peer.key()));
+            if !revoked {
+                return Ok(connection);
+            }
+            connection.close(7u32.into(), b"certificate revoked");
+            self.forget(&connection);
+            return Err(SendError::Unreachable(format!("{}'s certificate is revoked (on the deny list)", self.addr)));
         }
         let addr: SocketAddr = match tokio::net::lookup_host(self.addr.as_str()).await {
             Ok(mut addrs) => addrs.next().ok_or_else(|| SendError::Unreachable(format!("{} resolves to no address", self.addr)))?,

@@ -125,3 +125,11 @@ pub(crate) async fn trainer_hello(
     let answer = stoker_net::frame::read_frame::<Result<(), RemoteError>>(&mut recv, CONTROL_FRAME_LIMIT).await.expect("answer");
     (connection, answer)
 }
+
+/// Wait (up to 20 s) until worker `index` has a trainer connection open.
+pub(crate) fn wait_for_open_trainer(cluster: &stoker_testkit::TestCluster, index: usize) {
+    stoker_testkit::wait_until(Duration::from_secs(20), "a trainer connected to the worker", || {
+        cluster.worker(index).is_some_and(|worker| worker.open_trainers() > 0)
+    })
+    .expect("a trainer connection");
+}

@@ -246,3 +246,72 @@ fn coordinators_and_batch_ports_take_no_batch_streams_from_peers() {
         assert!(!opened, "{addr} let a peer open a unidirectional stream");
     }
 }
+
+/// Issue 31, item 6: four other trainer certificates holding every slot of a (job, rank) at a
+/// worker (each said hello for it first) do not keep the rank's batches from its trainer: the
+/// slots are reserved for the session the coordinator granted the rank's chunks to, and its
+/// trainer takes a squatter's place. Before, the trainer was refused for as long as they stayed.
+#[test]
+fn squatters_on_a_ranks_slots_give_way_to_the_granted_trainer() {
+    let cluster = cluster_with(1);
+    let worker = cluster.worker(0).expect("worker").local_addr();
+    let squatters: Vec<quinn::Connection> = (0..4)
+        .map(|index| {
+            let (tls, _) = issued(&cluster, Role::Trainer, &format!("squatter-{index}"), valid());
+            cluster.block_on(async {
+                let endpoint = client_endpoint(&tls, worker, Tuning::default()).expect("endpoint");
+                // The first job of the cluster is job-1; any session will do.
+                let hello = TrainerHello { job: JobId(1), rank: Rank(0), session: SessionId(u64::MAX), bulk: false };
+                let (connection, answer) = crate::common::trainer_hello(&endpoint, worker, hello).await;
+                assert!(answer.is_ok(), "a squatter takes a slot: {answer:?}");
+                connection
+            })
+        })
+        .collect();
+    let mut base = cluster.loader_config("train", 4);
+    base.job_name = Some("squatted".to_owned());
+    base.batch_timeout = Duration::from_secs(60);
+    let config = config_for(&base, 0, 1);
+    let mut loader = Loader::attach(&config).expect("attach");
+    assert_eq!(loader.job(), JobId(1));
+    loader.set_epoch(Epoch(0));
+    let steps = loader.len().expect("steps");
+    let mut yielded = 0;
+    for batch in &mut loader {
+        batch.expect("a batch of the honest trainer's rank");
+        yielded += 1;
+    }
+    assert_eq!(yielded, steps, "every step once");
+    let closed = squatters.iter().filter(|connection| connection.close_reason().is_some()).count();
+    assert!(closed >= 1, "a squatter gave its slot up");
+}
+
+/// Issue 31, item 3: a worker revoked mid-epoch is cut off by the trainer (its connections
+/// closed: nothing more is taken from it), its chunks are made by the other worker, and the
+/// epoch completes with every step once. Before, the trainer kept the revoked worker's
+/// connection open and took what it sent.
+#[test]
+fn a_worker_revoked_mid_epoch_is_cut_off_and_the_epoch_completes_once() {
+    let mut cluster = cluster_with(1);
+    let (tls, revoked_key) = issued(&cluster, Role::Worker, "revoked-worker", valid());
+    let revoked = cluster.add_worker_with(tls).expect("a worker of its own certificate");
+    cluster.wait_for_workers().expect("workers");
+    let mut base = cluster.loader_config("train", 4);
+    base.job_name = Some("revoked-mid-epoch".to_owned());
+    let config = config_for(&base, 0, 1);
+    let mut loader = Loader::attach(&config).expect("attach");
+    loader.set_epoch(Epoch(0));
+    let steps = loader.len().expect("steps");
+    let mut yielded = Vec::new();
+    crate::common::wait_for_open_trainer(&cluster, revoked);
+    for batch in &mut loader {
+        yielded.push(batch.expect("a batch").step().0);
+        if yielded.len() == 3 {
+            cluster.deny(revoked_key).expect("deny");
+        }
+        std::thread::park_timeout(Duration::from_millis(150));
+    }
+    assert_eq!(yielded, (0..steps).collect::<Vec<_>>(), "every step once, in order");
+    let worker = cluster.worker(revoked).expect("the revoked worker");
+    assert_eq!(worker.open_trainers(), 0, "the trainer closed its connection to the revoked worker");
+}

@@ -244,6 +244,11 @@ where
         self.node.trainers.count()
     }
 
+    /// Trainer connections not closed by either end.
+    pub fn open_trainers(&self) -> usize {
+        self.node.trainers.open()
+    }
+
     /// Leave gracefully: stop pulling, hand the leases back to the coordinator, close.
     pub async fn shutdown(mut self) {
         self.node.stopping.store(true, Ordering::Release);

@@ -78,10 +78,16 @@ impl Entry {
 /// the table must not grow without bound for one peer.
 const CONNECTIONS_PER_CERTIFICATE: usize = 1024;
 
+/// Ranks whose granted owner is remembered (a bound on the table; past it, it starts afresh).
+const GRANTED_OWNERS: usize = 1 << 16;
+
 /// Connections by (job, rank).
 #[derive(Debug)]
 pub(crate) struct Trainers {
     connections: Mutex<HashMap<(JobId, Rank), Vec<Entry>>>,
+    /// The newest session the coordinator granted each rank's chunks to, with its owner's
+    /// certificate: a rank's slots are reserved for it (issue 31, item 6). Learnt from grants.
+    granted: Mutex<HashMap<(JobId, Rank), (SessionId, CertKey)>>,
     changed: Notify,
     /// For the deny list: a certificate revoked while connected gets no more batches.
     tls: TlsConfigs,
@@ -93,7 +99,7 @@ pub(crate) struct Trainers {
 impl Trainers {
     /// No trainers yet; `tls` is the worker's (its deny list is asked before every batch).
     pub(crate) fn new(tls: TlsConfigs, takes_bulk: bool) -> Self {
-        Self { connections: Mutex::default(), changed: Notify::new(), tls, takes_bulk }
+        Self { connections: Mutex::default(), granted: Mutex::default(), changed: Notify::new(), tls, takes_bulk }
     }
 
     /// The rank's connection; with `patient`, not yet if its announced bulk connection is due.
@@ -135,6 +141,7 @@ impl Trainers {
         owner: CertKey,
         patience: Duration,
     ) -> Option<TrainerLink> {
+        self.granted_to(job, rank, oldest, owner);
         let deadline = tokio::time::Instant::now() + patience;
         loop {
             let changed = self.changed.notified();
@@ -150,6 +157,19 @@ impl Trainers {
                     Lookup::BulkDue(_) | Lookup::Absent => None,
                 };
             }
+        }
+    }
+
+    /// The coordinator granted (job, rank)'s chunks to `session` of `owner`: the rank's slots
+    /// are reserved for it from now on.
+    fn granted_to(&self, job: JobId, rank: Rank, session: SessionId, owner: CertKey) {
+        let mut granted = self.granted.lock();
+        if granted.len() >= GRANTED_OWNERS && !granted.contains_key(&(job, rank)) {
+            granted.clear();
+        }
+        let newest = granted.entry((job, rank)).or_insert((session, owner));
+        if newest.0 <= session {
+            *newest = (session, owner);
         }
     }
 
@@ -261,6 +281,18 @@ impl Trainers {
             older.connection.close(SUPERSEDED_CLOSE_CODE.into(), b"a newer trainer attached as this rank");
         }
         entries.retain(|entry| (entry.key != key && entry.is_open()) || entry.close_bulk("replaced by a newer connection of its trainer"));
+        // The rank's slots are reserved for the session its chunks were granted to: its
+        // trainer takes the place of a connection of another certificate.
+        let reserved = self.granted.lock().get(&(hello.job, hello.rank)).is_some_and(|granted| *granted == (hello.session, key));
+        if entries.len() >= CONNECTIONS_PER_RANK
+            && reserved
+            && let Some(squatter) = entries.iter().position(|entry| entry.key != key)
+        {
+            let squatter = entries.remove(squatter);
+            warn!(job = %hello.job, rank = %hello.rank, key = %squatter.key, "a connection of another certificate held the rank's slot of the granted trainer: closing it");
+            squatter.connection.close(5u32.into(), b"the rank's slot is reserved for the granted session");
+            squatter.close_bulk("its slot went to the granted trainer");
+        }
         if entries.len() >= CONNECTIONS_PER_RANK {
             return Err(RemoteError::new(
                 ErrorCode::Unavailable,

@@ -159,3 +159,26 @@ async fn a_client_refuses_a_server_of_another_role_or_with_another_key_than_name
     let other = crate::check_peer(&connection, Role::Worker, Some(CertKey([9; 32]))).expect_err("another worker's key");
     assert!(other.to_string().contains("not the certificate"), "{other}");
 }
+
+/// Issue 31, item 3: a deny list rewritten with the same length and modification time (within
+/// the file system's time granularity) is still read again: its content is compared.
+#[test]
+fn a_deny_list_rewritten_with_the_same_length_and_time_is_read_again() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join(DENY_LIST);
+    let (one, two) = (CertKey([1; 32]), CertKey([2; 32]));
+    let when = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000);
+    let write = |key: CertKey| {
+        std::fs::write(&path, format!("{}\n", key.hex())).expect("write");
+        std::fs::File::options().write(true).open(&path).expect("open").set_modified(when).expect("set the time");
+    };
+    write(one);
+    let list = DenyList::at(Some(path.clone())).expect("list");
+    assert!(list.denies(&one) && !list.denies(&two));
+    write(two);
+    let started = std::time::Instant::now();
+    while !list.denies(&two) && started.elapsed() < Duration::from_secs(5) {
+        std::thread::park_timeout(Duration::from_millis(50));
+    }
+    assert!(list.denies(&two) && !list.denies(&one), "the new content is in force within {:?}", started.elapsed());
+}

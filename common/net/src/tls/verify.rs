@@ -22,22 +22,45 @@ use stoker_plan::ids::CertKey;
 
 /// Certificates refused whatever signed them: a file of the SHA-256s of their public keys, one per line
 /// (`#` starts a comment), read again whenever it changes, so a revocation takes effect at the
-/// next handshake without a restart.
+/// next handshake without a restart. A change is seen at once when the file's modification time
+/// or length changed, and otherwise by its content, compared at most every
+/// [`CONTENT_CHECK_EVERY`] (issue 31, item 3: a rewrite within the file system's time
+/// granularity that kept the length went unseen).
 #[derive(Debug)]
 pub(crate) struct DenyList {
     path: Option<PathBuf>,
-    loaded: Mutex<(Option<Stamp>, HashSet<CertKey>)>,
+    loaded: Mutex<Loaded>,
+}
+
+/// How often an unchanged-looking deny list is read to compare its content.
+const CONTENT_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The deny list as last read.
+#[derive(Debug, Default)]
+struct Loaded {
+    stamp: Option<Stamp>,
+    /// The xxh3 of the bytes the keys were read from (`None`: no file).
+    digest: Option<u64>,
+    /// When the content was last compared.
+    checked: Option<std::time::Instant>,
+    keys: HashSet<CertKey>,
 }
 
 impl DenyList {
     /// The list in `path` (absent: nothing is denied until it appears).
     pub(crate) fn at(path: Option<PathBuf>) -> Result<Self, TlsError> {
-        let list = Self { path, loaded: Mutex::new((None, HashSet::new())) };
+        let list = Self { path, loaded: Mutex::new(Loaded::default()) };
         if let Some(path) = &list.path
             && path.exists()
         {
-            let keys = read_deny_list(path)?;
-            *list.loaded.lock() = (modified(path), keys);
+            let text = std::fs::read_to_string(path).map_err(|source| TlsError::Read { path: path.to_owned(), source })?;
+            let keys = parse_deny_list(path, &text)?;
+            *list.loaded.lock() = Loaded {
+                stamp: modified(path),
+                digest: Some(xxhash_rust::xxh3::xxh3_64(text.as_bytes())),
+                checked: Some(std::time::Instant::now()),
+                keys,
+            };
         }
         Ok(list)
     }
@@ -50,16 +73,30 @@ impl DenyList {
         let Some(path) = &self.path else { return false };
         let mut loaded = self.loaded.lock();
         let stamp = modified(path);
-        if stamp != loaded.0 {
-            match path.exists().then(|| read_deny_list(path)).transpose() {
-                Ok(keys) => *loaded = (stamp, keys.unwrap_or_default()),
+        let now = std::time::Instant::now();
+        let content_due = loaded.checked.is_none_or(|checked| now.saturating_duration_since(checked) >= CONTENT_CHECK_EVERY);
+        if stamp != loaded.stamp || content_due {
+            loaded.checked = Some(now);
+            let read = match std::fs::read_to_string(path) {
+                Ok(text) => Ok(Some(text)),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(source) => Err(TlsError::Read { path: path.to_owned(), source }),
+            };
+            let digest = read.as_ref().ok().and_then(|text| text.as_ref().map(|text| xxhash_rust::xxh3::xxh3_64(text.as_bytes())));
+            let changed = stamp != loaded.stamp || digest != loaded.digest;
+            match read.and_then(|text| text.map(|text| parse_deny_list(path, &text)).transpose()) {
+                Ok(keys) if changed => {
+                    *loaded = Loaded { stamp, digest, checked: Some(now), keys: keys.unwrap_or_default() };
+                }
+                Ok(_) => {}
                 Err(failure) => {
-                    // The stamp is not taken: the next check reads the file again.
+                    // Nothing is taken: the next check reads the file again.
+                    loaded.stamp = None;
                     error!(%failure, "the deny list cannot be read: the last good one stays in force until it is fixed");
                 }
             }
         }
-        loaded.1.contains(key)
+        loaded.keys.contains(key)
     }
 }
 
@@ -72,9 +109,8 @@ fn modified(path: &Path) -> Option<Stamp> {
     Some((metadata.modified().ok()?, metadata.len()))
 }
 
-/// Parse a deny list.
-pub(crate) fn read_deny_list(path: &Path) -> Result<HashSet<CertKey>, TlsError> {
-    let text = std::fs::read_to_string(path).map_err(|source| TlsError::Read { path: path.to_owned(), source })?;
+/// Parse the deny list `text`, read from `path`.
+fn parse_deny_list(path: &Path, text: &str) -> Result<HashSet<CertKey>, TlsError> {
     let mut keys = HashSet::new();
     for (index, line) in text.lines().enumerate() {
         let entry = line.split('#').next().unwrap_or_default().trim();

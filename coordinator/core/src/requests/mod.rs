@@ -57,7 +57,7 @@ impl Core {
             }
             ControlRequest::Detach { job, rank, session } => Outcome::reply(self.detach(job, rank, session, caller)),
             ControlRequest::RegisterWorker { addr, threads, instance, attempt } => {
-                Outcome::reply(Ok(self.register_worker(addr, threads, instance, attempt, caller, now)))
+                Outcome::reply(self.register_worker(addr, threads, instance, attempt, caller, now))
             }
             ControlRequest::Heartbeat { worker, leases, images, stuck_jobs } => {
                 Outcome::reply(self.heartbeat(worker, &leases, images, &stuck_jobs, now))

@@ -22,16 +22,16 @@ impl Core {
         attempt: u64,
         caller: CertKey,
         now: Instant,
-    ) -> ControlResponse {
+    ) -> Result<ControlResponse, RemoteError> {
         let process = WorkerProcess { instance, attempt };
-        let worker = self.scheduler.register_worker_as(addr, threads, process, caller, now);
+        let worker = self.scheduler.register_worker_as(addr, threads, process, caller, now).map_err(refused)?;
         let timing = self.config.scheduler;
-        ControlResponse::WorkerRegistered {
+        Ok(ControlResponse::WorkerRegistered {
             worker,
             heartbeat_millis: self.config.heartbeat.as_millis() as u64,
             lease_ttl_millis: timing.lease_ttl.as_millis() as u64,
             lease_stall_millis: timing.lease_stall.as_millis() as u64,
-        }
+        })
     }
 
     pub(super) fn heartbeat(

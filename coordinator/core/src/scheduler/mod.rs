@@ -35,6 +35,13 @@ use crate::ids::IdSource;
 /// opening a different epoch as each rank made a run per rank, W² rank entries).
 pub const MAX_RUNS_PER_JOB: usize = 4;
 
+/// The most workers registered at once under one certificate. Trainers dial every worker the
+/// coordinator lists, so a worker certificate registering at made-up addresses would turn
+/// trainers into a flood against them (issue 31, item 6); this bounds how many it can name.
+/// Certificates shared by many workers (one per role, as `deploy/` makes them) bound the
+/// workers of the cluster: give large pools a certificate per host or per group.
+pub const MAX_WORKERS_PER_CERTIFICATE: usize = 512;
+
 /// Timing of leases, workers and trainers.
 #[derive(Clone, Copy, Debug)]
 pub struct SchedulerConfig {
@@ -74,6 +81,11 @@ pub enum Refusal {
     UnknownWorker(WorkerId),
     /// A trainer's request the rank's seat refuses.
     Seat(SeatRefusal),
+    /// A certificate has [`MAX_WORKERS_PER_CERTIFICATE`] workers registered and registers another.
+    TooManyWorkers {
+        /// The certificate.
+        key: CertKey,
+    },
     /// A job has [`MAX_RUNS_PER_JOB`] runs open and a rank asked for another.
     TooManyRuns {
         /// The job.
@@ -275,24 +287,40 @@ impl Scheduler {
 
     // ----- workers and leases -----
 
-    /// A worker joins.
-    pub fn register_worker(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, now: Instant) -> WorkerId {
-        self.register_worker_as(addr, threads, process, CertKey::UNCHECKED, now)
+    /// A worker joins (`--insecure`: no certificate; for tests).
+    #[cfg(test)]
+    pub(crate) fn register_worker(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, now: Instant) -> WorkerId {
+        match self.register_worker_as(addr, threads, process, CertKey::UNCHECKED, now) {
+            Ok(worker) => worker,
+            Err(refusal) => panic!("{refusal:?}"),
+        }
     }
 
-    /// [`Scheduler::register_worker`] for a worker proving `key`: only a registration with the
-    /// same certificate replaces an earlier one of the process.
-    pub fn register_worker_as(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, key: CertKey, now: Instant) -> WorkerId {
+    /// A worker proving `key` joins: only a registration with the same certificate replaces an
+    /// earlier one of the process. Refused while `key` has [`MAX_WORKERS_PER_CERTIFICATE`]
+    /// others registered.
+    pub fn register_worker_as(
+        &mut self,
+        addr: SocketAddr,
+        threads: u32,
+        process: WorkerProcess,
+        key: CertKey,
+        now: Instant,
+    ) -> Result<WorkerId, Refusal> {
         // A process registering again (it asked again when an answer was lost, or the
         // coordinator forgot it) replaces its earlier registrations: their leases go back at
         // once, and a late request under an old id is refused rather than granted work the
         // worker no longer counts as its own. A late registration never replaces a newer one.
-        for old in self.workers.replaced_by(addr, process, key) {
+        let replaced = self.workers.replaced_by(addr, process, key);
+        if self.workers.count_of(key).saturating_sub(replaced.len()) >= MAX_WORKERS_PER_CERTIFICATE {
+            return Err(Refusal::TooManyWorkers { key });
+        }
+        for old in replaced {
             self.deregister(old);
         }
         let id = self.workers.insert(addr, threads, process, key, now);
         info!(worker = %id, %addr, threads, "worker registered");
-        id
+        Ok(id)
     }
 
     /// Refuse `caller` speaking for `worker` if the worker registered with another certificate.

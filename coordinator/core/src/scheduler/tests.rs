@@ -591,3 +591,25 @@ fn a_job_keeps_a_bounded_number_of_runs_and_drops_the_oldest_no_live_trainer_nee
     scheduler.open_run(run(u64::from(extra + 1)), Rank(extra + 1), &opening(extra + 1), shape(8, world, 2), later).expect("room made");
     assert!(!scheduler.has_run(run(1)) && scheduler.has_run(run(2)));
 }
+
+/// Issue 31, item 6: one worker certificate registers at most `MAX_WORKERS_PER_CERTIFICATE`
+/// workers at once (trainers dial every worker listed, so made-up registrations would make
+/// them a flood against any address); a process registering again still replaces its own.
+#[test]
+fn a_worker_certificate_registers_a_bounded_number_of_workers() {
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    let (rogue, honest) = (CertKey([7; 32]), CertKey([8; 32]));
+    let mut last = None;
+    for _ in 0..MAX_WORKERS_PER_CERTIFICATE {
+        let registering = process();
+        scheduler.register_worker_as(addr(), 1, registering, rogue, start).expect("under the bound");
+        last = Some(registering);
+    }
+    let refused = scheduler.register_worker_as(addr(), 1, process(), rogue, start);
+    assert_eq!(refused, Err(Refusal::TooManyWorkers { key: rogue }));
+    let again = last.map(|registering| WorkerProcess { attempt: registering.attempt + 1, ..registering }).expect("a process");
+    assert!(scheduler.register_worker_as(addr(), 1, again, rogue, start).is_ok(), "a process registering again replaces itself");
+    assert!(scheduler.register_worker_as(addr(), 1, process(), honest, start).is_ok(), "another certificate is not held back");
+    assert_eq!(scheduler.alive_workers(start).len(), MAX_WORKERS_PER_CERTIFICATE + 1);
+}

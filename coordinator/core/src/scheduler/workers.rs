@@ -64,6 +64,11 @@ impl WorkerRegistry {
         id
     }
 
+    /// Workers registered with `key`.
+    pub(super) fn count_of(&self, key: CertKey) -> usize {
+        self.workers.keys().filter(|id| self.keys.get(id) == Some(&key)).count()
+    }
+
     /// `worker` was heard from at `now`.
     pub(super) fn seen(&mut self, worker: WorkerId, now: Instant) -> Result<(), Refusal> {
         let entry = self.workers.get_mut(&worker).ok_or(Refusal::UnknownWorker(worker))?;
