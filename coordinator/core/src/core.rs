@@ -42,6 +42,10 @@ fn session_range(term: u64) -> (u64, u64) {
     (first, end)
 }
 
+/// Where in its term's range a leader starts counting worker ids: below 2^31, which leaves
+/// 2^31 registrations a term.
+const WORKER_START_MASK: u64 = (1 << 31) - 1;
+
 /// The first worker id a leader of `term` hands out (2^32 a term; terms below 2^30).
 fn worker_id_base(term: u64) -> u64 {
     WORKER_TERM_SCHEME | (term & ((1 << 30) - 1)) << 32
@@ -69,6 +73,9 @@ pub struct Core {
     pub(crate) pending: BTreeMap<JobId, Checkpoint>,
     /// The Raft term this node leads with the soft state it holds.
     pub(crate) led_term: Option<u64>,
+    /// The last term this node led and where its id ranges had got to (next worker id, next
+    /// session): leading again in that term continues them, never hands an id out twice.
+    pub(crate) ids_used: Option<(u64, u64, u64)>,
     /// When this coordinator started leading: a job no trainer was heard from since is idle
     /// since then.
     pub(crate) started: Instant,
@@ -101,6 +108,7 @@ impl Core {
             owners: Owners::default(),
             pending: BTreeMap::new(),
             led_term: None,
+            ids_used: None,
             started: now,
             ids,
         }
@@ -179,22 +187,34 @@ impl Core {
         if self.led_term == Some(term) {
             return;
         }
-        self.drop_soft_state(worker_id_base(term));
+        // Leading again in a term it led before (it stopped for a moment): the ids it handed out
+        // then may be live, so both counts go on from where they had got to.
+        let (worker_used, session_used) = match self.ids_used {
+            Some((used_term, worker, session)) if used_term == term => (worker, session),
+            _ => (0, 0),
+        };
+        // Worker ids start at a random point of the lower half of the term's range: a second
+        // soft-state start in one term that this node does not remember (seen once in the
+        // whole-cluster restart test: a node leading term 3 afresh twice, with no step down
+        // between) does not hand a live worker's id out again either.
+        let start = worker_id_base(term) + (self.ids.next_u64() & WORKER_START_MASK);
+        self.drop_soft_state(start.max(worker_used));
         let (first, end) = session_range(term);
         // Above every session recorded too (sessions of the scheme before are below `first`).
         let recorded =
             self.state.sessions.values().flat_map(BTreeMap::values).map(|(session, _)| (session.0 >> SESSION_RANDOM_BITS) + 1).max();
-        self.next_session = first.max(recorded.unwrap_or(0));
+        self.next_session = first.max(recorded.unwrap_or(0)).max(session_used);
         self.session_end = end;
         self.started = now;
         self.led_term = Some(term);
-        tracing::info!(term, "leading: scheduling starts afresh; workers and trainers reconnect");
+        tracing::info!(term, node = %self.advertised, "leading: scheduling starts afresh; workers and trainers reconnect");
     }
 
     /// This node no longer leads: drop the soft state so that nothing stale is served if it
     /// leads again.
     fn follow(&mut self) {
-        if self.led_term.take().is_some() {
+        if let Some(term) = self.led_term.take() {
+            self.ids_used = Some((term, self.scheduler.next_worker_id(), self.next_session));
             self.drop_soft_state(WORKER_TERM_SCHEME);
             self.session_end = self.next_session;
             tracing::info!("no longer leading: soft state dropped");

@@ -196,6 +196,40 @@ fn a_later_leader_never_hands_out_an_id_an_earlier_one_did() {
     assert!(sessions.windows(2).all(|pair| pair[0] < pair[1]), "each later session is newer: {sessions:?}");
 }
 
+/// A leader that stops leading for a moment (a leadership check that timed out) and leads again
+/// in the same term continues its id ranges: it handed out worker ids from the term's base once
+/// already, and a worker registered then is still live. Before, leading again restarted the
+/// count, and a worker re-registering got a live worker's id (two workers, one entry: the
+/// whole-cluster restart test waited for its second worker for ever).
+#[test]
+fn leading_again_in_the_same_term_never_hands_out_an_id_twice() {
+    let now = Instant::now();
+    let dataset = sample_dataset();
+    let mut core = leading(ClusterState::new(), 3, now);
+    let mut ids = Vec::new();
+    let mut sessions = Vec::new();
+    for round in 0..3u64 {
+        for worker in 0..2u64 {
+            let addr: SocketAddr = format!("127.0.0.{}:7500", 2 + worker).parse().unwrap_or_else(|error| panic!("{error}"));
+            let register = ControlRequest::RegisterWorker { addr, threads: 1, instance: round * 10 + worker, attempt: 1 };
+            let ControlResponse::WorkerRegistered { worker, .. } = drive(&mut core, register, &dataset, now) else { panic!("register") };
+            ids.push(worker);
+        }
+        let mut spec = crate::state::tests::spec("job");
+        spec.transforms = TransformSpec::imagenet_train(8);
+        let attach = ControlRequest::Attach { spec, rank: Rank(0), client: round };
+        let ControlResponse::Attached { session, .. } = drive(&mut core, attach, &dataset, now) else { panic!("attach") };
+        sessions.push(session);
+        core.step(Event::Follow, now);
+        core.step(Event::Lead { term: 3 }, now);
+    }
+    let mut distinct = ids.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), ids.len(), "worker ids handed out twice in one term: {ids:?}");
+    assert!(sessions.windows(2).all(|pair| pair[0] < pair[1]), "each later session is newer: {sessions:?}");
+}
+
 /// Issue 31, item 7: an owner that is not known refuses, never admits. Under mutual TLS every
 /// session a trainer is given is recorded first, so after a fail-over a session with no record
 /// (made up, or from nowhere) is refused instead of adopted by whoever names it first.

@@ -147,8 +147,13 @@ pub struct Scheduler {
 }
 
 impl Scheduler {
+    /// The worker id the next registration gets.
+    pub fn next_worker_id(&self) -> u64 {
+        self.workers.next_id()
+    }
+
     /// An empty scheduler. Worker ids start at `id_base` so that ids from before a coordinator
-    /// restart are not reused (pass something like the start time in milliseconds).
+    /// restart are not reused (a leader passes the base of its term's range).
     pub fn new(config: SchedulerConfig, id_base: u64) -> Self {
         Self {
             config,

@@ -32,6 +32,11 @@ pub(super) struct WorkerRegistry {
 }
 
 impl WorkerRegistry {
+    /// The id the next registration gets.
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_worker
+    }
+
     /// No workers; ids count from `id_base`.
     pub(super) fn new(id_base: u64) -> Self {
         Self { workers: BTreeMap::new(), keys: BTreeMap::new(), next_worker: id_base }
