@@ -409,9 +409,14 @@ def test_a_worker_below_the_jobs_memory_is_told_not_oom_killed(stack: Stack) -> 
         job_id = bounded_wait(
             lambda: next((j["id"] for j in stack.status()["jobs"] if j["name"] == "big-batches"), None), 60, "the job created"
         )
-        bounded_wait(
-            lambda: any(job_id in w["stuck_jobs"] for w in stack.status()["workers"] if w["id"] in small_ids), 60, "status: the small worker stuck on the job"
-        )
+        def small_reasons() -> List[str]:
+            workers = [w for w in stack.status()["workers"] if w["id"] in small_ids]
+            return [r["reason"] for w in workers for r in w["stuck_reasons"] if r["job"] == job_id]
+
+        reasons = bounded_wait(small_reasons, 60, "status: the small worker stuck on the job")
+        assert any("do not fit this worker's batch memory of 33554432 bytes" in r for r in reasons), reasons
+        table = stack.stoker("status")
+        assert "makes nothing of" in table and "do not fit this worker's batch memory" in table, table
     finally:
         stack.docker("unpause", *regular)
     trainers.wait(180)

@@ -40,7 +40,7 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
     }
     println!("\nWORKER                      ADDRESS                ALIVE  THREADS  CHUNKS  IMG/S  STUCK ON");
     for worker in &status.workers {
-        let stuck: Vec<String> = worker.stuck_jobs.iter().map(ToString::to_string).collect();
+        let stuck: Vec<String> = worker.stuck_jobs.iter().map(|stuck| stuck.job.to_string()).collect();
         println!(
             "{:<27} {:<22} {:<6} {:>7} {:>7} {:>6.0}  {}",
             worker.info.id.to_string(),
@@ -51,6 +51,11 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             worker.images_per_sec,
             if stuck.is_empty() { "-".to_owned() } else { stuck.join(",") }
         );
+    }
+    for worker in &status.workers {
+        for stuck in &worker.stuck_jobs {
+            println!("  {} makes nothing of {}: {}", worker.info.id, stuck.job, stuck.reason);
+        }
     }
     for job in live_first(&status.jobs) {
         let liveness = match job.live_ranks.len() {
@@ -96,7 +101,8 @@ fn json(status: &ClusterStatus) -> serde_json::Value {
         "workers": status.workers.iter().map(|w| serde_json::json!({
             "id": w.info.id.0, "addr": w.info.addr.to_string(), "alive": w.alive, "threads": w.threads,
             "chunks_in_flight": w.chunks_in_flight, "images_per_sec": w.images_per_sec,
-            "stuck_jobs": w.stuck_jobs.iter().map(|job| job.0).collect::<Vec<_>>(),
+            "stuck_jobs": w.stuck_jobs.iter().map(|stuck| stuck.job.0).collect::<Vec<_>>(),
+            "stuck_reasons": w.stuck_jobs.iter().map(|stuck| serde_json::json!({"job": stuck.job.0, "reason": stuck.reason})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
         "jobs": live_first(&status.jobs).into_iter().map(|j| serde_json::json!({
             "id": j.id.0, "name": j.spec.name, "dataset": j.spec.dataset, "world_size": j.spec.plan.world_size.get(),

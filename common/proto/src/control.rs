@@ -95,6 +95,31 @@ pub struct LeaseProgress {
     pub finished: u32,
 }
 
+/// A job a worker makes nothing of, and why (in a heartbeat, and in [`WorkerStatus`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StuckJob {
+    /// The job.
+    pub job: JobId,
+    /// Why, in words for an operator: the job's batches do not fit the worker's memory, its
+    /// data is outside the worker's roots, its pipeline made nothing for a while. At most
+    /// [`StuckJob::MAX_REASON_BYTES`] bytes.
+    pub reason: String,
+}
+
+impl StuckJob {
+    /// The longest reason a heartbeat may carry; a worker cuts longer ones.
+    pub const MAX_REASON_BYTES: usize = 512;
+
+    /// `job` stuck for `reason`, cut to [`Self::MAX_REASON_BYTES`] at a character boundary.
+    pub fn new(job: JobId, reason: &str) -> Self {
+        let mut end = reason.len().min(Self::MAX_REASON_BYTES);
+        while !reason.is_char_boundary(end) {
+            end -= 1;
+        }
+        Self { job, reason: reason[..end].to_owned() }
+    }
+}
+
 /// A worker as trainers see it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerInfo {
@@ -206,10 +231,12 @@ pub enum ControlRequest {
         leases: Vec<LeaseProgress>,
         /// Images it has made since it started.
         images: u64,
-        /// Jobs whose pipeline on this worker is stuck: it holds unfinished work of the job and
-        /// nothing of the job came out for half the stall timeout. The coordinator grants it no
-        /// more of those jobs' work until it reports them no longer stuck.
-        stuck_jobs: Vec<JobId>,
+        /// Jobs this worker makes nothing of, with the reason: it refused the job (its batches
+        /// do not fit the worker's memory, its data is outside the worker's roots), or it holds
+        /// unfinished work of the job and nothing of the job came out for half the stall
+        /// timeout. The coordinator grants it no more of those jobs' work until it reports them
+        /// no longer stuck, and shows the reasons in [`WorkerStatus`].
+        stuck_jobs: Vec<StuckJob>,
     },
     /// A worker has room for up to `max` more chunks.
     PullChunks {
@@ -455,8 +482,8 @@ pub struct WorkerStatus {
     pub chunks_in_flight: u32,
     /// Images per second over the last heartbeats.
     pub images_per_sec: f64,
-    /// Jobs it reports stuck (their pipeline there makes nothing): it gets none of their work.
-    pub stuck_jobs: Vec<JobId>,
+    /// Jobs it reports stuck or refuses, with the reason: it gets none of their work.
+    pub stuck_jobs: Vec<StuckJob>,
 }
 
 /// One job in [`ClusterStatus`].

@@ -94,10 +94,22 @@ mod tests {
     use crate::{ControlRequest, TrainerHello};
     use stoker_plan::ids::{Rank, WorkerId};
 
+    /// A reason is cut to its limit at a character boundary, never inside a character.
+    #[test]
+    fn a_stuck_jobs_reason_is_cut_at_a_character_boundary() {
+        let long = "é".repeat(crate::StuckJob::MAX_REASON_BYTES);
+        let stuck = crate::StuckJob::new(stoker_plan::ids::JobId(1), &long);
+        assert_eq!(stuck.reason.len(), crate::StuckJob::MAX_REASON_BYTES);
+        let odd = format!("x{long}");
+        let cut = crate::StuckJob::new(stoker_plan::ids::JobId(1), &odd);
+        assert_eq!(cut.reason.len(), crate::StuckJob::MAX_REASON_BYTES - 1, "not inside the 2-byte character at the limit");
+        assert_eq!(crate::StuckJob::new(stoker_plan::ids::JobId(1), "short").reason, "short");
+    }
+
     #[test]
     fn a_request_round_trips() {
-        let request =
-            ControlRequest::Heartbeat { worker: WorkerId(3), leases: vec![], images: 7, stuck_jobs: vec![stoker_plan::ids::JobId(2)] };
+        let stuck_jobs = vec![crate::StuckJob::new(stoker_plan::ids::JobId(2), "its data is outside this worker's --dataset-root")];
+        let request = ControlRequest::Heartbeat { worker: WorkerId(3), leases: vec![], images: 7, stuck_jobs };
         let frame = encode(&request, CONTROL_FRAME_LIMIT).expect("encodes");
         let len = body_len(frame[..4].try_into().expect("prefix"), CONTROL_FRAME_LIMIT).expect("fits");
         assert_eq!(len, frame.len() - 4);

@@ -14,7 +14,7 @@ use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, Ses
 use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_proto::{
     BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, JobSpec,
-    LeaseProgress, RaftKind, RemoteError, TrainerHello, WorkerInfo, WorkerStatus,
+    LeaseProgress, RaftKind, RemoteError, StuckJob, TrainerHello, WorkerInfo, WorkerStatus,
 };
 use stoker_format::brace;
 use stoker_format::index::{IndexBytes, ShardIndex, build_index};
@@ -134,7 +134,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
             worker: WorkerId(2),
             leases: vec![LeaseProgress { lease: LeaseId(9), finished: 3 }],
             images: 1000,
-            stuck_jobs: vec![JobId(4)],
+            stuck_jobs: vec![StuckJob::new(JobId(4), "two batches do not fit")],
         },
         ControlRequest::PullChunks { worker: WorkerId(2), max: 4 },
         ControlRequest::ChunkFailed { worker: WorkerId(2), lease: LeaseId(9), reason: "connection lost".into() },

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use stoker_plan::EpochPlan;
 use stoker_plan::ids::{LeaseId, Rank, SessionId, Step, WorkerId};
-use stoker_proto::{ChunkGrant, ControlRequest, ControlResponse, ErrorCode, RemoteError};
+use stoker_proto::{ChunkGrant, ControlRequest, ControlResponse, ErrorCode, RemoteError, StuckJob};
 use stoker_worker::node::ledger::{Ending, Failure, LeaseLedger};
 
 use super::trainer::SimBatch;
@@ -116,7 +116,8 @@ impl SimWorker {
             return;
         };
         if ctx.now_ms.saturating_sub(self.heartbeat_sent_ms) >= setup.heartbeat_ms {
-            let stuck_jobs = self.ledger.stuck_jobs(ctx.now(), self.stuck_after);
+            let stuck_jobs: Vec<StuckJob> =
+                self.ledger.stuck_jobs(ctx.now(), self.stuck_after).into_iter().map(|job| StuckJob::new(job, "made nothing")).collect();
             if !stuck_jobs.is_empty() {
                 ctx.counts.stuck_reports += 1;
                 ctx.note(format!("worker {} reports {stuck_jobs:?} stuck", self.index));

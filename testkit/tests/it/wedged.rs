@@ -123,7 +123,7 @@ fn a_dataset_that_never_opens_stops_neither_other_jobs_nor_lease_expiry() {
     wait_until(Duration::from_secs(10), "the worker reports the job stuck", || {
         let status = status();
         let job_opt = stuck_job(&status).map(|(job, _)| job);
-        status.workers.iter().any(|worker| job_opt.is_some_and(|job| worker.stuck_jobs.contains(&job)))
+        status.workers.iter().any(|worker| job_opt.is_some_and(|job| worker.stuck_jobs.iter().any(|stuck| stuck.job == job)))
     })
     .expect("reported stuck");
     let failed = core.chunks_failed();

@@ -7,14 +7,14 @@
 //! when the job has had no work for the configured idle time or the coordinator no longer
 //! lists it as live ([`JobTable::release_idle`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
 use stoker_format::error::ShardError;
 use stoker_plan::ids::JobId;
-use stoker_proto::ChunkGrant;
+use stoker_proto::{ChunkGrant, StuckJob};
 use tokio::sync::{OnceCell, mpsc};
 use tracing::{info, warn};
 
@@ -76,7 +76,8 @@ pub(crate) struct JobTable {
     /// Jobs whose batches do not fit this worker's batch memory, or whose data is outside its
     /// `--dataset-root`: reported stuck with every heartbeat, so that the coordinator grants
     /// them to other workers.
-    unmakeable: Mutex<BTreeSet<JobId>>,
+    /// Each with the reason, for `stoker status`.
+    unmakeable: Mutex<BTreeMap<JobId, String>>,
 }
 
 impl JobTable {
@@ -116,19 +117,21 @@ impl JobTable {
         self.jobs.lock().clear();
     }
 
-    /// Refuse `job` here (it cannot be made on this worker); whether it was not refused yet.
-    pub(crate) fn refuse(&self, job: JobId) -> bool {
-        self.unmakeable.lock().insert(job)
+    /// Refuse `job` here for `reason` (it cannot be made on this worker), logged the first time.
+    pub(crate) fn refuse(&self, job: JobId, reason: &str) {
+        if self.unmakeable.lock().insert(job, reason.to_owned()).is_none() {
+            warn!(%job, %reason, "job refused");
+        }
     }
 
-    /// The jobs refused here, to report stuck.
-    pub(crate) fn refused(&self) -> Vec<JobId> {
-        self.unmakeable.lock().iter().copied().collect()
+    /// The jobs refused here with their reasons, to report stuck.
+    pub(crate) fn refused(&self) -> Vec<StuckJob> {
+        self.unmakeable.lock().iter().map(|(job, reason)| StuckJob::new(*job, reason)).collect()
     }
 
     /// Forget the refusals of jobs not in `live_jobs` (they ended).
     pub(crate) fn keep_refused(&self, live_jobs: &[JobId]) {
-        self.unmakeable.lock().retain(|job| live_jobs.contains(job));
+        self.unmakeable.lock().retain(|job, _| live_jobs.contains(job));
     }
 
     /// The pipeline of `grant`'s job, started (on a blocking thread, after opening its dataset
@@ -193,8 +196,8 @@ impl JobTable {
                     Err(error) => {
                         // Never made here: reported stuck with every heartbeat, so that workers
                         // whose roots hold it make it.
-                        if is_outside_roots(&error) && self.refuse(grant.chunk.job) {
-                            warn!(job = %grant.chunk.job, %error, "job refused: its data is outside this worker's --dataset-root");
+                        if is_outside_roots(&error) {
+                            self.refuse(grant.chunk.job, &format!("its data is outside this worker's --dataset-root: {error}"));
                         }
                         Err(error.to_string())
                     }
@@ -208,9 +211,7 @@ impl JobTable {
     /// the job was created with), its shards mapped later, as chunks need them, by the cache.
     async fn open_remote(&self, grant: &ChunkGrant) -> Result<Arc<Dataset>, String> {
         let refuse = |reason: String| {
-            if self.refuse(grant.chunk.job) {
-                warn!(job = %grant.chunk.job, %reason, "job refused");
-            }
+            self.refuse(grant.chunk.job, &reason);
             reason
         };
         if self.cache_opt.is_none() {

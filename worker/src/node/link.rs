@@ -13,7 +13,7 @@ use stoker_net::send_batch;
 use stoker_plan::ids::{LeaseId, Rank, ShardId, Step};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
-use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode};
+use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, StuckJob};
 use tokio::sync::mpsc;
 use tracing::{debug, error, warn};
 
@@ -86,13 +86,19 @@ where
             let period = self.registration.heartbeat_period();
             tokio::time::sleep(period).await;
             let Some(worker) = self.registration.current() else { continue };
-            let (leases, mut stuck_jobs) = {
+            let after = self.registration.stuck_after();
+            let (leases, quiet) = {
                 let ledger = self.ledger.lock();
-                (ledger.progress(), ledger.stuck_jobs(Instant::now(), self.registration.stuck_after()))
+                (ledger.progress(), ledger.stuck_jobs(Instant::now(), after))
             };
-            stuck_jobs.extend(self.jobs.refused());
-            stuck_jobs.sort_unstable();
-            stuck_jobs.dedup();
+            let mut stuck_jobs = self.jobs.refused();
+            for job in quiet {
+                if !stuck_jobs.iter().any(|refused| refused.job == job) {
+                    let reason =
+                        format!("its pipeline here made nothing for {:.0} s (a hung dataset open or decode?)", after.as_secs_f64());
+                    stuck_jobs.push(StuckJob::new(job, &reason));
+                }
+            }
             let images = self.metrics.samples.get();
             let answer = self.api.call(ControlRequest::Heartbeat { worker, leases, images, stuck_jobs }).await;
             match answer.and_then(|response| expect_response!(response, HeartbeatAck { revoked, live_jobs })) {
@@ -148,9 +154,7 @@ where
         if let Some(reason) = too_large {
             // Nothing is allocated. The chunk goes back, and the job is reported stuck here with
             // every heartbeat, so that the coordinator grants it to workers with room for it.
-            if self.jobs.refuse(chunk.job) {
-                warn!(job = %chunk.job, %reason, "job refused");
-            }
+            self.jobs.refuse(chunk.job, &reason);
             for _ in 0..chunk.steps {
                 self.batch_unmade(grant.lease, Failure::retry(reason.clone()));
             }

@@ -3,11 +3,11 @@
 use std::net::SocketAddr;
 use std::time::Instant;
 
-use stoker_plan::ids::{CertKey, JobId, LeaseId, WorkerId};
-use stoker_proto::{ChunkGrant, ControlResponse, LeaseProgress, RemoteError};
+use stoker_plan::ids::{CertKey, LeaseId, WorkerId};
+use stoker_proto::{ChunkGrant, ControlResponse, LeaseProgress, RemoteError, StuckJob};
 
 use crate::core::Core;
-use crate::errors::refused;
+use crate::errors::{invalid, refused};
 use crate::event::{Outcome, Then};
 use crate::scheduler::WorkerProcess;
 use crate::state::Command;
@@ -39,12 +39,23 @@ impl Core {
         worker: WorkerId,
         leases: &[LeaseProgress],
         images: u64,
-        stuck_jobs: &[JobId],
+        stuck_jobs: &[StuckJob],
         now: Instant,
     ) -> Result<ControlResponse, RemoteError> {
         check_list_len("leases", leases.len())?;
         check_list_len("stuck_jobs", stuck_jobs.len())?;
-        let revoked = self.scheduler.heartbeat(worker, leases, images, stuck_jobs, now).map_err(refused)?;
+        if let Some(long) = stuck_jobs.iter().find(|stuck| stuck.reason.len() > StuckJob::MAX_REASON_BYTES) {
+            return Err(invalid(format!(
+                "the reason given for stuck job {} has {} bytes, over the limit of {}",
+                long.job,
+                long.reason.len(),
+                StuckJob::MAX_REASON_BYTES
+            )));
+        }
+        // Only jobs that exist are kept (with their reasons): what a worker can make the
+        // coordinator hold is bounded by the jobs, not by what it sends.
+        let stuck_jobs: Vec<StuckJob> = stuck_jobs.iter().filter(|stuck| self.state.jobs.contains_key(&stuck.job)).cloned().collect();
+        let revoked = self.scheduler.heartbeat(worker, leases, images, &stuck_jobs, now).map_err(refused)?;
         Ok(ControlResponse::HeartbeatAck { revoked, live_jobs: self.scheduler.live_jobs(now) })
     }
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{JobId, LeaseId, WorkerId};
-use stoker_proto::{Chunk, LeaseProgress};
+use stoker_proto::{Chunk, LeaseProgress, StuckJob};
 use tracing::warn;
 
 /// A chunk granted to a worker.
@@ -39,7 +39,8 @@ pub(super) struct Leases {
     /// work: each heartbeat sets the jobs its worker reports stuck, for a lease TTL (a stall
     /// taken back here counts too, until the next heartbeat). A worker stuck on a job would
     /// otherwise take the very steps it stalled on straight back.
-    stalled: BTreeMap<(WorkerId, JobId), Instant>,
+    /// Each with the reason the worker gave.
+    stalled: BTreeMap<(WorkerId, JobId), (Instant, String)>,
 }
 
 impl Leases {
@@ -63,18 +64,18 @@ impl Leases {
 
     /// `worker` reports `stuck_jobs` stuck at `now`: it gets none of their work until `until`
     /// (and forgets the jobs it no longer reports).
-    pub(super) fn set_stuck(&mut self, worker: WorkerId, stuck_jobs: &[JobId], until: Instant) {
-        self.stalled.retain(|(stuck, job), _| *stuck != worker || stuck_jobs.contains(job));
-        for job in stuck_jobs {
-            if self.stalled.insert((worker, *job), until).is_none() {
-                warn!(%worker, %job, "the worker's pipeline for the job is stuck: it gets none of the job's work until it recovers");
+    pub(super) fn set_stuck(&mut self, worker: WorkerId, stuck_jobs: &[StuckJob], until: Instant) {
+        self.stalled.retain(|(stuck, job), _| *stuck != worker || stuck_jobs.iter().any(|reported| reported.job == *job));
+        for StuckJob { job, reason } in stuck_jobs {
+            if self.stalled.insert((worker, *job), (until, reason.clone())).is_none() {
+                warn!(%worker, %job, %reason, "the worker makes nothing of the job: it gets none of the job's work until it reports it no longer stuck");
             }
         }
     }
 
     /// Whether `worker` is stuck on `job` at `now`.
     pub(super) fn is_stuck(&self, worker: WorkerId, job: JobId, now: Instant) -> bool {
-        self.stalled.get(&(worker, job)).is_some_and(|until| *until > now)
+        self.stalled.get(&(worker, job)).is_some_and(|(until, _)| *until > now)
     }
 
     /// Renew the leases `worker` lists (for `ttl` from `now`) that it holds and made progress
@@ -109,7 +110,8 @@ impl Leases {
         }
         for lease in stalled {
             if let Some(held) = self.held.remove(&lease) {
-                self.stalled.insert((worker, held.chunk.job), stuck_until);
+                let reason = format!("a lease of the job made no progress for {} s: taken back by the coordinator", stall.as_secs());
+                self.stalled.insert((worker, held.chunk.job), (stuck_until, reason));
                 renewal.stalled.push((lease, held));
             }
         }
@@ -130,7 +132,7 @@ impl Leases {
 
     /// Forget stuck marks that ran out by `now`.
     pub(super) fn forget_stalls(&mut self, now: Instant) {
-        self.stalled.retain(|_, until| *until > now);
+        self.stalled.retain(|_, (until, _)| *until > now);
     }
 
     /// Forget every lease and stuck mark of `job`.
@@ -155,11 +157,11 @@ impl Leases {
     }
 
     /// The jobs `worker` is stuck on at `now`.
-    pub(super) fn stuck_jobs(&self, worker: WorkerId, now: Instant) -> Vec<JobId> {
+    pub(super) fn stuck_jobs(&self, worker: WorkerId, now: Instant) -> Vec<StuckJob> {
         self.stalled
             .range((worker, JobId(0))..=(worker, JobId(u64::MAX)))
-            .filter(|(_, until)| **until > now)
-            .map(|((_, job), _)| *job)
+            .filter(|(_, (until, _))| *until > now)
+            .map(|((_, job), (_, reason))| StuckJob { job: *job, reason: reason.clone() })
             .collect()
     }
 }

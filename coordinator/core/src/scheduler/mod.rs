@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{CertKey, JobId, LeaseId, Rank, SessionId, WorkerId};
-use stoker_proto::{Chunk, LeaseProgress, WorkerInfo, WorkerStatus};
+use stoker_proto::{Chunk, LeaseProgress, StuckJob, WorkerInfo, WorkerStatus};
 use tracing::{info, warn};
 
 use self::leases::Leases;
@@ -341,7 +341,7 @@ impl Scheduler {
         worker: WorkerId,
         leases: &[LeaseProgress],
         images: u64,
-        stuck_jobs: &[JobId],
+        stuck_jobs: &[StuckJob],
         now: Instant,
     ) -> Result<Vec<LeaseId>, Refusal> {
         self.expire(now);

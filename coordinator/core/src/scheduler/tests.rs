@@ -404,7 +404,7 @@ fn a_worker_stuck_on_a_job_gets_none_of_its_work_until_it_recovers() {
     assert_eq!(regranted.first().map(|(_, chunk)| chunk.first_step), Some(Step(0)), "to the healthy one");
     let job = key().job;
     let later = now + config().lease_ttl + Duration::from_millis(1);
-    scheduler.heartbeat(stuck, &[], 0, &[job], later).expect("registered");
+    scheduler.heartbeat(stuck, &[], 0, &[StuckJob::new(job, "nothing came out")], later).expect("registered");
     scheduler.heartbeat(healthy, &[], 0, &[], later).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, later);
     assert!(scheduler.pull(stuck, 10, later, &mut TestIds).expect("registered").is_empty(), "still stuck, by its own report");
@@ -424,10 +424,15 @@ fn a_job_reported_stuck_is_not_granted_to_that_worker() {
     let other = RunKey { job: JobId(2), ..key() };
     open(&mut scheduler, other, 0, 1, shape(8, 1, 4), start);
     let worker = scheduler.register_worker(addr(), 1, process(), start);
-    scheduler.heartbeat(worker, &[], 0, &[key().job], start).expect("registered");
+    let reason = "two batches of job 1 do not fit this worker's batch memory";
+    scheduler.heartbeat(worker, &[], 0, &[StuckJob::new(key().job, reason)], start).expect("registered");
     let granted = scheduler.pull(worker, 10, start, &mut TestIds).expect("registered");
     assert!(!granted.is_empty());
     assert!(granted.iter().all(|(_, chunk)| chunk.job == other.job), "only the other job's work: {granted:?}");
+    let status = scheduler.worker_status(start);
+    assert_eq!(status[0].stuck_jobs, vec![StuckJob::new(key().job, reason)], "status says which job and why");
+    scheduler.heartbeat(worker, &[], 0, &[], start).expect("registered");
+    assert!(scheduler.worker_status(start)[0].stuck_jobs.is_empty(), "forgotten once no longer reported");
 }
 
 /// Found by review: a rank whose trainer restarted and resumed an earlier epoch was counted
