@@ -58,12 +58,7 @@ fn store_refusal(error: &StoreError) -> RemoteError {
 /// Load the manifest at the object-store URI `manifest` (`s3://bucket/key`, or a prefix
 /// holding `manifest.json`), checking that it and its shards are under the object roots.
 pub(crate) async fn read_remote(stores: &ObjectStores, manifest: &str) -> Result<DatasetInfo, RemoteError> {
-    let given = ObjectUri::parse_prefix(manifest).map_err(|error| store_refusal(&error))?;
-    let uri = if given.key().is_empty() || given.key().ends_with('/') || !given.file_name().contains('.') {
-        given.join(stoker_format::MANIFEST_FILE).map_err(|error| store_refusal(&error))?
-    } else {
-        given
-    };
+    let uri = ObjectUri::manifest(manifest).map_err(|error| store_refusal(&error))?;
     stores.roots().check(&uri).map_err(|error| store_refusal(&error))?;
     let bytes = stores.read(&uri, MAX_OBJECT_READ_BYTES).await.map_err(|error| store_refusal(&error))?;
     let version = xxhash_rust::xxh3::xxh3_64(&bytes).max(1);

@@ -8,16 +8,24 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use anyhow::Context;
 use serde::Serialize;
 use serde_json::json;
 use stoker_format::manifest::PackedOrder;
 use stoker_format::{IndexPolicy, IndexStatus, MANIFEST_FILE, Manifest, Shard, ShardLocation, resolve_uri};
+use stoker_store::{MAX_OBJECT_READ_BYTES, ObjectStores, ObjectUri};
+use tokio::runtime::Runtime;
+
+use crate::cmd::object_files::{check_shard, download_shard};
+use crate::flags::ObjectStoreArgs;
 use stoker_plan::mixing::{LabelMixing, label_mixing};
 use stoker_plan::{SampleRef, ShardTable, Shuffle};
 
 #[derive(Debug, Args)]
 pub(crate) struct InspectArgs {
-    /// A shard (.tar), a manifest (.json), or a folder holding manifest.json.
+    /// A shard (.tar), a manifest (.json), or a folder holding manifest.json; or the same in an
+    /// object store (s3://bucket/key: a shard is downloaded into TMPDIR; a manifest's shards are
+    /// checked by size without downloading them).
     pub(crate) path: PathBuf,
     /// Print one JSON object (for scripts); for a shard it lists every member's offset and size.
     #[arg(long)]
@@ -33,23 +41,51 @@ pub(crate) struct InspectArgs {
     /// mixing measure.
     #[arg(long, default_value_t = NonZeroU32::new(256).unwrap_or(NonZeroU32::MIN))]
     pub(crate) global_batch: NonZeroU32,
+    #[command(flatten)]
+    pub(crate) object_store: ObjectStoreArgs,
 }
 
 pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
-    let given = args.path.to_string_lossy();
-    if stoker_store::ObjectUri::is_object_uri(&given) {
-        anyhow::bail!(
-            "{}: stoker inspect does not read object stores yet: download the file (aws s3 cp) and inspect the copy; \
-             `stoker pack --output s3://...` writes indexes and the manifest beside the shards",
-            given
-        );
+    let given = args.path.to_string_lossy().into_owned();
+    if ObjectUri::is_object_uri(&given) {
+        let stores = Stores::new(&args.object_store);
+        let uri = ObjectUri::manifest(&given)?;
+        return if uri.file_name().ends_with(".json") {
+            inspect_object_manifest(&uri, &stores, &args)
+        } else {
+            let (runtime, stores) = stores.get()?;
+            let shard = ObjectUri::parse(&given)?;
+            let copy = download_shard(runtime, stores, &shard, true)?;
+            inspect_shard(&copy.shard, &given, args.json, args.show)
+        };
     }
     let is_manifest = args.path.is_dir() || args.path.extension().is_some_and(|extension| extension == "json");
     if is_manifest {
         let path = if args.path.is_dir() { args.path.join(MANIFEST_FILE) } else { args.path.clone() };
-        inspect_manifest(&path, args.json, args.shuffle, args.global_batch)
+        inspect_manifest(&path, &args)
     } else {
-        inspect_shard(&args.path, args.json, args.show)
+        inspect_shard(&args.path, &args.path.display().to_string(), args.json, args.show)
+    }
+}
+
+/// Object-store clients and a runtime for them, made the first time they are needed.
+struct Stores<'a> {
+    args: &'a ObjectStoreArgs,
+    made: std::cell::OnceCell<(Runtime, ObjectStores)>,
+}
+
+impl<'a> Stores<'a> {
+    fn new(args: &'a ObjectStoreArgs) -> Self {
+        Self { args, made: std::cell::OnceCell::new() }
+    }
+
+    fn get(&self) -> anyhow::Result<(&Runtime, &ObjectStores)> {
+        if self.made.get().is_none() {
+            let made = (super::remote::runtime()?, self.args.stores()?);
+            let _ = self.made.set(made);
+        }
+        let (runtime, stores) = self.made.get().context("object-store clients")?;
+        Ok((runtime, stores))
     }
 }
 
@@ -119,7 +155,8 @@ fn mixing_advice(mixing: &LabelMixing, shuffle: Shuffle, packed: Option<PackedOr
     ))
 }
 
-fn inspect_shard(path: &Path, as_json: bool, show: usize) -> anyhow::Result<ExitCode> {
+/// Inspect the shard at `path`, reported as `name` (its URI, when it is a downloaded copy).
+fn inspect_shard(path: &Path, name: &str, as_json: bool, show: usize) -> anyhow::Result<ExitCode> {
     let shard = Shard::open(path, IndexPolicy::LoadOrBuildInMemory)?;
     let stats = extension_stats(&shard);
     if as_json {
@@ -135,7 +172,7 @@ fn inspect_shard(path: &Path, as_json: bool, show: usize) -> anyhow::Result<Exit
             .collect();
         let report = json!({
             "kind": "shard",
-            "path": path,
+            "path": name,
             "bytes": shard.bytes().len(),
             "samples": shard.len(),
             "members": shard.index().members(),
@@ -146,7 +183,7 @@ fn inspect_shard(path: &Path, as_json: bool, show: usize) -> anyhow::Result<Exit
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("shard    {}", path.display());
+    println!("shard    {name}");
     println!("bytes    {} ({:.1} MiB)", shard.bytes().len(), shard.bytes().len() as f64 / 1048576.0);
     println!("samples  {}", shard.len());
     println!("members  {}", shard.index().members());
@@ -177,7 +214,7 @@ const MIXING_BATCHES: u64 = 200;
 /// Below this share of a random batch's distinct labels, `inspect` warns.
 const MIXING_WARN_RATIO: f64 = 0.9;
 
-fn inspect_manifest(path: &Path, as_json: bool, shuffle: Shuffle, global_batch: NonZeroU32) -> anyhow::Result<ExitCode> {
+fn inspect_manifest(path: &Path, args: &InspectArgs) -> anyhow::Result<ExitCode> {
     let manifest = Manifest::load(path)?;
     let manifest_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     let mut problems = Vec::new();
@@ -200,16 +237,59 @@ fn inspect_manifest(path: &Path, as_json: bool, shuffle: Shuffle, global_batch: 
                     ("unreadable".to_string(), None)
                 }
             },
-            ShardLocation::S3 { .. } => ("not checked: object stores are not supported by this build".to_string(), None),
+            ShardLocation::S3 { .. } => {
+                problems.push(format!(
+                    "{}: a manifest on local disk may not list s3:// shards (stoker dataset add refuses it): \
+                     keep the manifest in the store beside them (stoker index --manifest s3://...)",
+                    entry.uri
+                ));
+                ("refused: s3:// in a local manifest".to_string(), None)
+            }
         };
         shard_reports
             .push(json!({"uri": entry.uri, "samples": entry.samples, "bytes": entry.bytes, "found_samples": found, "status": status}));
     }
     let mixing_opt = if opened.len() == manifest.shards.len() && problems.is_empty() {
-        mixing_of(&manifest, &opened, shuffle, global_batch)?
+        mixing_of(&manifest, &opened, args.shuffle, args.global_batch)?
     } else {
         None
     };
+    let findings = Findings { shard_reports, problems, mixing_opt, remote: false };
+    report_manifest(&path.display().to_string(), &manifest, findings, args)
+}
+
+/// A manifest in an object store: its shards checked by size (HEAD), not downloaded; no label
+/// mixing (it would read every shard).
+fn inspect_object_manifest(uri: &ObjectUri, stores: &Stores<'_>, args: &InspectArgs) -> anyhow::Result<ExitCode> {
+    let (runtime, clients) = stores.get()?;
+    let bytes = runtime.block_on(clients.read(uri, MAX_OBJECT_READ_BYTES))?;
+    let text = std::str::from_utf8(&bytes).with_context(|| format!("{uri}: the manifest is not UTF-8 text"))?;
+    let manifest = Manifest::parse(text, Path::new(&uri.to_string()))?;
+    let (mut problems, mut shard_reports) = (Vec::new(), Vec::new());
+    for entry in &manifest.shards {
+        let checked = check_shard(runtime, clients, &uri.resolve_shard(&entry.uri)?, entry);
+        problems.extend(checked.problem_opt);
+        shard_reports.push(
+            json!({"uri": entry.uri, "samples": entry.samples, "bytes": entry.bytes, "found_samples": null, "status": checked.status}),
+        );
+    }
+    let findings = Findings { shard_reports, problems, mixing_opt: None, remote: true };
+    report_manifest(&uri.to_string(), &manifest, findings, args)
+}
+
+/// What inspecting a manifest's shards found.
+struct Findings {
+    shard_reports: Vec<serde_json::Value>,
+    problems: Vec<String>,
+    mixing_opt: Option<LabelMixing>,
+    /// The shards are in an object store: checked by size only, no label mixing.
+    remote: bool,
+}
+
+/// Print what was found of the manifest named `name`: text, or JSON with `--json`.
+fn report_manifest(name: &str, manifest: &Manifest, findings: Findings, args: &InspectArgs) -> anyhow::Result<ExitCode> {
+    let Findings { shard_reports, problems, mixing_opt, remote } = findings;
+    let (as_json, shuffle) = (args.json, args.shuffle);
     let advice_opt = mixing_opt.as_ref().and_then(|mixing| mixing_advice(mixing, shuffle, manifest.packed));
     if as_json {
         let mixing = mixing_opt.map(|mixing| {
@@ -225,7 +305,7 @@ fn inspect_manifest(path: &Path, as_json: bool, shuffle: Shuffle, global_batch: 
         });
         let report = json!({
             "kind": "manifest",
-            "path": path,
+            "path": name,
             "shards": manifest.shards.len(),
             "samples": manifest.samples(),
             "bytes": manifest.bytes(),
@@ -237,7 +317,7 @@ fn inspect_manifest(path: &Path, as_json: bool, shuffle: Shuffle, global_batch: 
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        println!("manifest {}", path.display());
+        println!("manifest {name}");
         println!("shards   {}", manifest.shards.len());
         println!("samples  {}", manifest.samples());
         println!("bytes    {} ({:.1} MiB)", manifest.bytes(), manifest.bytes() as f64 / 1048576.0);
@@ -256,6 +336,9 @@ fn inspect_manifest(path: &Path, as_json: bool, shuffle: Shuffle, global_batch: 
                 mixing.ratio() * 100.0
             );
         }
+        if remote {
+            println!("mixing   not measured: the shards in the store were checked by size, not read (inspect a local copy)");
+        }
         if let Some(advice) = &advice_opt {
             println!("warning: {advice}");
         }
@@ -263,7 +346,7 @@ fn inspect_manifest(path: &Path, as_json: bool, shuffle: Shuffle, global_batch: 
             println!("problem: {problem}");
         }
         if problems.is_empty() {
-            println!("every local shard is present and matches its sample count");
+            println!("every shard is present and matches the manifest (local: sample count; object store: size)");
         }
     }
     Ok(if problems.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE })

@@ -14,6 +14,7 @@ pub(crate) mod demo;
 pub(crate) mod index;
 pub(crate) mod inspect;
 pub(crate) mod job;
+pub(crate) mod object_files;
 pub(crate) mod pack;
 pub(crate) mod ranks;
 pub(crate) mod remote;

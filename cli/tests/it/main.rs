@@ -7,6 +7,7 @@ mod netns;
 mod pack_inspect;
 mod process_faults;
 mod raft_processes;
+mod s3_index_inspect;
 mod s3_processes;
 mod support;
 mod worker_memory;

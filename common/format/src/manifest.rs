@@ -127,11 +127,18 @@ impl Manifest {
         Ok(manifest)
     }
 
-    /// Write to `path` atomically (temporary file + rename), pretty-printed.
-    pub fn save(&self, path: &Path) -> Result<(), ShardError> {
+    /// The manifest's file text (pretty-printed JSON ending in a newline); `path` names it in
+    /// an error.
+    pub fn to_text(&self, path: &Path) -> Result<String, ShardError> {
         let mut text =
             serde_json::to_string_pretty(self).map_err(|error| ShardError::BadManifest { path: path.into(), reason: error.to_string() })?;
         text.push('\n');
+        Ok(text)
+    }
+
+    /// Write to `path` atomically (temporary file + rename), pretty-printed.
+    pub fn save(&self, path: &Path) -> Result<(), ShardError> {
+        let text = self.to_text(path)?;
         let temporary = path.with_extension("json.tmp");
         std::fs::write(&temporary, text).map_err(|source| ShardError::io("failed to write manifest", &temporary, source))?;
         std::fs::rename(&temporary, path).map_err(|source| ShardError::io("failed to write manifest", path, source))

@@ -5,6 +5,10 @@ use std::fmt;
 
 use crate::error::StoreError;
 
+/// The manifest's name in a dataset's folder or prefix (as `stoker_format::MANIFEST_FILE`,
+/// which this crate does not depend on).
+const MANIFEST_FILE: &str = "manifest.json";
+
 /// An object in an S3-compatible store.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ObjectUri {
@@ -53,6 +57,22 @@ impl ObjectUri {
     /// The key inside the bucket.
     pub fn key(&self) -> &str {
         &self.key
+    }
+
+    /// The manifest this URI names: `s3://b/dir/x.json` itself, `s3://b/dir` or `s3://b/dir/`
+    /// (a last part without a '.') the `manifest.json` under it. `text` may be a prefix.
+    pub fn manifest(text: &str) -> Result<Self, StoreError> {
+        let given = Self::parse_prefix(text)?;
+        if given.key.is_empty() || given.key.ends_with('/') || !given.file_name().contains('.') {
+            given.join(MANIFEST_FILE)
+        } else {
+            Ok(given)
+        }
+    }
+
+    /// The index beside this shard (`s3://b/x.tar.idx` of `s3://b/x.tar`).
+    pub fn index(&self) -> Self {
+        Self { bucket: self.bucket.clone(), key: format!("{}.idx", self.key) }
     }
 
     /// The object `name` under this prefix (`s3://b/dir` + `x.tar` = `s3://b/dir/x.tar`).
@@ -111,6 +131,16 @@ mod tests {
 
     fn uri(text: &str) -> ObjectUri {
         ObjectUri::parse_prefix(text).unwrap_or_else(|error| panic!("{error}"))
+    }
+
+    #[test]
+    fn a_prefix_names_the_manifest_under_it_and_a_shard_its_index_beside_it() {
+        let named = |text: &str| ObjectUri::manifest(text).unwrap_or_else(|error| panic!("{error}")).to_string();
+        assert_eq!(named("s3://data/train"), "s3://data/train/manifest.json");
+        assert_eq!(named("s3://data/train/"), "s3://data/train/manifest.json");
+        assert_eq!(named("s3://data"), "s3://data/manifest.json");
+        assert_eq!(named("s3://data/train/other.json"), "s3://data/train/other.json");
+        assert_eq!(uri("s3://data/train/s-000.tar").index().to_string(), "s3://data/train/s-000.tar.idx");
     }
 
     #[test]
