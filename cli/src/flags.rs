@@ -57,6 +57,14 @@ pub(crate) struct ObjectStoreArgs {
     /// The store's region [default: AWS_REGION or AWS_DEFAULT_REGION, else us-east-1].
     #[arg(long, env = "STOKER_S3_REGION", value_name = "REGION")]
     pub(crate) s3_region: Option<String>,
+    /// At most this many requests a second to object stores from this process (S3 answers
+    /// 503 SlowDown above about 5,500 GETs a second per prefix) [default: no limit].
+    #[arg(long, env = "STOKER_S3_MAX_REQUESTS_PER_SECOND", value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) s3_max_requests_per_second: Option<u64>,
+    /// At most this many bytes a second read from object stores by this process (e.g. 200MiB),
+    /// to leave a node's network to the trainers' batches [default: no limit].
+    #[arg(long, env = "STOKER_S3_MAX_BANDWIDTH", value_name = "BYTES", value_parser = crate::cmd::pack::parse_byte_size)]
+    pub(crate) s3_max_bandwidth: Option<u64>,
 }
 
 impl ObjectStoreArgs {
@@ -64,6 +72,8 @@ impl ObjectStoreArgs {
     pub(crate) fn config(&self) -> Result<stoker_store::StoreConfig, stoker_store::StoreError> {
         let mut config = stoker_store::StoreConfig::with_endpoint(self.s3_endpoint.clone())?;
         config.region_opt = self.s3_region.clone();
+        config.max_requests_per_second = self.s3_max_requests_per_second;
+        config.max_bytes_per_second = self.s3_max_bandwidth.filter(|bytes| *bytes > 0);
         Ok(config)
     }
 

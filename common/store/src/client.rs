@@ -24,6 +24,7 @@ use tracing::{debug, warn};
 
 use crate::config::{ObjectRoots, StoreConfig};
 use crate::error::StoreError;
+use crate::rate::Limiter;
 use crate::redact::redact;
 use crate::uri::ObjectUri;
 
@@ -48,22 +49,40 @@ pub struct StoreCounters {
 
 /// Where the pieces of a body go.
 enum Sink<'a> {
-    /// Into memory.
+    /// Into memory, in order.
     Memory(&'a mut Vec<u8>),
-    /// Into a file.
+    /// Into a file, in order.
     File(&'a mut tokio::io::BufWriter<tokio::fs::File>, &'a Path),
+    /// Into a file at each piece's offset in the object (one range of a ranged download).
+    At(&'a std::fs::File, &'a Path),
 }
 
 impl Sink<'_> {
-    async fn write(&mut self, piece: &[u8]) -> Result<(), StoreError> {
+    /// Write `piece`, the object's bytes from `offset`.
+    async fn write(&mut self, piece: &[u8], offset: u64) -> Result<(), StoreError> {
         match self {
             Self::Memory(bytes) => {
                 bytes.extend_from_slice(piece);
                 Ok(())
             }
             Self::File(file, path) => file.write_all(piece).await.map_err(|source| StoreError::io("failed to write", path, source)),
+            // A write into the page cache: too short to be worth a blocking thread.
+            Self::At(file, path) => std::os::unix::fs::FileExt::write_all_at(*file, piece, offset)
+                .map_err(|source| StoreError::io("failed to write", path, source)),
         }
     }
+}
+
+/// The bytes of an object one fetch reads, and what is known of the object before it starts.
+#[derive(Clone, Debug, Default)]
+struct Span {
+    /// The first byte.
+    start: u64,
+    /// One past the last byte; `None`: to the object's end.
+    end_opt: Option<u64>,
+    /// The object's size and ETag, when a HEAD found them (each range of a download is read
+    /// on the condition that the object is still the one the HEAD saw).
+    known_opt: Option<(u64, Option<String>)>,
 }
 
 /// One client per bucket, built on first use, with the roots objects must be under.
@@ -72,6 +91,7 @@ pub struct ObjectStores {
     roots: ObjectRoots,
     clients: Mutex<HashMap<String, Arc<AmazonS3>>>,
     counters: Arc<StoreCounters>,
+    limiter: Limiter,
 }
 
 impl std::fmt::Debug for ObjectStores {
@@ -92,7 +112,8 @@ enum Attempt {
 impl ObjectStores {
     /// Clients as `config` says, for objects under `roots`.
     pub fn new(config: StoreConfig, roots: ObjectRoots) -> Self {
-        Self { config, roots, clients: Mutex::new(HashMap::new()), counters: Arc::default() }
+        let limiter = Limiter::new(config.max_requests_per_second, config.max_bytes_per_second);
+        Self { config, roots, clients: Mutex::new(HashMap::new()), counters: Arc::default(), limiter }
     }
 
     /// What the clients did so far.
@@ -184,6 +205,7 @@ impl ObjectStores {
             if attempt > 0 {
                 self.back_off(uri, attempt, &last).await;
             }
+            self.limiter.request().await;
             match operation().await {
                 Ok(value) => {
                     self.counters.requests_ok.fetch_add(1, Ordering::Relaxed);
@@ -209,29 +231,70 @@ impl ObjectStores {
     /// The whole of `uri`, refused if it has more than `limit` bytes.
     pub async fn read(&self, uri: &ObjectUri, limit: u64) -> Result<Bytes, StoreError> {
         let mut bytes = Vec::new();
-        self.fetch(uri, None, limit, &mut Sink::Memory(&mut bytes)).await?;
+        self.fetch(uri, Span::default(), None, limit, &mut Sink::Memory(&mut bytes)).await?;
         Ok(Bytes::from(bytes))
     }
 
     /// `uri` into the file at `destination` (created or truncated), checking that it has
-    /// `expected_size` bytes when that is given. The file is synced before this returns.
+    /// `expected_size` bytes when that is given. An object known to be larger than the range
+    /// size is read as ranged GETs, several at once (each resuming on its own, all on the
+    /// condition that the object's ETag is the one a HEAD saw first). The file is synced
+    /// before this returns.
     pub async fn download(&self, uri: &ObjectUri, destination: &Path, expected_size: Option<u64>) -> Result<u64, StoreError> {
+        if let Some(size) = expected_size.filter(|size| *size > self.config.range_bytes && self.config.parallel_ranges > 1) {
+            return self.download_ranges(uri, destination, size).await;
+        }
         let file = tokio::fs::File::create(destination).await.map_err(|source| StoreError::io("failed to create", destination, source))?;
         let mut writer = tokio::io::BufWriter::with_capacity(1 << 20, file);
-        let size = self.fetch(uri, expected_size, u64::MAX, &mut Sink::File(&mut writer, destination)).await?;
+        let size = self.fetch(uri, Span::default(), expected_size, u64::MAX, &mut Sink::File(&mut writer, destination)).await?;
         writer.flush().await.map_err(|source| StoreError::io("failed to write", destination, source))?;
         writer.get_ref().sync_all().await.map_err(|source| StoreError::io("failed to sync", destination, source))?;
         Ok(size)
     }
 
-    /// Read `uri` from its start, passing each piece of the body to `sink` in order, retrying
-    /// transient failures; a body cut midway resumes at the offset reached, on the condition
-    /// that the object's ETag is still the one first seen. Returns the object's size.
-    async fn fetch(&self, uri: &ObjectUri, expected_size: Option<u64>, limit: u64, sink: &mut Sink<'_>) -> Result<u64, StoreError> {
+    /// [`Self::download`] of an object of `size` bytes as ranged GETs.
+    async fn download_ranges(&self, uri: &ObjectUri, destination: &Path, size: u64) -> Result<u64, StoreError> {
+        let (found, tag) = self.head(uri).await?;
+        if found != size {
+            return Err(self.fatal(StoreError::SizeMismatch { uri: uri.to_string(), expected: size, found }));
+        }
+        let file = std::fs::File::create(destination).map_err(|source| StoreError::io("failed to create", destination, source))?;
+        file.set_len(size).map_err(|source| StoreError::io("failed to size", destination, source))?;
+        let step = self.config.range_bytes.max(1);
+        let spans = (0..size.div_ceil(step)).map(|index| Span {
+            start: index * step,
+            end_opt: Some(((index + 1) * step).min(size)),
+            known_opt: Some((size, tag.clone())),
+        });
+        let (file_ref, tag_ref) = (&file, &tag);
+        let mut reads = futures_util::stream::iter(spans)
+            .map(|span| async move { self.fetch(uri, span, None, u64::MAX, &mut Sink::At(file_ref, destination)).await })
+            .buffer_unordered(self.config.parallel_ranges);
+        while let Some(read) = reads.next().await {
+            read?;
+        }
+        drop(reads);
+        debug!(%uri, size, ranges = size.div_ceil(step), etag = ?tag_ref, "downloaded in ranges");
+        file.sync_all().map_err(|source| StoreError::io("failed to sync", destination, source))?;
+        Ok(size)
+    }
+
+    /// Read `span` of `uri`, passing each piece of the body to `sink`, retrying transient
+    /// failures; a body cut midway resumes at the offset reached, on the condition that the
+    /// object's ETag is still the one first seen (or the one `span` knows). Returns the
+    /// object's size.
+    async fn fetch(
+        &self,
+        uri: &ObjectUri,
+        span: Span,
+        expected_size: Option<u64>,
+        limit: u64,
+        sink: &mut Sink<'_>,
+    ) -> Result<u64, StoreError> {
         let client = self.client(uri)?;
         let location = ObjectPath::from(uri.key());
-        let mut offset = 0_u64;
-        let mut size_and_tag: Option<(u64, Option<String>)> = None;
+        let mut offset = span.start;
+        let mut size_and_tag: Option<(u64, Option<String>)> = span.known_opt;
         let mut last = String::new();
         let attempts = self.config.attempts.max(1);
         let mut attempt = 0;
@@ -244,15 +307,16 @@ impl ObjectStores {
             }
             attempt += 1;
             if let Some((size, _)) = &size_and_tag
-                && offset == *size
+                && offset == span.end_opt.unwrap_or(*size)
             {
-                return Ok(offset);
+                return Ok(*size);
             }
-            let options = GetOptions {
-                if_match: size_and_tag.as_ref().and_then(|(_, tag)| tag.clone()),
-                range: (offset > 0).then_some(GetRange::Offset(offset)),
-                ..GetOptions::default()
+            let range = match span.end_opt {
+                Some(end) => Some(GetRange::Bounded(offset..end)),
+                None => (offset > 0).then_some(GetRange::Offset(offset)),
             };
+            let options = GetOptions { if_match: size_and_tag.as_ref().and_then(|(_, tag)| tag.clone()), range, ..GetOptions::default() };
+            self.limiter.request().await;
             let result = match client.get_opts(&location, options).await {
                 Ok(result) => result,
                 Err(error) => match self.classify(uri, error) {
@@ -290,17 +354,19 @@ impl ObjectStores {
                     detail: format!("the store answered bytes from {} for a read from {offset}", result.range.start),
                 }));
             }
+            let end = span.end_opt.unwrap_or(size).min(size);
             let mut body = result.into_stream();
             let mut cut = None;
             while let Some(piece) = body.next().await {
                 match piece {
                     Ok(bytes) => {
-                        if offset.saturating_add(bytes.len() as u64) > size {
+                        if offset.saturating_add(bytes.len() as u64) > end {
                             return Err(self.fatal(StoreError::Changed { uri: uri.to_string() }));
                         }
-                        sink.write(&bytes).await?;
+                        sink.write(&bytes, offset).await?;
                         offset += bytes.len() as u64;
                         self.counters.bytes_fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                        self.limiter.received(bytes.len()).await;
                     }
                     Err(error) => {
                         cut = Some(redact(&error.to_string()));
@@ -309,13 +375,13 @@ impl ObjectStores {
                 }
             }
             match cut {
-                None if offset == size => return Ok(size),
-                None => last = format!("the body ended at byte {offset} of {size}"),
-                Some(detail) => last = format!("the body was cut at byte {offset} of {size}: {detail}"),
+                None if offset == end => return Ok(size),
+                None => last = format!("the body ended at byte {offset} of {end}"),
+                Some(detail) => last = format!("the body was cut at byte {offset} of {end}: {detail}"),
             }
             // A cut body counts as a failed attempt, but progress gives the next one a fresh
             // allowance: a large object over a flaky link gets there a piece at a time.
-            if offset > 0 {
+            if offset > span.start {
                 attempt = attempt.min(attempts - 1);
             }
         }

@@ -11,6 +11,11 @@ use std::time::Duration;
 use crate::error::StoreError;
 use crate::uri::ObjectUri;
 
+/// Ranged GETs of 8 MiB: large enough that a request's latency is small against its transfer,
+/// small enough that a shard of a few hundred MiB is read over several connections at once (a
+/// single S3 connection tops out well below a node's bandwidth).
+pub const DEFAULT_RANGE_BYTES: u64 = 8 << 20;
+
 /// How the object-store client reaches the store.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreConfig {
@@ -25,6 +30,16 @@ pub struct StoreConfig {
     pub first_backoff: Duration,
     /// How long one request may take before it is a timeout (and retried).
     pub request_timeout: Duration,
+    /// Requests a second this process sends at most (`--s3-max-requests-per-second`); `None`:
+    /// no limit.
+    pub max_requests_per_second: Option<u64>,
+    /// Body bytes a second this process receives at most (`--s3-max-bandwidth`); `None`: no
+    /// limit.
+    pub max_bytes_per_second: Option<u64>,
+    /// A download larger than this is read as ranged GETs of this size, several at once.
+    pub range_bytes: u64,
+    /// Ranged GETs of one download in flight at once.
+    pub parallel_ranges: usize,
 }
 
 impl Default for StoreConfig {
@@ -35,6 +50,10 @@ impl Default for StoreConfig {
             attempts: 8,
             first_backoff: Duration::from_millis(100),
             request_timeout: Duration::from_secs(60),
+            max_requests_per_second: None,
+            max_bytes_per_second: None,
+            range_bytes: DEFAULT_RANGE_BYTES,
+            parallel_ranges: 4,
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod error;
 pub mod uri;
 
 mod client;
+mod rate;
 mod redact;
 
 pub use self::client::{MAX_OBJECT_READ_BYTES, ObjectStores, StoreCounters};
