@@ -46,8 +46,9 @@ pub(crate) fn parse_shuffle(text: &str) -> Result<Shuffle, String> {
 
 /// How this process reaches object stores (datasets at `s3://` URIs). Credentials are not
 /// flags: they come from the standard AWS environment variables (`AWS_ACCESS_KEY_ID`,
-/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), a web-identity token
-/// (`AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_ARN`) or the instance/pod role.
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`), the static keys of the profile `AWS_PROFILE`
+/// in `~/.aws/credentials`, a web-identity token (`AWS_WEB_IDENTITY_TOKEN_FILE`, `AWS_ROLE_ARN`)
+/// or the instance/pod role.
 #[derive(Debug, Args)]
 pub(crate) struct ObjectStoreArgs {
     /// An S3-compatible endpoint (MinIO, Ceph RGW, R2, a local test server):

@@ -24,6 +24,7 @@ use tracing::{debug, warn};
 
 use crate::config::{ObjectRoots, StoreConfig};
 use crate::error::StoreError;
+use crate::profile;
 use crate::rate::Limiter;
 use crate::redact::redact;
 use crate::uri::ObjectUri;
@@ -140,6 +141,17 @@ impl ObjectStores {
             );
         if let Some(endpoint) = &self.config.endpoint_opt {
             builder = builder.with_endpoint(endpoint).with_allow_http(endpoint.starts_with("http://"));
+        }
+        // The AWS shared files where the environment has no key (a developer's machine).
+        if let Some(profile) = profile::from_environment() {
+            builder = builder.with_access_key_id(&profile.access_key_id).with_secret_access_key(&profile.secret_access_key);
+            if let Some(token) = &profile.session_token_opt {
+                builder = builder.with_token(token);
+            }
+            let region_from_environment = ["AWS_REGION", "AWS_DEFAULT_REGION"].iter().any(|name| std::env::var_os(name).is_some());
+            if let Some(region) = profile.region_opt.as_ref().filter(|_| !region_from_environment) {
+                builder = builder.with_region(region);
+            }
         }
         if let Some(region) = &self.config.region_opt {
             builder = builder.with_region(region);

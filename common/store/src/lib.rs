@@ -8,6 +8,7 @@ pub mod error;
 pub mod uri;
 
 mod client;
+mod profile;
 mod rate;
 mod redact;
 
