@@ -41,8 +41,9 @@ demo: deps
 
 # Every test tier, each stage timed (scripts/test.sh prints the table): one debug build for the
 # cargo tests (cargo-nextest where installed; tests that need the venv are #[ignore]d in a plain
-# `cargo test` and run here), the fuzz targets' short runs beside them, a debug wheel of the
-# Python package installed into the venv, and its pytest suite against real `stoker` processes.
+# `cargo test` and run here), a debug wheel of the Python package installed into the venv, and
+# beside the cargo tests the fuzz targets' short runs, the container images and the pytest suite
+# against real `stoker` processes.
 # A failing stage does not hide the others. Installs what is missing first (deps, test-deps, venv).
 test:
 	JOBS=$(JOBS) FUZZ_SHORT_SECONDS=$(FUZZ_SHORT_SECONDS) VENV=$(VENV) PYTHON=$(PYTHON) scripts/test.sh
