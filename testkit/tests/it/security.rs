@@ -23,7 +23,7 @@ use crate::common::{cluster_with, config_for};
 /// A certificate of `role` from the cluster's CA, valid as `validity` says.
 fn issued(cluster: &TestCluster, role: Role, name: &str, validity: Validity) -> (TlsConfigs, CertKey) {
     let ca = cluster.ca().expect("a secure cluster");
-    let cert = ca.issue(role, name, &[], validity).expect("issue");
+    let cert = ca.issue(role, name, (role == Role::Coordinator).then_some(1), &[], validity).expect("issue");
     let tls = stoker_net::mutual_tls(ca.cert_pem(), &cert.cert_pem, &cert.key_pem, None, ALPN).expect("tls");
     (tls, cert.key)
 }
