@@ -231,10 +231,11 @@ impl Driver {
 
     /// Import the state of an earlier version's store (this node alone leads).
     pub(crate) async fn import(&self, state: ClusterState) -> Result<(), CoordinatorError> {
-        self.propose(Command::Import { state: Box::new(state) })
-            .await
-            .map(|_| ())
-            .map_err(|error| CoordinatorError::Internal { message: format!("cannot import the old store: {}", error.message) })
+        match self.propose(Command::Import { state: Box::new(state) }).await {
+            Ok(Applied::Refused(reason)) => Err(CoordinatorError::Cluster { message: format!("cannot import the old store: {reason}") }),
+            Ok(_) => Ok(()),
+            Err(error) => Err(CoordinatorError::Internal { message: format!("cannot import the old store: {}", error.message) }),
+        }
     }
 
     /// A coordinator alone may come back on another address (a new port): record it, so that
