@@ -21,7 +21,8 @@ pub(crate) struct CoordinatorAddr {
 #[derive(Debug, Args)]
 pub(crate) struct TlsArgs {
     /// This node's TLS directory: ca.pem (the cluster CA, or two during a rotation), node.pem
-    /// and node.key (its certificate, whose role must fit the command), and optionally
+    /// and node.key (its certificate, whose role must fit the command, and a coordinator's
+    /// node id its --node-id), and optionally
     /// `revoked` (SHA-256 fingerprints refused). `stoker certs issue` writes one. [default:
     /// the local CA in ~/.local/share/stoker/local-ca, made on first use: one machine only]
     #[arg(long, env = "STOKER_TLS_DIR", value_name = "DIR")]

@@ -16,7 +16,6 @@ use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, ChangeMembers, ServerState};
 use quinn::Endpoint;
 use stoker_net::PeerIdentity;
-use stoker_plan::ids::CertKey;
 use stoker_proto::{ControlRequest, ControlResponse, CoordinatorStatus, ErrorCode, RemoteError};
 use tracing::{info, warn};
 
@@ -94,16 +93,16 @@ impl Driver {
     /// Answer one request of `caller`, if its certificate allows it.
     pub(crate) async fn serve_as(&self, caller: &PeerIdentity, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
         authorize(caller, &request)?;
-        self.serve_checked(caller.key(), request).await
+        self.serve_checked(caller, request).await
     }
 
-    async fn serve_checked(&self, caller: CertKey, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
+    async fn serve_checked(&self, caller: &PeerIdentity, request: ControlRequest) -> Result<ControlResponse, RemoteError> {
         let cut_off = self.isolated.load(Ordering::Relaxed);
         match request {
             ControlRequest::Raft { .. } if cut_off => {
                 Err(unavailable(format!("coordinator {} is cut off (partition switch)", self.advertised)))
             }
-            ControlRequest::Raft { kind, payload } => answer_raft_rpc(&self.raft, kind, &payload).await,
+            ControlRequest::Raft { kind, payload } => answer_raft_rpc(&self.raft, caller, kind, &payload).await,
             ControlRequest::NodeStatus => Ok(ControlResponse::NodeStatus { node: self.own_status() }),
             ControlRequest::AddNode { id, addr } => {
                 self.ensure_leader().await?;
@@ -121,7 +120,7 @@ impl Driver {
             }
             request => {
                 self.ensure_leader().await?;
-                self.core.serve(self, request, caller, Instant::now()).await
+                self.core.serve(self, request, caller.key(), Instant::now()).await
             }
         }
     }
@@ -232,10 +231,11 @@ impl Driver {
 
     /// Import the state of an earlier version's store (this node alone leads).
     pub(crate) async fn import(&self, state: ClusterState) -> Result<(), CoordinatorError> {
-        self.propose(Command::Import { state: Box::new(state) })
-            .await
-            .map(|_| ())
-            .map_err(|error| CoordinatorError::Internal { message: format!("cannot import the old store: {}", error.message) })
+        match self.propose(Command::Import { state: Box::new(state) }).await {
+            Ok(Applied::Refused(reason)) => Err(CoordinatorError::Cluster { message: format!("cannot import the old store: {reason}") }),
+            Ok(_) => Ok(()),
+            Err(error) => Err(CoordinatorError::Internal { message: format!("cannot import the old store: {}", error.message) }),
+        }
     }
 
     /// A coordinator alone may come back on another address (a new port): record it, so that

@@ -62,6 +62,19 @@ pub async fn start(
                 message: format!("the certificate in --tls-dir is {own}; a coordinator needs the coordinator role"),
             });
         }
+        Some(own) if own.node_id != Some(config.node_id) => {
+            let named = own
+                .node_id
+                .map_or_else(|| "names no node id (issued before certificates carried one)".to_owned(), |id| format!("is node {id}'s"));
+            return Err(CoordinatorError::Config {
+                message: format!(
+                    "the certificate in --tls-dir ({own}) {named}, but this coordinator is --node-id {id}: peers accept its Raft \
+                     messages only as the node its certificate names. Reissue it with `stoker certs issue --role coordinator \
+                     --node-id {id} ...`",
+                    id = config.node_id
+                ),
+            });
+        }
         Some(own) => info!(%own, "mutual TLS: peers need a certificate of the cluster CA"),
         None => warn!("INSECURE: --insecure: any peer that reaches this coordinator may do anything; use it on a trusted network only"),
     }

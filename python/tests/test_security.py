@@ -23,7 +23,9 @@ def certified(tmp_path_factory: pytest.TempPathFactory):
     tls = root / "tls"
     run_stoker("certs", "init", "--dir", str(root / "ca"))
     for role in ("coordinator", "worker", "trainer", "admin"):
-        run_stoker("certs", "issue", "--dir", str(root / "ca"), "--role", role, "--name", f"py-{role}", "--out", str(tls / role))
+        # A coordinator certificate names the Raft node id it starts with (the default, 1).
+        node_id = ["--node-id", "1"] if role == "coordinator" else []
+        run_stoker("certs", "issue", "--dir", str(root / "ca"), "--role", role, *node_id, "--name", f"py-{role}", "--out", str(tls / role))
     # Shards from the plain cluster's helper (it packs once), then a cluster of our own.
     plain = start_cluster(root, workers=0)
     plain.stop()

@@ -34,7 +34,7 @@ use stoker_worker::{WorkerConfig, WorkerHandle};
 
 pub use crate::cluster_config::ClusterConfig;
 pub use crate::dataset::{pack_images, sample_dataset, sample_dataset_ordered, unique_temp_dir};
-pub use crate::tls::{ClusterTls, issue_configs};
+pub use crate::tls::{ClusterTls, issue_configs, issue_node_configs};
 pub use crate::wait::{poll_until, wait_until};
 
 /// Errors of the harness, as text (it is for tests and the demo).
@@ -198,10 +198,8 @@ impl TestCluster {
         let socket = socket_opt.ok_or("no socket")?;
         let _guard = self.runtime.enter();
         let metrics = role_metrics("coordinator")?;
-        let handle = self
-            .runtime
-            .block_on(stoker_coordinator::start(config, socket, &self.tls.configs(Role::Coordinator), &metrics))
-            .map_err(|error| error.to_string())?;
+        let tls = self.tls.coordinator(config.node_id)?;
+        let handle = self.runtime.block_on(stoker_coordinator::start(config, socket, &tls, &metrics)).map_err(|error| error.to_string())?;
         self.coordinator_metrics[index] = metrics;
         self.coordinator_addrs[index] = handle.local_addr();
         self.coordinators[index] = Some(handle);
@@ -222,10 +220,8 @@ impl TestCluster {
         config.join = true;
         let _guard = self.runtime.enter();
         let metrics = role_metrics("coordinator")?;
-        let handle = self
-            .runtime
-            .block_on(stoker_coordinator::start(config, socket, &self.tls.configs(Role::Coordinator), &metrics))
-            .map_err(|error| error.to_string())?;
+        let tls = self.tls.coordinator(config.node_id)?;
+        let handle = self.runtime.block_on(stoker_coordinator::start(config, socket, &tls, &metrics)).map_err(|error| error.to_string())?;
         self.coordinator_metrics[index] = metrics;
         self.coordinators[index] = Some(handle);
         Ok(index)

@@ -35,6 +35,11 @@ pub(crate) struct CertsIssueArgs {
     /// The holder's name (shown in logs and by `certs show`), e.g. the host name.
     #[arg(long)]
     pub(crate) name: String,
+    /// The coordinator's Raft node id (its `stoker coordinator --node-id`): required with
+    /// `--role coordinator`, refused with the other roles. Peers accept this certificate's Raft
+    /// messages only as that node's, and the coordinator refuses to start under another id.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) node_id: Option<u64>,
     /// The TLS directory to write (ca.pem, node.pem, node.key; existing ones are replaced).
     #[arg(long, value_name = "DIR")]
     pub(crate) out: PathBuf,
@@ -77,22 +82,33 @@ pub(crate) fn init(args: CertsInitArgs) -> anyhow::Result<ExitCode> {
     let dir = args.dir.display();
     println!("made the cluster CA {:?} in {dir} (valid {} days)", args.name, args.days);
     println!("keep {dir}/ca.key off the nodes; issue each node and client a certificate:");
-    println!("  stoker certs issue --dir {dir} --role coordinator --name c1 --out tls/c1");
-    println!("then start it with --tls-dir tls/c1 (or STOKER_TLS_DIR=tls/c1)");
+    println!("  stoker certs issue --dir {dir} --role coordinator --node-id 1 --name c1 --out tls/c1");
+    println!("then start it with --node-id 1 --tls-dir tls/c1 (or STOKER_TLS_DIR=tls/c1)");
     Ok(ExitCode::SUCCESS)
 }
 
 pub(crate) fn issue(args: CertsIssueArgs) -> anyhow::Result<ExitCode> {
     let role = Role::parse(&args.role).with_context(|| format!("--role {:?}: one of coordinator, worker, trainer, admin", args.role))?;
+    match (role, args.node_id) {
+        (Role::Coordinator, None) => anyhow::bail!(
+            "--role coordinator needs --node-id N: the Raft node id this coordinator starts with (`stoker coordinator --node-id N`); \
+             each coordinator gets its own certificate"
+        ),
+        (Role::Coordinator, Some(_)) | (_, None) => {}
+        (other, Some(_)) => {
+            anyhow::bail!("--node-id is for coordinator certificates only (a Raft node id); leave it out for --role {other}")
+        }
+    }
     let ca = ClusterCa::load(&args.dir)
         .with_context(|| format!("no usable CA in {} (make one with `stoker certs init`)", args.dir.display()))?;
     let trusted = match &args.trust {
         Some(path) => std::fs::read_to_string(path).with_context(|| format!("cannot read --trust {}", path.display()))?,
         None => ca.cert_pem().to_owned(),
     };
-    let issued = ca.issue(role, &args.name, &args.hosts, Validity::from_now(days(args.days)))?;
+    let issued = ca.issue(role, &args.name, args.node_id, &args.hosts, Validity::from_now(days(args.days)))?;
     issued.write_node_dir(&args.out, &trusted)?;
-    println!("issued a certificate with role {role} for {:?} into {} (valid {} days)", args.name, args.out.display(), args.days);
+    let node = args.node_id.map(|id| format!(" (Raft node {id})")).unwrap_or_default();
+    println!("issued a certificate with role {role}{node} for {:?} into {} (valid {} days)", args.name, args.out.display(), args.days);
     println!("public key sha256 {}", issued.key.hex());
     println!("use it with --tls-dir {}", args.out.display());
     Ok(ExitCode::SUCCESS)
@@ -133,6 +149,9 @@ pub(crate) fn show(args: CertsShowArgs) -> anyhow::Result<ExitCode> {
         for cert in summaries(&file)? {
             println!("{}: {}", file.display(), cert.subject);
             println!("  role      {}", cert.role.as_deref().unwrap_or("none (a CA)"));
+            if let Some(id) = cert.node_id {
+                println!("  node id   {id} (Raft)");
+            }
             println!("  issuer    {}", cert.issuer);
             println!("  valid     {} to {}", cert.not_before, cert.not_after);
             println!("  now       {}", if cert.valid_now { "valid" } else { "EXPIRED or not valid yet" });

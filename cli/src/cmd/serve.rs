@@ -47,7 +47,9 @@ pub(crate) struct CoordinatorArgs {
     /// trainer attached to since.
     #[arg(long, default_value_t = coordinator_defaults().job_ttl.map_or(0.0, |ttl| ttl.as_secs_f64() / 3600.0))]
     pub(crate) job_ttl_hours: f64,
-    /// This coordinator's Raft node id (a positive number, unique in the cluster).
+    /// This coordinator's Raft node id (a positive number, unique in the cluster). Under
+    /// mutual TLS its certificate must name the same id (`stoker certs issue --role coordinator
+    /// --node-id N`); the local CA makes one per id.
     #[arg(long, default_value_t = coordinator_defaults().node_id, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) node_id: u64,
     /// The coordinators of a replicated cluster, ID=HOST:PORT,... including this one (e.g.
@@ -229,7 +231,7 @@ pub(crate) fn coordinator(args: CoordinatorArgs) -> anyhow::Result<ExitCode> {
     let config = coordinator_config(&args)?;
     let runtime = runtime()?;
     let _guard = runtime.enter();
-    let tls = args.tls.source()?.load(Role::Coordinator)?;
+    let tls = args.tls.source()?.load_coordinator(args.node_id)?;
     let metrics = Metrics::for_role("coordinator")?;
     let _metrics_server = serve_metrics(&runtime, args.metrics_listen, args.metrics_token_file.as_deref(), &metrics)?;
     let mut handle = runtime.block_on(stoker_coordinator::start(config, socket, &tls, &metrics))?;

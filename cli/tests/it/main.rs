@@ -2,6 +2,7 @@
 
 mod bench_delivery;
 mod bench_pipeline;
+mod certs;
 mod jobs;
 mod netns;
 mod pack_inspect;

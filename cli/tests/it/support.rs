@@ -47,7 +47,8 @@ pub(crate) fn local_ca() -> std::path::PathBuf {
 
 /// TLS configs of `role` from the tests' local CA, for calls made from the test itself.
 pub(crate) fn local_tls(role: stoker_net::Role) -> stoker_net::TlsConfigs {
-    let dir = stoker_net::ensure_local(&local_ca(), role).expect("the tests' local CA");
+    let dir =
+        stoker_net::ensure_local(&local_ca(), role, (role == stoker_net::Role::Coordinator).then_some(1)).expect("the tests' local CA");
     stoker_net::TlsConfigs::from_dir(&dir).expect("a local certificate")
 }
 

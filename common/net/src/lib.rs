@@ -31,7 +31,7 @@ pub use self::error::NetError;
 pub use self::payload::{Payload, PayloadPool};
 pub use self::rpc::{REQUEST_MEMORY, REQUEST_TIMEOUT, ServeLimits, call, serve_calls};
 pub use self::tls::{
-    CA_CERT, CA_KEY, CA_VALIDITY, CERT_VALIDITY, CertSummary, ClusterCa, DENY_LIST, Issued, NODE_CERT, NODE_KEY, Peer, PeerIdentity, Role,
-    TlsConfigs, TlsError, TlsSource, Validity, cert_key, describe, ensure_local, insecure_tls, local_ca_dir, mutual_tls, peer_identity,
-    summarize_pem,
+    CA_CERT, CA_KEY, CA_VALIDITY, CERT_VALIDITY, CertSummary, ClusterCa, DENY_LIST, Issued, NODE_CERT, NODE_ID_URI, NODE_KEY, Peer,
+    PeerIdentity, Role, TlsConfigs, TlsError, TlsSource, Validity, cert_key, describe, ensure_local, insecure_tls, local_ca_dir,
+    mutual_tls, peer_identity, summarize_pem,
 };

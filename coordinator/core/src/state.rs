@@ -99,6 +99,8 @@ pub enum Applied {
     Done,
     /// The job created.
     JobCreated(JobId),
+    /// Not applied, and why (an `Import` anywhere but at a single node's first start).
+    Refused(String),
 }
 
 /// Datasets, jobs and checkpoints.

@@ -2,26 +2,27 @@
 //! [`ControlRequest::Raft`] call, framed and size-checked like every other control call, on
 //! one cached connection per peer dialled from the coordinator's own endpoint.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use openraft::BasicNode;
 use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError as RaftRemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest, VoteResponse,
 };
+use openraft::{BasicNode, Vote};
 use quinn::{Connection, Endpoint};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use stoker_net::{NetError, Role, TlsConfigs, call, connect_to, peer_identity};
+use stoker_net::{NetError, PeerIdentity, Role, TlsConfigs, call, connect_to, peer_identity};
 use stoker_proto::wire::CONTROL_FRAME_LIMIT;
 use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RaftKind, RemoteError};
 
 use super::{Raft, TypeConfig};
+use crate::authz::authorize_raft_sender;
 
 /// The largest snapshot a peer may send: the state of tens of thousands of jobs is a few MB.
 pub(crate) const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
@@ -121,6 +122,14 @@ impl Peer {
         let connection = connect_to(&self.endpoint, addr, timeout, Role::Coordinator)
             .await
             .map_err(|error| SendError::Unreachable(error.to_string()))?;
+        // The peer at that address must be the node meant (its certificate names it): another
+        // coordinator's certificate there could answer for it, granting votes it never cast.
+        if let Some(PeerIdentity::Certified(peer)) = peer_identity(&connection, self.tls.is_checked())
+            && peer.node_id != Some(self.target)
+        {
+            connection.close(8u32.into(), b"not the node dialled");
+            return Err(SendError::Unreachable(format!("{} presents the certificate of {peer}, not node {}'s", self.addr, self.target)));
+        }
         self.cached().insert(self.addr.clone(), connection.clone());
         Ok(connection)
     }
@@ -209,8 +218,10 @@ impl RaftNetwork<TypeConfig> for Peer {
     }
 }
 
-/// Answer a peer's Raft message with `raft`: the answer is openraft's `Result` as JSON.
-pub async fn answer_raft_rpc(raft: &Raft, kind: RaftKind, payload: &[u8]) -> Result<ControlResponse, RemoteError> {
+/// Answer a peer's Raft message with `raft`: the answer is openraft's `Result` as JSON. The
+/// message is taken only from the node `caller`'s certificate is bound to, and only from a
+/// member or learner of the membership this node knows ([`authorize_raft_sender`]).
+pub async fn answer_raft_rpc(raft: &Raft, caller: &PeerIdentity, kind: RaftKind, payload: &[u8]) -> Result<ControlResponse, RemoteError> {
     fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, RemoteError> {
         serde_json::from_slice(payload)
             .map_err(|error| RemoteError::new(ErrorCode::InvalidArgument, format!("unreadable Raft message: {error}")))
@@ -220,11 +231,30 @@ pub async fn answer_raft_rpc(raft: &Raft, kind: RaftKind, payload: &[u8]) -> Res
             .map(|payload| ControlResponse::Raft { payload })
             .map_err(|error| RemoteError::new(ErrorCode::Internal, format!("cannot encode a Raft answer: {error}")))
     }
+    // The sender of each message is its vote's node: the leader of an append or a snapshot
+    // chunk, the candidate of a vote.
+    let authorize = |vote: &Vote<u64>| {
+        let members: BTreeSet<u64> = raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
+        let sender = vote
+            .leader_id()
+            .voted_for()
+            .ok_or_else(|| RemoteError::new(ErrorCode::InvalidArgument, "a Raft message whose vote names no node".to_owned()))?;
+        authorize_raft_sender(caller, sender, &members)
+    };
     match kind {
-        RaftKind::AppendEntries => encode(&raft.append_entries(decode(payload)?).await),
-        RaftKind::Vote => encode(&raft.vote(decode(payload)?).await),
+        RaftKind::AppendEntries => {
+            let request: AppendEntriesRequest<TypeConfig> = decode(payload)?;
+            authorize(&request.vote)?;
+            encode(&raft.append_entries(request).await)
+        }
+        RaftKind::Vote => {
+            let request: VoteRequest<u64> = decode(payload)?;
+            authorize(&request.vote)?;
+            encode(&raft.vote(request).await)
+        }
         RaftKind::InstallSnapshot => {
             let request: InstallSnapshotRequest<TypeConfig> = decode(payload)?;
+            authorize(&request.vote)?;
             // openraft writes a chunk at its offset in a Vec: an offset far out would allocate it.
             let end = request.offset.checked_add(request.data.len() as u64);
             if end.is_none_or(|end| end > MAX_SNAPSHOT_BYTES) {

@@ -7,13 +7,16 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use openraft::storage::{RaftStateMachine, Snapshot};
-use openraft::{BasicNode, Entry, EntryPayload, LogId, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError, StoredMembership};
+use openraft::{
+    BasicNode, Entry, EntryPayload, LogId, Membership, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageIOError, StoredMembership,
+};
 use serde::{Deserialize, Serialize};
 
 use super::store_file::{FileError, SNAPSHOT, StoreFile};
 use super::{Replica, TypeConfig};
 use crate::error::CoordinatorError;
-use crate::state::{Applied, ClusterState};
+use crate::state::{Applied, ClusterState, Command};
+use tracing::error;
 
 #[derive(Serialize, Deserialize)]
 struct StoredSnapshot {
@@ -62,6 +65,26 @@ fn decode_state(bytes: &[u8]) -> Result<ClusterState, String> {
     Ok(state)
 }
 
+/// Why an `Import` (which replaces the whole state) may not be applied, if it may not. It is
+/// the import of an earlier version's single-node store, proposed once by a node that starts
+/// alone: it applies only while the cluster is that one voter with no learner and nothing was
+/// committed to the state yet. Elsewhere a member could replace the whole state through one
+/// entry. Decided from the log alone (the membership applied before the entry, and the state),
+/// so every replica decides alike.
+pub(crate) fn import_refused(membership: &Membership<u64, BasicNode>, state: &ClusterState) -> Option<String> {
+    let voters: Vec<u64> = membership.voter_ids().collect();
+    let learners = membership.learner_ids().count();
+    if voters.len() != 1 || learners != 0 {
+        return Some(format!(
+            "an Import applies only on a single-node cluster at its first start; this one has voters {voters:?} and {learners} learner(s)"
+        ));
+    }
+    if *state != ClusterState::new() {
+        return Some("an Import applies only at a cluster's first start; this state holds committed data already".to_owned());
+    }
+    None
+}
+
 /// Builds a snapshot of the state as it was when the builder was made.
 pub struct SnapshotBuilder {
     file: StoreFile,
@@ -103,6 +126,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             self.last_applied = Some(entry.log_id);
             applied.push(match entry.payload {
                 EntryPayload::Blank => Applied::Done,
+                EntryPayload::Normal(Command::Import { state }) => {
+                    match import_refused(self.membership.membership(), &self.replica.snapshot()) {
+                        None => self.replica.apply(Command::Import { state }),
+                        Some(reason) => {
+                            error!(entry = %entry.log_id, %reason, "refused an Import entry: the state is left as it was");
+                            Applied::Refused(reason)
+                        }
+                    }
+                }
                 EntryPayload::Normal(command) => self.replica.apply(command),
                 EntryPayload::Membership(membership) => {
                     self.membership = StoredMembership::new(Some(entry.log_id), membership);

@@ -22,3 +22,54 @@ impl StoreBuilder<TypeConfig, LogStore, StateMachine, tempfile::TempDir> for Bui
 fn the_store_passes_openrafts_storage_suite() {
     Suite::test_all(Builder).unwrap_or_else(|error| panic!("{error}"));
 }
+
+/// Issue 31, item 4: an entry carrying `Import` replaces the whole state only on a single node
+/// at its first start; on a cluster of several members it is refused and the state stays.
+#[test]
+fn import_applies_only_on_a_single_node_at_first_start() {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use openraft::storage::RaftStateMachine;
+    use openraft::{BasicNode, CommittedLeaderId, Entry, EntryPayload, LogId, Membership};
+
+    use crate::state::{Applied, ClusterState, Command};
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let mut imported = ClusterState::new();
+    imported.next_job = 42;
+    let import = |index: u64| Entry::<TypeConfig> {
+        log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+        payload: EntryPayload::Normal(Command::Import { state: Box::new(imported.clone()) }),
+    };
+    let membership = |voters: &[u64], learners: &[u64]| {
+        let nodes: BTreeMap<u64, BasicNode> = voters.iter().chain(learners).map(|id| (*id, BasicNode::new(format!("n{id}")))).collect();
+        Entry::<TypeConfig> {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), 1),
+            payload: EntryPayload::Membership(Membership::new(vec![voters.iter().copied().collect::<BTreeSet<_>>()], nodes)),
+        }
+    };
+    let run = |entries: Vec<Entry<TypeConfig>>| {
+        runtime.block_on(async {
+            let dir = tempfile::tempdir().expect("dir");
+            let file = StoreFile::open(dir.path()).expect("store");
+            let replica = Arc::new(PlainReplica::default());
+            let mut machine = StateMachine::open(file, replica.clone()).expect("machine");
+            let applied = machine.apply(entries).await.expect("apply");
+            (applied.last().cloned(), replica.snapshot())
+        })
+    };
+
+    let (applied, state) = run(vec![membership(&[1], &[]), import(2)]);
+    assert_eq!(applied, Some(Applied::Done));
+    assert_eq!(state.next_job, 42, "a single node at its first start imports");
+
+    for (voters, learners) in [(&[1u64, 2, 3][..], &[][..]), (&[1][..], &[2][..])] {
+        let (applied, state) = run(vec![membership(voters, learners), import(2)]);
+        assert!(matches!(applied, Some(Applied::Refused(_))), "{voters:?} {learners:?}: {applied:?}");
+        assert_eq!(state, ClusterState::new(), "{voters:?} {learners:?}: the state is left as it was");
+    }
+
+    let (applied, state) = run(vec![membership(&[1], &[]), import(2), import(3)]);
+    assert!(matches!(applied, Some(Applied::Refused(_))), "a second import: {applied:?}");
+    assert_eq!(state.next_job, 42);
+}

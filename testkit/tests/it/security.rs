@@ -23,7 +23,7 @@ use crate::common::{cluster_with, config_for};
 /// A certificate of `role` from the cluster's CA, valid as `validity` says.
 fn issued(cluster: &TestCluster, role: Role, name: &str, validity: Validity) -> (TlsConfigs, CertKey) {
     let ca = cluster.ca().expect("a secure cluster");
-    let cert = ca.issue(role, name, &[], validity).expect("issue");
+    let cert = ca.issue(role, name, (role == Role::Coordinator).then_some(1), &[], validity).expect("issue");
     let tls = stoker_net::mutual_tls(ca.cert_pem(), &cert.cert_pem, &cert.key_pem, None, ALPN).expect("tls");
     (tls, cert.key)
 }
@@ -314,4 +314,47 @@ fn a_worker_revoked_mid_epoch_is_cut_off_and_the_epoch_completes_once() {
     assert_eq!(yielded, (0..steps).collect::<Vec<_>>(), "every step once, in order");
     let worker = cluster.worker(revoked).expect("the revoked worker");
     assert_eq!(worker.open_trainers(), 0, "the trainer closed its connection to the revoked worker");
+}
+
+/// A forged Raft message's JSON (openraft's serde shape): sent as node `sender` in `term`.
+fn raft_message(kind: RaftKind, sender: u64, term: u64) -> ControlRequest {
+    let vote = format!(r#"{{"leader_id":{{"term":{term},"node_id":{sender}}},"committed":false}}"#);
+    let payload = match kind {
+        RaftKind::Vote => format!(r#"{{"vote":{vote},"last_log_id":null}}"#),
+        RaftKind::AppendEntries => format!(r#"{{"vote":{vote},"prev_log_id":null,"entries":[],"leader_commit":null}}"#),
+        RaftKind::InstallSnapshot => unreachable!("not forged here"),
+    };
+    ControlRequest::Raft { kind, payload: payload.into_bytes() }
+}
+
+/// Issue 31, item 4: a coordinator certificate speaks Raft only as the node it names, and only
+/// while that node is a member; the forged term reaches no node, and the cluster keeps leading.
+#[test]
+fn raft_messages_under_another_nodes_certificate_or_a_non_members_are_refused() {
+    let cluster = TestCluster::start(stoker_testkit::ClusterConfig { workers: 0, coordinators: 3, ..Default::default() }).expect("cluster");
+    let leader = cluster.wait_for_leader(Duration::from_secs(20)).expect("a leader");
+    let before = cluster.coordinator_node(leader).expect("leader").raft().metrics().borrow().current_term;
+    // Far ahead of any term an election under load could reach while the test runs.
+    let forged = before + 1_000;
+    let ca = cluster.ca().expect("a secure cluster");
+    let node =
+        |id: u64| stoker_testkit::issue_node_configs(ca, Role::Coordinator, &format!("forger-{id}"), Some(id), valid()).expect("issue");
+
+    info!("--- node 2's certificate asks for votes and appends entries as node 1, in a far term");
+    for kind in [RaftKind::Vote, RaftKind::AppendEntries] {
+        let message = forbidden(cluster.call_with(&node(2), raft_message(kind, 1, forged)), "node 2 as node 1");
+        assert!(message.contains("from node 1") && message.contains("certificate of node 2"), "{message}");
+    }
+    info!("--- a valid coordinator certificate of node 9, which is no member");
+    let message = forbidden(cluster.call_with(&node(9), raft_message(RaftKind::Vote, 9, forged)), "node 9");
+    assert!(message.contains("node 9") && message.contains("not a member"), "{message}");
+
+    info!("--- node 2's own certificate as node 2 is heard (an old term: no vote granted)");
+    let answer = cluster.call_with(&node(2), raft_message(RaftKind::Vote, 2, 0)).expect("node 2 is heard");
+    assert!(matches!(answer, stoker_proto::ControlResponse::Raft { .. }), "{answer:?}");
+    for index in 0..3 {
+        let term = cluster.coordinator_node(index).expect("running").raft().metrics().borrow().current_term;
+        assert!(term < forged, "node {}: the forged term {forged} reached it ({term})", index + 1);
+    }
+    cluster.wait_for_leader(Duration::from_secs(20)).expect("the cluster still leads");
 }

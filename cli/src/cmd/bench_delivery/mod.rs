@@ -432,7 +432,8 @@ fn single_thread_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn mutual_pair() -> anyhow::Result<(TlsConfigs, TlsConfigs)> {
     let ca = ClusterCa::generate("bench CA", Validity::from_now(CERT_VALIDITY))?;
     let configs = |role: Role| -> anyhow::Result<TlsConfigs> {
-        let issued = ca.issue(role, &format!("bench-{role}"), &[], Validity::from_now(CERT_VALIDITY))?;
+        let issued =
+            ca.issue(role, &format!("bench-{role}"), (role == Role::Coordinator).then_some(1), &[], Validity::from_now(CERT_VALIDITY))?;
         Ok(mutual_tls(ca.cert_pem(), &issued.cert_pem, &issued.key_pem, None, ALPN)?)
     };
     Ok((configs(Role::Worker)?, configs(Role::Trainer)?))

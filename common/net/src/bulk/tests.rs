@@ -26,7 +26,9 @@ fn cluster(roles: &[Role]) -> Vec<TlsConfigs> {
     roles
         .iter()
         .map(|&role| {
-            let issued = ca.issue(role, &format!("bulk-{role}"), &[], Validity::from_now(CERT_VALIDITY)).expect("issue");
+            let issued = ca
+                .issue(role, &format!("bulk-{role}"), (role == Role::Coordinator).then_some(1), &[], Validity::from_now(CERT_VALIDITY))
+                .expect("issue");
             mutual_tls(ca.cert_pem(), &issued.cert_pem, &issued.key_pem, None, ALPN).expect("tls")
         })
         .collect()
@@ -323,7 +325,7 @@ fn a_certificate_of_another_ca_or_another_protocol_version_is_refused() {
     let theirs = cluster(&[Role::Trainer]);
     let old_version = {
         let ca = ClusterCa::generate("old CA", Validity::from_now(CERT_VALIDITY)).expect("CA");
-        let issued = ca.issue(Role::Trainer, "old", &[], Validity::from_now(CERT_VALIDITY)).expect("issue");
+        let issued = ca.issue(Role::Trainer, "old", None, &[], Validity::from_now(CERT_VALIDITY)).expect("issue");
         // Trusted by our worker's CA? No matter: the ALPN is refused first.
         mutual_tls(ca.cert_pem(), &issued.cert_pem, &issued.key_pem, None, b"stoker/6").expect("tls")
     };

@@ -13,12 +13,12 @@ use std::time::{Duration, SystemTime};
 
 use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
-    SerialNumber,
+    SanType, SerialNumber,
 };
 use tracing::info;
 
 use super::TlsError;
-use super::identity::{Role, cert_key};
+use super::identity::{Role, cert_key, node_id_uri};
 use crate::random::{self, random_u64};
 use stoker_plan::ids::CertKey;
 
@@ -139,15 +139,37 @@ impl ClusterCa {
     }
 
     /// A certificate for a peer of `role` named `name`, usable to serve and to dial (server
-    /// and client authentication), with `hosts` as its DNS or IP subject names.
-    pub fn issue(&self, role: Role, name: &str, hosts: &[String], validity: Validity) -> Result<Issued, TlsError> {
+    /// and client authentication), with `hosts` as its DNS or IP subject names. A coordinator
+    /// certificate is bound to its Raft node id `node_id` (required for that role, refused for
+    /// the others): peers accept its Raft messages only as that node's.
+    pub fn issue(&self, role: Role, name: &str, node_id: Option<u64>, hosts: &[String], validity: Validity) -> Result<Issued, TlsError> {
         if name.is_empty() || name.len() > 64 || name.chars().any(char::is_control) {
             return Err(TlsError::Generate { message: format!("a certificate name must be 1 to 64 printable characters, not {name:?}") });
+        }
+        match (role, node_id) {
+            (Role::Coordinator, None) => {
+                return Err(TlsError::Generate {
+                    message: "a coordinator certificate names its Raft node id (`--node-id N`, the node's own --node-id)".to_owned(),
+                });
+            }
+            (Role::Coordinator, Some(0)) => {
+                return Err(TlsError::Generate { message: "Raft node ids start at 1".to_owned() });
+            }
+            (Role::Coordinator, Some(_)) | (_, None) => {}
+            (other, Some(_)) => {
+                return Err(TlsError::Generate {
+                    message: format!("only coordinator certificates name a Raft node id; a {other} certificate takes no --node-id"),
+                });
+            }
         }
         let key = KeyPair::generate().map_err(generation)?;
         let mut names = vec!["stoker".to_owned()];
         names.extend(hosts.iter().cloned());
         let mut params = CertificateParams::new(names).map_err(generation)?;
+        if let Some(id) = node_id {
+            let uri = node_id_uri(id).try_into().map_err(generation)?;
+            params.subject_alt_names.push(SanType::URI(uri));
+        }
         params.distinguished_name = DistinguishedName::new();
         params.distinguished_name.push(DnType::CommonName, name);
         params.distinguished_name.push(DnType::OrganizationName, "stoker");
@@ -207,8 +229,10 @@ pub fn local_ca_dir() -> PathBuf {
 
 /// The TLS directory of `role` under the local CA in `dir`, making the CA and the certificate
 /// on first use. Every process of one user on one machine shares them; processes starting
-/// together race safely (each makes its own and renames it into place; the first wins).
-pub fn ensure_local(dir: &Path, role: Role) -> Result<PathBuf, TlsError> {
+/// together race safely (each makes its own and renames it into place; the first wins). A
+/// coordinator's certificate names its Raft node id `node_id` (one directory per id,
+/// `coordinator-N`); the other roles take none.
+pub fn ensure_local(dir: &Path, role: Role, node_id: Option<u64>) -> Result<PathBuf, TlsError> {
     if !dir.join(CA_KEY).exists() {
         let staging = staging_dir(dir)?;
         let ca = ClusterCa::generate("Stoker local CA", Validity::from_now(CA_VALIDITY))?;
@@ -219,10 +243,13 @@ pub fn ensure_local(dir: &Path, role: Role) -> Result<PathBuf, TlsError> {
             let _ = fs::remove_dir_all(&staging);
         }
     }
-    let node = dir.join(role.as_str());
+    let (node, name) = match node_id {
+        Some(id) => (dir.join(format!("{role}-{id}")), format!("local-{role}-{id}")),
+        None => (dir.join(role.as_str()), format!("local-{role}")),
+    };
     if !node.join(NODE_CERT).exists() {
         let ca = ClusterCa::load(dir)?;
-        let issued = ca.issue(role, &format!("local-{role}"), &["localhost".to_owned()], Validity::from_now(CA_VALIDITY))?;
+        let issued = ca.issue(role, &name, node_id, &["localhost".to_owned()], Validity::from_now(CA_VALIDITY))?;
         let staging = staging_dir(&node)?;
         issued.write_node_dir(&staging, ca.cert_pem())?;
         if fs::rename(&staging, &node).is_err() {

@@ -1,5 +1,6 @@
 //! Who a peer is: the role and name its certificate names (subject OU and CN, as
-//! [`super::ClusterCa::issue`] writes them) and the certificate's SHA-256.
+//! [`super::ClusterCa::issue`] writes them), a coordinator's Raft node id (a URI subject
+//! alternative name `urn:stoker:node-id:N`) and the certificate's SHA-256.
 
 use std::fmt;
 
@@ -80,14 +81,49 @@ pub struct Peer {
     pub role: Role,
     /// Its name (the certificate's common name).
     pub name: String,
+    /// The Raft node id a coordinator certificate is bound to ([`NODE_ID_URI`]); none in other
+    /// roles' certificates and in coordinator certificates of earlier versions.
+    pub node_id: Option<u64>,
     /// The certificate's SHA-256.
     pub key: CertKey,
 }
 
 impl fmt::Display for Peer {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(formatter, "{} '{}' ({})", self.role, self.name, self.key)
+        match self.node_id {
+            Some(id) => write!(formatter, "{} '{}' node {id} ({})", self.role, self.name, self.key),
+            None => write!(formatter, "{} '{}' ({})", self.role, self.name, self.key),
+        }
     }
+}
+
+/// The prefix of the URI subject alternative name that binds a coordinator certificate to its
+/// Raft node id: `urn:stoker:node-id:3` is node 3 (decimal, as `--node-id` takes it).
+pub const NODE_ID_URI: &str = "urn:stoker:node-id:";
+
+/// The URI subject alternative name of node `id`.
+pub(crate) fn node_id_uri(id: u64) -> String {
+    format!("{NODE_ID_URI}{id}")
+}
+
+/// The node id in a certificate's URI subject alternative names: none if it names none; an
+/// error if it names more than one or one that is not a decimal number.
+fn node_id_of(cert: &x509_parser::certificate::X509Certificate<'_>) -> Result<Option<u64>, TlsError> {
+    let bad = |message: String| TlsError::BadCertificate { message };
+    let names = cert.subject_alternative_name().map_err(|error| bad(format!("unreadable subject alternative names: {error}")))?;
+    let mut ids = names.iter().flat_map(|names| names.value.general_names.iter()).filter_map(|name| match name {
+        x509_parser::extensions::GeneralName::URI(uri) => uri.strip_prefix(NODE_ID_URI),
+        _ => None,
+    });
+    let Some(text) = ids.next() else { return Ok(None) };
+    if ids.next().is_some() {
+        return Err(bad("it names more than one Raft node id".to_owned()));
+    }
+    // Digits only: `+3` or ` 3` would parse, and two spellings of one id are one too many.
+    if text.is_empty() || !text.bytes().all(|byte| byte.is_ascii_digit()) {
+        return Err(bad(format!("its Raft node id {text:?} is not a decimal number")));
+    }
+    text.parse().map(Some).map_err(|error| bad(format!("its Raft node id {text:?}: {error}")))
 }
 
 /// What TLS proved about the other end of a connection.
@@ -113,6 +149,14 @@ impl PeerIdentity {
         match self {
             Self::Unchecked => CertKey::UNCHECKED,
             Self::Certified(peer) => peer.key,
+        }
+    }
+
+    /// The Raft node id its certificate is bound to, when certified and it names one.
+    pub fn node_id(&self) -> Option<u64> {
+        match self {
+            Self::Unchecked => None,
+            Self::Certified(peer) => peer.node_id,
         }
     }
 
@@ -150,7 +194,7 @@ pub fn cert_key(der: &[u8]) -> CertKey {
     CertKey(key)
 }
 
-/// The role, name and key of a Stoker certificate.
+/// The role, name, node id and key of a Stoker certificate.
 pub fn describe(der: &CertificateDer<'_>) -> Result<Peer, TlsError> {
     let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref())
         .map_err(|error| TlsError::BadCertificate { message: format!("cannot parse it: {error}") })?;
@@ -164,7 +208,8 @@ pub fn describe(der: &CertificateDer<'_>) -> Result<Peer, TlsError> {
         ),
     })?;
     let name = subject.iter_common_name().find_map(text).unwrap_or_default();
-    Ok(Peer { role, name, key: cert_key(der.as_ref()) })
+    let node_id = node_id_of(&cert)?;
+    Ok(Peer { role, name, node_id, key: cert_key(der.as_ref()) })
 }
 
 /// What TLS proved about `connection`'s peer: [`PeerIdentity::Unchecked`] when `checked` is

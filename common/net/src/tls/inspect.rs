@@ -18,6 +18,8 @@ pub struct CertSummary {
     pub role: Option<String>,
     /// Its name (common name).
     pub name: String,
+    /// The Raft node id a coordinator certificate is bound to.
+    pub node_id: Option<u64>,
     /// Valid from.
     pub not_before: String,
     /// Valid until.
@@ -40,6 +42,7 @@ pub fn summarize_pem(text: &str) -> Result<Vec<CertSummary>, TlsError> {
             subject: parsed.subject().to_string(),
             issuer: parsed.issuer().to_string(),
             role: peer_opt.as_ref().map(|peer| peer.role.to_string()),
+            node_id: peer_opt.as_ref().and_then(|peer| peer.node_id),
             name: peer_opt.map(|peer| peer.name).unwrap_or_default(),
             not_before: parsed.validity().not_before.to_string(),
             not_after: parsed.validity().not_after.to_string(),

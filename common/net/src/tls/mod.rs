@@ -24,7 +24,7 @@ pub use self::ca::{
     CA_CERT, CA_KEY, CA_VALIDITY, CERT_VALIDITY, ClusterCa, DENY_LIST, Issued, NODE_CERT, NODE_KEY, Validity, ensure_local, local_ca_dir,
 };
 pub(crate) use self::identity::chain_identity;
-pub use self::identity::{Peer, PeerIdentity, Role, cert_key, describe, peer_identity};
+pub use self::identity::{NODE_ID_URI, Peer, PeerIdentity, Role, cert_key, describe, peer_identity};
 pub use self::inspect::{CertSummary, summarize_pem};
 pub use self::source::TlsSource;
 use self::verify::{AcceptAnyServer, ClusterClientVerifier, ClusterServerVerifier, DenyList};

@@ -40,12 +40,22 @@ impl TlsSource {
     /// The configs of a peer of `role`; a certificate of another role is refused here, before
     /// any peer refuses it.
     pub fn load(&self, role: Role) -> Result<TlsConfigs, NetError> {
-        self.load_for(Some(role))
+        self.load_as(Some(role), None)
+    }
+
+    /// The configs of coordinator `node_id`: from the local CA, a certificate bound to that
+    /// node id (the coordinator itself refuses a certificate of another id at start).
+    pub fn load_coordinator(&self, node_id: u64) -> Result<TlsConfigs, NetError> {
+        self.load_as(Some(Role::Coordinator), Some(node_id))
     }
 
     /// The configs of a client that makes requests needing `needed` (`None`: any role will do,
     /// as for `stoker status`; the local CA then issues an admin certificate).
     pub fn load_for(&self, needed: Option<Role>) -> Result<TlsConfigs, NetError> {
+        self.load_as(needed, None)
+    }
+
+    fn load_as(&self, needed: Option<Role>, node_id: Option<u64>) -> Result<TlsConfigs, NetError> {
         let configs = match self {
             Self::Insecure => {
                 warn!("INSECURE: --insecure: certificates are not checked; anyone who reaches a Stoker port may do anything");
@@ -54,7 +64,8 @@ impl TlsSource {
             Self::Loaded(configs) => configs.clone(),
             Self::Dir(dir) => TlsConfigs::from_dir(dir)?,
             Self::Local => {
-                let dir = ensure_local(&local_ca_dir(), needed.unwrap_or(Role::Admin))?;
+                let role = needed.unwrap_or(Role::Admin);
+                let dir = ensure_local(&local_ca_dir(), role, node_id.filter(|_| role == Role::Coordinator))?;
                 info!(dir = %dir.display(), "TLS with the local CA (this machine only; for several hosts see `stoker certs`)");
                 TlsConfigs::from_dir(&dir)?
             }

@@ -14,7 +14,7 @@ fn valid() -> Validity {
 }
 
 fn configs(ca: &ClusterCa, trusted: &str, role: Role, deny: Option<PathBuf>) -> TlsConfigs {
-    let issued = ca.issue(role, &format!("unit-{role}"), &[], valid()).expect("issue");
+    let issued = ca.issue(role, &format!("unit-{role}"), (role == Role::Coordinator).then_some(1), &[], valid()).expect("issue");
     mutual_tls(trusted, &issued.cert_pem, &issued.key_pem, deny, ALPN).expect("tls")
 }
 
@@ -44,7 +44,7 @@ async fn served(tls: &TlsConfigs, addr: std::net::SocketAddr) -> Result<(), NetE
 #[test]
 fn an_issued_certificate_names_its_role_and_name() {
     let ca = ClusterCa::generate("unit CA", valid()).expect("CA");
-    let issued = ca.issue(Role::Worker, "w-7", &["10.0.0.7".to_owned()], valid()).expect("issue");
+    let issued = ca.issue(Role::Worker, "w-7", None, &["10.0.0.7".to_owned()], valid()).expect("issue");
     let tls = mutual_tls(ca.cert_pem(), &issued.cert_pem, &issued.key_pem, None, ALPN).expect("tls");
     let own = tls.own().expect("checked");
     assert_eq!((own.role, own.name.as_str(), own.key), (Role::Worker, "w-7", issued.key));
@@ -53,7 +53,23 @@ fn an_issued_certificate_names_its_role_and_name() {
     // The CA's own certificate names no role: it cannot be used as a node's.
     let refused = mutual_tls(ca.cert_pem(), ca.cert_pem(), &issued.key_pem, None, ALPN).expect_err("a CA certificate");
     assert!(refused.to_string().contains("names no Stoker role"), "{refused}");
-    assert!(ca.issue(Role::Admin, "", &[], valid()).is_err(), "an empty name");
+    assert!(ca.issue(Role::Admin, "", None, &[], valid()).is_err(), "an empty name");
+}
+
+#[test]
+fn a_coordinator_certificate_names_its_node_id_and_only_a_coordinators_does() {
+    let ca = ClusterCa::generate("unit CA", valid()).expect("CA");
+    let issued = ca.issue(Role::Coordinator, "c3", Some(3), &[], valid()).expect("issue");
+    let tls = mutual_tls(ca.cert_pem(), &issued.cert_pem, &issued.key_pem, None, ALPN).expect("tls");
+    assert_eq!(tls.own().map(|own| (own.role, own.node_id)), Some((Role::Coordinator, Some(3))));
+    assert_eq!(summarize_pem(&issued.cert_pem).expect("summary")[0].node_id, Some(3));
+    let worker = ca.issue(Role::Worker, "w", None, &[], valid()).expect("issue");
+    assert_eq!(summarize_pem(&worker.cert_pem).expect("summary")[0].node_id, None);
+    let missing = ca.issue(Role::Coordinator, "c", None, &[], valid()).expect_err("no node id");
+    assert!(missing.to_string().contains("names its Raft node id"), "{missing}");
+    let extra = ca.issue(Role::Trainer, "t", Some(2), &[], valid()).expect_err("a trainer with a node id");
+    assert!(extra.to_string().contains("only coordinator certificates"), "{extra}");
+    assert!(ca.issue(Role::Coordinator, "c", Some(0), &[], valid()).is_err(), "node ids start at 1");
 }
 
 #[test]
@@ -64,7 +80,7 @@ fn a_ca_written_and_loaded_again_issues_certificates_the_first_one_trusts() {
     assert!(matches!(ca.write(dir.path()), Err(TlsError::Exists { .. })), "a second CA over the first is refused");
     let loaded = ClusterCa::load(dir.path()).expect("load");
     let node = dir.path().join("node");
-    loaded.issue(Role::Trainer, "t", &[], valid()).expect("issue").write_node_dir(&node, ca.cert_pem()).expect("node dir");
+    loaded.issue(Role::Trainer, "t", None, &[], valid()).expect("issue").write_node_dir(&node, ca.cert_pem()).expect("node dir");
     let tls = TlsConfigs::from_dir(&node).expect("from dir");
     assert_eq!(tls.own().map(|own| own.role), Some(Role::Trainer));
     use std::os::unix::fs::PermissionsExt;
@@ -106,7 +122,7 @@ fn processes_racing_to_make_the_local_ca_share_one() {
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 scope.spawn(|| {
-                    let node = ensure_local(&local, Role::Worker).expect("local");
+                    let node = ensure_local(&local, Role::Worker, None).expect("local");
                     TlsConfigs::from_dir(&node).expect("tls").own().expect("checked").key
                 })
             })
@@ -135,7 +151,8 @@ async fn an_expired_server_certificate_is_refused_by_the_client() {
     let ca = ClusterCa::generate("unit CA", valid()).expect("CA");
     let day = Duration::from_secs(86_400);
     let now = SystemTime::now();
-    let expired = ca.issue(Role::Coordinator, "old", &[], Validity { not_before: now - 2 * day, not_after: now - day }).expect("issue");
+    let expired =
+        ca.issue(Role::Coordinator, "old", Some(1), &[], Validity { not_before: now - 2 * day, not_after: now - day }).expect("issue");
     let server = serve(&mutual_tls(ca.cert_pem(), &expired.cert_pem, &expired.key_pem, None, ALPN).expect("tls"));
     let refused = served(&configs(&ca, ca.cert_pem(), Role::Admin, None), server).await.expect_err("expired");
     assert!(refused.to_string().contains("this node refused the peer's certificate: the certificate has expired"), "{refused}");
