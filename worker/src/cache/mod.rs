@@ -5,7 +5,11 @@
 //! * A chunk's shards are claimed together before any of its batches is queued ([`ShardCache::acquire`]),
 //!   one chunk at a time, so two chunks never each hold part of what the other waits for. The
 //!   pins are released when the chunk's batches are made ([`Pins`]); only unpinned files are
-//!   evicted (least recently used first) and unmapped from their datasets.
+//!   evicted, and unmapped from their datasets.
+//! * Eviction follows the plan: each chunk granted gets a turn ([`ShardCache::next_turn`], in
+//!   grant order) at which its shards are planned while it waits for them, and the shards the
+//!   worker expects to read after its chunks ([`ShardCache::expect_ahead`]) get the turns
+//!   after; the unpinned file read furthest away (or never) is evicted first.
 //! * A download is written aside (`NAME.part`), its size checked against the manifest, synced,
 //!   then renamed into place: a partial file is never mapped. At start-up, `.part` files are
 //!   deleted and complete files adopted; a file is used only if its size is the manifest's and
@@ -14,10 +18,13 @@
 //!
 //! The bookkeeping is the pure [`table::CacheTable`]; this module does the I/O it decides.
 
+#[cfg(test)]
+mod hit_rate;
 mod table;
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -110,6 +117,11 @@ pub struct ShardCache {
     claiming: tokio::sync::Mutex<()>,
     /// One fetch ahead at a time (a grant that finds one running fetches nothing ahead).
     fetching_ahead: tokio::sync::Mutex<()>,
+    /// The turn the next chunk granted gets.
+    turns: AtomicU64,
+    /// The files expected to be read after the chunks granted, with the turns planned for them
+    /// (replaced by each [`ShardCache::expect_ahead`]).
+    ahead: Mutex<Vec<(String, u64)>>,
     metrics: CacheMetrics,
 }
 
@@ -139,6 +151,34 @@ impl Drop for Pins {
             }
         }
         self.cache.released_tx.send_modify(|generation| *generation += 1);
+    }
+}
+
+/// A chunk's shards planned at its turn while it waits for them; unplanned on drop (claimed,
+/// or given up).
+struct Planned<'a> {
+    cache: &'a ShardCache,
+    names: Vec<String>,
+    turn: u64,
+}
+
+impl<'a> Planned<'a> {
+    fn new(cache: &'a ShardCache, names: Vec<String>, turn: u64) -> Self {
+        let mut table = cache.table.lock();
+        for name in &names {
+            table.plan(name, turn);
+        }
+        drop(table);
+        Self { cache, names, turn }
+    }
+}
+
+impl Drop for Planned<'_> {
+    fn drop(&mut self) {
+        let mut table = self.cache.table.lock();
+        for name in &self.names {
+            table.unplan(name, self.turn);
+        }
     }
 }
 
@@ -195,6 +235,8 @@ impl ShardCache {
             released_tx,
             claiming: tokio::sync::Mutex::new(()),
             fetching_ahead: tokio::sync::Mutex::new(()),
+            turns: AtomicU64::new(0),
+            ahead: Mutex::new(Vec::new()),
             metrics,
         }))
     }
@@ -209,17 +251,44 @@ impl ShardCache {
         self.table.lock().held()
     }
 
-    /// Make `shards` of `dataset` (a remote one) ready and mapped, pinned until the returned
-    /// [`Pins`] are dropped: hits as they are, misses downloaded (a few at once), evicting
-    /// unpinned files as needed.
-    pub async fn acquire(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>) -> Result<Pins, CacheError> {
+    /// The turn of a chunk granted now: chunks granted later are needed later, and eviction
+    /// keeps the shards of the sooner ones.
+    pub fn next_turn(&self) -> u64 {
+        self.turns.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// After the chunk of `turn`, the worker expects to read `shards` of `dataset`, in this
+    /// order: each is planned at a turn after `turn` (by its place), replacing what the last
+    /// call expected.
+    pub fn expect_ahead(&self, dataset: &Dataset, shards: &[ShardId], turn: u64) {
+        let expected: Vec<(String, u64)> = shards
+            .iter()
+            .enumerate()
+            .map(|(place, &shard)| (file_name(dataset.shard_uri(shard)), turn.saturating_add(1 + place as u64)))
+            .collect();
+        let mut table = self.table.lock();
+        let mut ahead = self.ahead.lock();
+        for (name, at) in ahead.drain(..) {
+            table.unplan(&name, at);
+        }
+        for (name, at) in &expected {
+            table.plan(name, *at);
+        }
+        *ahead = expected;
+    }
+
+    /// Make `shards` of `dataset` (a remote one), read by the chunk of `turn`, ready and mapped,
+    /// pinned until the returned [`Pins`] are dropped: hits as they are, misses downloaded (a
+    /// few at once), evicting unpinned files by the plan as needed.
+    pub async fn acquire(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>, turn: u64) -> Result<Pins, CacheError> {
         let needed: u64 = shards.iter().map(|&shard| dataset.shard_bytes(shard)).sum();
         let capacity = self.table.lock().capacity();
         if needed > capacity {
             return Err(CacheError::TooSmall { needed, capacity });
         }
+        let _planned = Planned::new(self, shards.iter().map(|&shard| file_name(dataset.shard_uri(shard))).collect(), turn);
         let waited = Instant::now();
-        let turn = self.claiming.lock().await;
+        let claiming = self.claiming.lock().await;
         let mut pins = Pins { cache: Arc::clone(self), names: Vec::new() };
         let mut downloads = Vec::new();
         for &shard in shards {
@@ -251,7 +320,7 @@ impl ShardCache {
                 }
             }
         }
-        drop(turn);
+        drop(claiming);
         self.metrics.bytes.set(self.held() as i64);
         let results: Vec<_> = futures_util::stream::iter(downloads)
             .map(|(_, uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })

@@ -166,6 +166,9 @@ where
             }
             return;
         }
+        // Chunks are needed in the order they are granted: the cache keeps the shards of the
+        // sooner ones.
+        let turn = self.jobs.cache().map_or(0, |cache| cache.next_turn());
         let node = Arc::clone(self);
         tokio::spawn(async move {
             let lease = grant.lease;
@@ -182,7 +185,7 @@ where
                 Ok(_) if node.ledger.lock().is_revoked(lease) => {
                     (0, Failure::retry("the lease was revoked while the job's pipeline started"))
                 }
-                Ok(pipeline) => match node.pin_shards(&pipeline, &grant).await {
+                Ok(pipeline) => match node.pin_shards(&pipeline, &grant, turn).await {
                     Ok(()) => {
                         let queued = pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta);
                         node.batches_out(lease, chunk.steps - queued);
@@ -206,8 +209,9 @@ where
     /// For a dataset in an object store: make the shards the chunk's batches read ready in the
     /// cache, mapped and pinned until those batches are made. A failure says whether the job
     /// can be made at all: a cache too small for it, or data that is missing, refused or not
-    /// what the manifest says, fails the job with a message naming the size or the URI.
-    async fn pin_shards(&self, pipeline: &JobPipeline, grant: &ChunkGrant) -> Result<(), Failure> {
+    /// what the manifest says, fails the job with a message naming the size or the URI. `turn`
+    /// orders the chunk among those granted (for eviction by the plan).
+    async fn pin_shards(&self, pipeline: &JobPipeline, grant: &ChunkGrant, turn: u64) -> Result<(), Failure> {
         let dataset = pipeline.dataset();
         if !dataset.is_remote() {
             return Ok(());
@@ -217,10 +221,10 @@ where
         };
         let chunk = grant.chunk;
         let shards = pipeline.shards_of(chunk.epoch, chunk.start, chunk.rank, chunk.first_step, chunk.steps);
-        match cache.acquire(dataset, &shards).await {
+        match cache.acquire(dataset, &shards, turn).await {
             Ok(pins) => {
                 self.pins.lock().insert(grant.lease, (chunk.steps, pins));
-                self.fetch_ahead(cache, pipeline, grant, &shards);
+                self.fetch_ahead(cache, pipeline, grant, &shards, turn);
                 Ok(())
             }
             Err(error) => {
@@ -239,23 +243,29 @@ where
     }
 
     /// Fetch from the plan: download in the background, into the cache's free room, the shards
-    /// that every rank's next `fetch_ahead_steps` steps after this chunk read (the plan is the
-    /// same on every worker), so that the chunks granted next find them there.
-    fn fetch_ahead(&self, cache: &Arc<ShardCache>, pipeline: &JobPipeline, grant: &ChunkGrant, current: &BTreeSet<ShardId>) {
+    /// that every rank's next `fetch_ahead_steps` steps after this chunk (of `turn`) read (the
+    /// plan is the same on every worker), so that the chunks granted next find them there; and
+    /// tell the cache when they will be read, so that it evicts them after the rest.
+    fn fetch_ahead(&self, cache: &Arc<ShardCache>, pipeline: &JobPipeline, grant: &ChunkGrant, current: &BTreeSet<ShardId>, turn: u64) {
         let ahead = self.config.fetch_ahead_steps;
         if ahead == 0 {
             return;
         }
         let chunk = grant.chunk;
-        let next = Step(chunk.first_step.0 + u64::from(chunk.steps));
-        let shards: BTreeSet<ShardId> = (0..grant.spec.plan.world_size.get())
-            .flat_map(|rank| pipeline.shards_of(chunk.epoch, chunk.start, Rank(rank), next, ahead))
-            .filter(|shard| !current.contains(shard))
-            .collect();
-        if shards.is_empty() {
+        let next = chunk.first_step.0 + u64::from(chunk.steps);
+        let mut seen = current.clone();
+        let mut ordered = Vec::new();
+        for step in (next..next + u64::from(ahead)).map(Step) {
+            for rank in (0..grant.spec.plan.world_size.get()).map(Rank) {
+                ordered.extend(pipeline.shards_of(chunk.epoch, chunk.start, rank, step, 1).into_iter().filter(|&shard| seen.insert(shard)));
+            }
+        }
+        if ordered.is_empty() {
             return;
         }
-        let (cache, dataset) = (Arc::clone(cache), Arc::clone(pipeline.dataset()));
+        let dataset = Arc::clone(pipeline.dataset());
+        cache.expect_ahead(&dataset, &ordered, turn);
+        let (cache, shards) = (Arc::clone(cache), ordered.into_iter().collect::<BTreeSet<_>>());
         tokio::spawn(async move { cache.prefetch(&dataset, &shards).await });
     }
 
