@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, ShardId, Step, WorkerId};
 use stoker_plan::transform::TransformSpec;
 use stoker_plan::{Checkpoint, PlanSpec};
 
@@ -83,7 +83,18 @@ pub struct ChunkGrant {
     /// batches only to a connection made with it ([`CertKey::UNCHECKED`]: any, under
     /// `--insecure` or while the coordinator knows no owner).
     pub trainer: CertKey,
+    /// The shards that the steps of the same rank after this chunk read, over the next
+    /// [`NEXT_CHUNKS`] chunks' worth of steps, in the order the plan reads them, at most
+    /// [`MAX_NEXT_SHARDS`]: the worker fetches them ahead and keeps them cached until then. Empty
+    /// for a run's last chunk.
+    pub next_shards: Vec<ShardId>,
 }
+
+/// How many chunks' worth of steps after a grant's chunk [`ChunkGrant::next_shards`] covers.
+pub const NEXT_CHUNKS: u32 = 2;
+
+/// The most shards a grant names in [`ChunkGrant::next_shards`] (a receiver ignores the rest).
+pub const MAX_NEXT_SHARDS: usize = 512;
 
 /// A lease in a heartbeat: how many of its batches the worker has finished (made and
 /// delivered, or failed).

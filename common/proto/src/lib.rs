@@ -23,7 +23,7 @@ pub mod error_code;
 pub use self::batch::{BatchHeader, BatchReply, TrainerHello};
 pub use self::control::{
     Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, JobSpec, JobStatus, LeaseProgress,
-    RaftKind, RankStatus, WorkerInfo, WorkerStatus,
+    MAX_NEXT_SHARDS, NEXT_CHUNKS, RaftKind, RankStatus, WorkerInfo, WorkerStatus,
 };
 pub use self::error_code::{ErrorCode, RemoteError};
 
@@ -49,10 +49,13 @@ pub use self::error_code::{ErrorCode, RemoteError};
 ///   ([`BULK_ALPN`]: a [`TrainerHello`], its answer, then batches each answered by a
 ///   [`BatchReply`]).
 /// * 8: `RemoveJob.job` (a job is removed by the id the caller resolved, not by its name).
-pub const PROTOCOL_VERSION: u32 = 8;
+/// * 9: the `Heartbeat` change made on main beside 10 (see its own line there).
+/// * 10: `ChunkGrant.next_shards` (the shards the rank's steps after the chunk read, so the
+///   worker fetches them ahead and evicts them last).
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/8";
+pub const ALPN_TEXT: &str = "stoker/10";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
-use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, ShardId, Step, WorkerId};
 use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_proto::{
     BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, JobSpec,
@@ -154,6 +154,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
         dataset_version: 0x1234,
         session: SessionId(5),
         trainer: CertKey::UNCHECKED,
+        next_shards: vec![ShardId(3), ShardId(1)],
     };
     let status = ClusterStatus {
         coordinator: "coord-1:7000".into(),

@@ -348,23 +348,28 @@ impl ShardCache {
         Ok(pins)
     }
 
-    /// Fetch ahead: download those of `shards` of `dataset` that the cache does not hold, as far
-    /// as its free room allows without evicting anything, unpinned (a later chunk that needs one
-    /// finds it there, or waits for its download). Failures are left for that chunk to meet.
-    pub async fn prefetch(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>) {
+    /// Fetch ahead: download those of `shards` of `dataset` (in the order they will be read)
+    /// that the cache does not hold, unpinned, into free room or room made by evicting files the
+    /// plan reads after them (those [`ShardCache::expect_ahead`] did not plan take free room
+    /// only). A later chunk that needs one finds it there, or waits for its download. Failures
+    /// are left for that chunk to meet.
+    pub async fn prefetch(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &[ShardId]) {
         let Ok(_ahead) = self.fetching_ahead.try_lock() else { return };
         let mut downloads = Vec::new();
+        let mut evicted = Vec::new();
         {
             let _turn = self.claiming.lock().await;
             let mut table = self.table.lock();
             for &shard in shards {
                 let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
                 let name = file_name(&uri);
-                if table.reserve_free(&name, bytes) {
+                if let Some(gone) = table.reserve_ahead(&name, bytes) {
+                    evicted.extend(gone);
                     downloads.push((uri, name, bytes));
                 }
             }
         }
+        self.delete(&evicted);
         if downloads.is_empty() {
             return;
         }

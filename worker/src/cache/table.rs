@@ -85,7 +85,7 @@ impl CacheTable {
         if bytes > self.capacity {
             return vec![name.to_owned()];
         }
-        let evicted = self.evict_for(bytes).unwrap_or_default();
+        let evicted = self.evict_for(bytes, None).unwrap_or_default();
         self.clock += 1;
         self.entries.insert(name.to_owned(), Entry { bytes, pins: 0, ready: true, last_use: self.clock });
         self.held += bytes;
@@ -123,7 +123,7 @@ impl CacheTable {
     /// Evict to make room for `bytes` and reserve it, pinned; `None` (nothing changed) if the
     /// unpinned files are not enough.
     fn reserve(&mut self, name: &str, bytes: u64) -> Option<Vec<String>> {
-        let evicted = self.evict_for(bytes)?;
+        let evicted = self.evict_for(bytes, None)?;
         self.entries.insert(name.to_owned(), Entry { bytes, pins: 1, ready: false, last_use: self.clock });
         self.held += bytes;
         Some(evicted)
@@ -152,9 +152,9 @@ impl CacheTable {
     }
 
     /// Evict unpinned files until `bytes` more fit, in the plan's order (those no plan reads
-    /// first, least recently used first among them; then the one read furthest away); `None`
-    /// (nothing evicted) if they would not.
-    fn evict_for(&mut self, bytes: u64) -> Option<Vec<String>> {
+    /// first, least recently used first among them; then the one read furthest away), only
+    /// files read after turn `later_than` if given; `None` (nothing evicted) if they would not.
+    fn evict_for(&mut self, bytes: u64, later_than: Option<u64>) -> Option<Vec<String>> {
         let free = self.capacity.saturating_sub(self.held);
         if bytes <= free {
             return Some(Vec::new());
@@ -162,7 +162,9 @@ impl CacheTable {
         let mut candidates: Vec<(Reverse<u64>, u64, String, u64)> = self
             .entries
             .iter()
-            .filter(|(_, entry)| entry.ready && entry.pins == 0)
+            .filter(|(name, entry)| {
+                entry.ready && entry.pins == 0 && later_than.is_none_or(|turn| self.next_use(name).is_none_or(|next| next > turn))
+            })
             .map(|(name, entry)| (Reverse(self.next_use(name).unwrap_or(u64::MAX)), entry.last_use, name.clone(), entry.bytes))
             .collect();
         let evictable: u64 = candidates.iter().map(|(_, _, _, bytes)| bytes).sum();
@@ -184,16 +186,22 @@ impl CacheTable {
         Some(evicted)
     }
 
-    /// Reserve room for a download of `name` fetched ahead, unpinned, only if it is not held
-    /// and fits in the free room without evicting anything; whether it was reserved.
-    pub(crate) fn reserve_free(&mut self, name: &str, bytes: u64) -> bool {
-        if self.entries.contains_key(name) || self.held.saturating_add(bytes) > self.capacity {
-            return false;
+    /// Reserve room for a download of `name` fetched ahead, unpinned, if it is not held: in the
+    /// free room, or by evicting unpinned files the plan reads after it (a file no plan reads
+    /// takes free room only). The files to delete, or `None` if nothing was reserved.
+    pub(crate) fn reserve_ahead(&mut self, name: &str, bytes: u64) -> Option<Vec<String>> {
+        if self.entries.contains_key(name) || bytes > self.capacity {
+            return None;
         }
+        let evicted = match self.next_use(name) {
+            Some(turn) => self.evict_for(bytes, Some(turn))?,
+            None if self.held.saturating_add(bytes) <= self.capacity => Vec::new(),
+            None => return None,
+        };
         self.clock += 1;
         self.entries.insert(name.to_owned(), Entry { bytes, pins: 0, ready: false, last_use: self.clock });
         self.held += bytes;
-        true
+        Some(evicted)
     }
 
     /// The download of `name` finished and its file is in place.
@@ -264,11 +272,28 @@ mod tests {
     }
 
     #[test]
-    fn fetching_ahead_takes_only_free_room_and_is_claimed_after_its_download() {
+    fn fetching_ahead_evicts_only_files_read_after_it() {
         let mut table = CacheTable::new(100);
-        assert!(table.reserve_free("a", 60));
-        assert!(!table.reserve_free("b", 60), "no eviction for a fetch ahead");
-        assert!(!table.reserve_free("a", 10), "held already");
+        for (name, turn) in [("a", 2), ("b", 8)] {
+            assert_eq!(table.claim(name, 40), Claim::Download { evicted: vec![] });
+            table.downloaded(name);
+            table.unpin(name);
+            table.plan(name, turn);
+        }
+        table.plan("c", 5);
+        assert_eq!(table.reserve_ahead("c", 40), Some(vec!["b".to_owned()]), "b is read after c, a before");
+        table.downloaded("c");
+        table.plan("d", 9);
+        assert_eq!(table.reserve_ahead("d", 40), None, "a and c are read before d");
+        assert_eq!(table.held(), 80);
+    }
+
+    #[test]
+    fn fetching_ahead_unplanned_takes_only_free_room_and_is_claimed_after_its_download() {
+        let mut table = CacheTable::new(100);
+        assert_eq!(table.reserve_ahead("a", 60), Some(vec![]));
+        assert_eq!(table.reserve_ahead("b", 60), None, "no eviction for a fetch no plan reads");
+        assert_eq!(table.reserve_ahead("a", 10), None, "held already");
         assert_eq!(table.claim("a", 60), Claim::InFlight);
         table.downloaded("a");
         assert_eq!(table.claim("a", 60), Claim::Hit);
@@ -312,7 +337,12 @@ mod tests {
                         table.unpin(&pinned.remove(at));
                     },
                     2 if bytes % 5 == 0 && !pinned.contains(&name) => table.forget(&name),
-                    3 if table.reserve_free(&name, size) => table.downloaded(&name),
+                    3 => if let Some(evicted) = table.reserve_ahead(&name, size) {
+                        for gone in &evicted {
+                            prop_assert!(!pinned.contains(gone), "pinned {gone} evicted ahead");
+                        }
+                        table.downloaded(&name);
+                    },
                     4 => table.plan(&name, bytes),
                     5 => table.unplan(&name, bytes),
                     _ => {}

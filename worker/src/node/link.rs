@@ -13,7 +13,7 @@ use stoker_net::send_batch;
 use stoker_plan::ids::{LeaseId, Rank, ShardId, Step};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
-use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode};
+use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, MAX_NEXT_SHARDS};
 use tokio::sync::mpsc;
 use tracing::{debug, error, warn};
 
@@ -242,19 +242,21 @@ where
         }
     }
 
-    /// Fetch from the plan: download in the background, into the cache's free room, the shards
-    /// that every rank's next `fetch_ahead_steps` steps after this chunk (of `turn`) read (the
-    /// plan is the same on every worker), so that the chunks granted next find them there; and
-    /// tell the cache when they will be read, so that it evicts them after the rest.
+    /// Fetch from the plan: download in the background the shards that the rank's next chunks
+    /// read (the grant names them), then those that every rank's next `fetch_ahead_steps` steps
+    /// after this chunk (of `turn`) read (the plan is the same on every worker), so that the
+    /// chunks granted next find them there; and tell the cache when they will be read, so that it
+    /// evicts them after the rest (`fetch_ahead_steps` 0: only that).
     fn fetch_ahead(&self, cache: &Arc<ShardCache>, pipeline: &JobPipeline, grant: &ChunkGrant, current: &BTreeSet<ShardId>, turn: u64) {
-        let ahead = self.config.fetch_ahead_steps;
-        if ahead == 0 {
-            return;
-        }
         let chunk = grant.chunk;
-        let next = chunk.first_step.0 + u64::from(chunk.steps);
+        let dataset = Arc::clone(pipeline.dataset());
+        let shard_count = dataset.table().shards();
         let mut seen = current.clone();
-        let mut ordered = Vec::new();
+        // From the wire: shards the dataset has, each once, a bounded number.
+        let mut ordered: Vec<ShardId> =
+            grant.next_shards.iter().take(MAX_NEXT_SHARDS).copied().filter(|&shard| shard.0 < shard_count && seen.insert(shard)).collect();
+        let ahead = self.config.fetch_ahead_steps;
+        let next = chunk.first_step.0 + u64::from(chunk.steps);
         for step in (next..next + u64::from(ahead)).map(Step) {
             for rank in (0..grant.spec.plan.world_size.get()).map(Rank) {
                 ordered.extend(pipeline.shards_of(chunk.epoch, chunk.start, rank, step, 1).into_iter().filter(|&shard| seen.insert(shard)));
@@ -263,10 +265,12 @@ where
         if ordered.is_empty() {
             return;
         }
-        let dataset = Arc::clone(pipeline.dataset());
         cache.expect_ahead(&dataset, &ordered, turn);
-        let (cache, shards) = (Arc::clone(cache), ordered.into_iter().collect::<BTreeSet<_>>());
-        tokio::spawn(async move { cache.prefetch(&dataset, &shards).await });
+        if ahead == 0 {
+            return;
+        }
+        let cache = Arc::clone(cache);
+        tokio::spawn(async move { cache.prefetch(&dataset, &ordered).await });
     }
 
     /// `count` batches of `lease` came out of the pipeline (or never will): once none is left,

@@ -9,7 +9,8 @@ use stoker_proto::{ChunkGrant, ControlResponse, LeaseProgress, RemoteError};
 use crate::core::Core;
 use crate::errors::refused;
 use crate::event::{Outcome, Then};
-use crate::scheduler::WorkerProcess;
+use crate::scheduler::{RunKey, WorkerProcess};
+use crate::shards::next_shards;
 use crate::state::Command;
 use crate::validate::check_list_len;
 
@@ -65,6 +66,11 @@ impl Core {
                     withdrawn.push(lease);
                     return None;
                 };
+                let next_shards = self
+                    .plans
+                    .get(&RunKey::of(&chunk))
+                    .map(|plan| next_shards(plan, &chunk, self.config.scheduler.chunk_steps))
+                    .unwrap_or_default();
                 Some(ChunkGrant {
                     lease,
                     chunk,
@@ -73,6 +79,7 @@ impl Core {
                     dataset_version: dataset.version,
                     session,
                     trainer,
+                    next_shards,
                 })
             })
             .collect();
