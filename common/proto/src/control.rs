@@ -90,6 +90,21 @@ pub struct ChunkGrant {
     pub next_shards: Vec<ShardId>,
 }
 
+/// Shards of one dataset a worker's cache holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldShards {
+    /// The dataset's version (its manifest's hash, as in [`ChunkGrant::dataset_version`]).
+    pub dataset_version: u64,
+    /// Its shards in the cache.
+    pub shards: Vec<ShardId>,
+}
+
+/// The most shards a pull reports held ([`ControlRequest::PullChunks`]), over all datasets.
+pub const MAX_HELD_SHARDS: usize = 4_096;
+
+/// The most datasets a pull reports shards of.
+pub const MAX_HELD_DATASETS: usize = 64;
+
 /// How many chunks' worth of steps after a grant's chunk [`ChunkGrant::next_shards`] covers.
 pub const NEXT_CHUNKS: u32 = 2;
 
@@ -228,6 +243,10 @@ pub enum ControlRequest {
         worker: WorkerId,
         /// Most chunks it wants.
         max: u32,
+        /// The shards its cache holds, by dataset, at most [`MAX_HELD_SHARDS`] in all: the
+        /// coordinator prefers granting it chunks that read them (locality). Empty for a worker
+        /// without a cache.
+        held: Vec<HeldShards>,
     },
     /// Every batch of a lease's chunk was delivered and acknowledged.
     ChunkDone {

@@ -22,8 +22,8 @@ pub mod error_code;
 
 pub use self::batch::{BatchHeader, BatchReply, TrainerHello};
 pub use self::control::{
-    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, JobSpec, JobStatus, LeaseProgress,
-    MAX_NEXT_SHARDS, NEXT_CHUNKS, RaftKind, RankStatus, WorkerInfo, WorkerStatus,
+    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, HeldShards, JobSpec, JobStatus,
+    LeaseProgress, MAX_HELD_DATASETS, MAX_HELD_SHARDS, MAX_NEXT_SHARDS, NEXT_CHUNKS, RaftKind, RankStatus, WorkerInfo, WorkerStatus,
 };
 pub use self::error_code::{ErrorCode, RemoteError};
 
@@ -51,7 +51,8 @@ pub use self::error_code::{ErrorCode, RemoteError};
 /// * 8: `RemoveJob.job` (a job is removed by the id the caller resolved, not by its name).
 /// * 9: the `Heartbeat` change made on main beside 10 (see its own line there).
 /// * 10: `ChunkGrant.next_shards` (the shards the rank's steps after the chunk read, so the
-///   worker fetches them ahead and evicts them last).
+///   worker fetches them ahead and evicts them last) and `PullChunks.held` (the shards a
+///   worker's cache holds, so the scheduler prefers granting it chunks that read them).
 pub const PROTOCOL_VERSION: u32 = 10;
 
 /// The TLS ALPN of this protocol version, as text (for messages).

@@ -102,7 +102,9 @@ fn grants(seed: u64) -> Vec<ChunkGrant> {
     let addr: SocketAddr = "127.0.0.1:7500".parse().unwrap_or_else(|error| panic!("{error}"));
     let register = ControlRequest::RegisterWorker { addr, threads: 1, instance: 1, attempt: 1 };
     let ControlResponse::WorkerRegistered { worker, .. } = drive(&mut core, register, &dataset, now) else { panic!("register") };
-    let ControlResponse::Chunks { grants } = drive(&mut core, ControlRequest::PullChunks { worker, max: 4 }, &dataset, now) else {
+    let ControlResponse::Chunks { grants } =
+        drive(&mut core, ControlRequest::PullChunks { worker, max: 4, held: Vec::new() }, &dataset, now)
+    else {
         panic!("pull")
     };
     assert!(!grants.is_empty(), "work to grant");

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, ShardId, Step, WorkerId};
 use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_proto::{
-    BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, JobSpec,
+    BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, HeldShards, JobSpec,
     LeaseProgress, RaftKind, RemoteError, TrainerHello, WorkerInfo, WorkerStatus,
 };
 use stoker_format::brace;
@@ -136,7 +136,11 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
             images: 1000,
             stuck_jobs: vec![JobId(4)],
         },
-        ControlRequest::PullChunks { worker: WorkerId(2), max: 4 },
+        ControlRequest::PullChunks {
+            worker: WorkerId(2),
+            max: 4,
+            held: vec![HeldShards { dataset_version: 0x1234, shards: vec![ShardId(0), ShardId(5)] }],
+        },
         ControlRequest::ChunkFailed { worker: WorkerId(2), lease: LeaseId(9), reason: "connection lost".into() },
         ControlRequest::Status,
         ControlRequest::Detach { job: JobId(1), rank: Rank(0), session: SessionId(5) },

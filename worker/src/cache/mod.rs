@@ -22,7 +22,7 @@
 mod hit_rate;
 mod table;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -32,6 +32,7 @@ use futures_util::StreamExt;
 use parking_lot::Mutex;
 use stoker_format::{IndexPolicy, Shard};
 use stoker_plan::ids::ShardId;
+use stoker_proto::{HeldShards, MAX_HELD_DATASETS, MAX_HELD_SHARDS};
 use stoker_store::{ObjectStores, ObjectUri, StoreError};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -122,6 +123,9 @@ pub struct ShardCache {
     /// The files expected to be read after the chunks granted, with the turns planned for them
     /// (replaced by each [`ShardCache::expect_ahead`]).
     ahead: Mutex<Vec<(String, u64)>>,
+    /// Which shard of which dataset version each file claimed or fetched ahead is (for the
+    /// locality report; files adopted at start-up are not known until a chunk reads them).
+    identities: Mutex<HashMap<String, (u64, ShardId)>>,
     metrics: CacheMetrics,
 }
 
@@ -237,6 +241,7 @@ impl ShardCache {
             fetching_ahead: tokio::sync::Mutex::new(()),
             turns: AtomicU64::new(0),
             ahead: Mutex::new(Vec::new()),
+            identities: Mutex::new(HashMap::new()),
             metrics,
         }))
     }
@@ -249,6 +254,25 @@ impl ShardCache {
     /// Bytes held now (files and reserved downloads).
     pub fn held(&self) -> u64 {
         self.table.lock().held()
+    }
+
+    /// The shards the cache holds (downloaded), by dataset version, at most
+    /// [`MAX_HELD_SHARDS`]: what a pull reports, so that the coordinator prefers granting this
+    /// worker chunks that read them.
+    pub fn held_shards(&self) -> Vec<HeldShards> {
+        let table = self.table.lock();
+        let mut identities = self.identities.lock();
+        identities.retain(|name, _| table.contains(name));
+        let mut by_version: BTreeMap<u64, Vec<ShardId>> = BTreeMap::new();
+        for (_, &(version, shard)) in identities.iter().filter(|(name, _)| table.is_ready(name)).take(MAX_HELD_SHARDS) {
+            by_version.entry(version).or_default().push(shard);
+        }
+        by_version.into_iter().take(MAX_HELD_DATASETS).map(|(dataset_version, shards)| HeldShards { dataset_version, shards }).collect()
+    }
+
+    /// Remember that the file `name` is `shard` of `dataset` (for [`ShardCache::held_shards`]).
+    fn identify(&self, name: &str, dataset: &Dataset, shard: ShardId) {
+        self.identities.lock().insert(name.to_owned(), (dataset.version(), shard));
     }
 
     /// The turn of a chunk granted now: chunks granted later are needed later, and eviction
@@ -294,6 +318,7 @@ impl ShardCache {
         for &shard in shards {
             let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
             let name = file_name(&uri);
+            self.identify(&name, dataset, shard);
             let mut released_rx = self.released_tx.subscribe();
             loop {
                 let claim = self.table.lock().claim(&name, bytes);
@@ -364,6 +389,7 @@ impl ShardCache {
                 let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
                 let name = file_name(&uri);
                 if let Some(gone) = table.reserve_ahead(&name, bytes) {
+                    self.identify(&name, dataset, shard);
                     evicted.extend(gone);
                     downloads.push((uri, name, bytes));
                 }

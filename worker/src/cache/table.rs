@@ -204,6 +204,16 @@ impl CacheTable {
         Some(evicted)
     }
 
+    /// Whether `name` is held or being downloaded.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Whether `name` is held, downloaded.
+    pub(crate) fn is_ready(&self, name: &str) -> bool {
+        self.entries.get(name).is_some_and(|entry| entry.ready)
+    }
+
     /// The download of `name` finished and its file is in place.
     pub(crate) fn downloaded(&mut self, name: &str) {
         if let Some(entry) = self.entries.get_mut(name) {

@@ -62,7 +62,8 @@ where
                 continue;
             }
             let max = (free / 2).max(1) as u32;
-            let answer = self.api.call(ControlRequest::PullChunks { worker, max }).await;
+            let held = self.jobs.cache().map(|cache| cache.held_shards()).unwrap_or_default();
+            let answer = self.api.call(ControlRequest::PullChunks { worker, max, held }).await;
             match answer.and_then(|response| expect_response!(response, Chunks { grants })) {
                 Ok(grants) if grants.is_empty() => tokio::time::sleep(idle).await,
                 Ok(grants) => {
