@@ -107,7 +107,7 @@ mod tests {
     fn each_role_is_refused_the_requests_of_the_others() {
         let requests = [
             (ControlRequest::AddDataset { name: "d".to_owned(), manifest: "/m".to_owned() }, Some(Role::Admin)),
-            (ControlRequest::PullChunks { worker: stoker_plan::ids::WorkerId(1), max: 1 }, Some(Role::Worker)),
+            (ControlRequest::PullChunks { worker: stoker_plan::ids::WorkerId(1), max: 1, held: Vec::new() }, Some(Role::Worker)),
             (ControlRequest::Raft { kind: RaftKind::Vote, payload: Vec::new() }, Some(Role::Coordinator)),
             (ControlRequest::Detach { job: JobId(1), rank: Rank(0), session: SessionId(1) }, Some(Role::Trainer)),
             (ControlRequest::Status, None),

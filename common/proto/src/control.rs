@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 
-use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, ShardId, Step, WorkerId};
 use stoker_plan::transform::TransformSpec;
 use stoker_plan::{Checkpoint, PlanSpec};
 
@@ -83,7 +83,33 @@ pub struct ChunkGrant {
     /// batches only to a connection made with it ([`CertKey::UNCHECKED`]: any, under
     /// `--insecure` or while the coordinator knows no owner).
     pub trainer: CertKey,
+    /// The shards that the steps of the same rank after this chunk read, over the next
+    /// [`NEXT_CHUNKS`] chunks' worth of steps, in the order the plan reads them, at most
+    /// [`MAX_NEXT_SHARDS`]: the worker fetches them ahead and keeps them cached until then. Empty
+    /// for a run's last chunk.
+    pub next_shards: Vec<ShardId>,
 }
+
+/// Shards of one dataset a worker's cache holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldShards {
+    /// The dataset's version (its manifest's hash, as in [`ChunkGrant::dataset_version`]).
+    pub dataset_version: u64,
+    /// Its shards in the cache.
+    pub shards: Vec<ShardId>,
+}
+
+/// The most shards a pull reports held ([`ControlRequest::PullChunks`]), over all datasets.
+pub const MAX_HELD_SHARDS: usize = 4_096;
+
+/// The most datasets a pull reports shards of.
+pub const MAX_HELD_DATASETS: usize = 64;
+
+/// How many chunks' worth of steps after a grant's chunk [`ChunkGrant::next_shards`] covers.
+pub const NEXT_CHUNKS: u32 = 2;
+
+/// The most shards a grant names in [`ChunkGrant::next_shards`] (a receiver ignores the rest).
+pub const MAX_NEXT_SHARDS: usize = 512;
 
 /// A lease in a heartbeat: how many of its batches the worker has finished (made and
 /// delivered, or failed).
@@ -244,6 +270,10 @@ pub enum ControlRequest {
         worker: WorkerId,
         /// Most chunks it wants.
         max: u32,
+        /// The shards its cache holds, by dataset, at most [`MAX_HELD_SHARDS`] in all: the
+        /// coordinator prefers granting it chunks that read them (locality). Empty for a worker
+        /// without a cache.
+        held: Vec<HeldShards>,
     },
     /// Every batch of a lease's chunk was delivered and acknowledged.
     ChunkDone {

@@ -22,8 +22,9 @@ pub mod error_code;
 
 pub use self::batch::{BatchHeader, BatchReply, TrainerHello};
 pub use self::control::{
-    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, JobSpec, JobStatus, LeaseProgress,
-    RaftKind, RankStatus, StuckJob, WorkerInfo, WorkerStatus,
+    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, HeldShards, JobSpec, JobStatus,
+    LeaseProgress, MAX_HELD_DATASETS, MAX_HELD_SHARDS, MAX_NEXT_SHARDS, NEXT_CHUNKS, RaftKind, RankStatus, StuckJob, WorkerInfo,
+    WorkerStatus,
 };
 pub use self::error_code::{ErrorCode, RemoteError};
 
@@ -51,10 +52,13 @@ pub use self::error_code::{ErrorCode, RemoteError};
 /// * 8: `RemoveJob.job` (a job is removed by the id the caller resolved, not by its name).
 /// * 9: `Heartbeat.stuck_jobs` and `WorkerStatus.stuck_jobs` carry the reason with each job
 ///   ([`StuckJob`]), so that `stoker status` says why a worker makes nothing of a job.
-pub const PROTOCOL_VERSION: u32 = 9;
+/// * 10: `ChunkGrant.next_shards` (the shards the rank's steps after the chunk read, so the
+///   worker fetches them ahead and evicts them last) and `PullChunks.held` (the shards a
+///   worker's cache holds, so the scheduler prefers granting it chunks that read them).
+pub const PROTOCOL_VERSION: u32 = 10;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/9";
+pub const ALPN_TEXT: &str = "stoker/10";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

@@ -117,6 +117,40 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_round_trips_with_its_next_shards() {
+        use crate::{Chunk, ChunkGrant, ControlResponse, JobSpec};
+        use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Position, SessionId, ShardId, Step};
+        use stoker_plan::{PlanSpec, Shuffle, Tail};
+        let plan = PlanSpec {
+            seed: 1,
+            world_size: std::num::NonZeroU32::MIN,
+            batch_size: std::num::NonZeroU32::MIN,
+            shuffle: Shuffle::None,
+            tail: Tail::Drop,
+        };
+        let spec = JobSpec {
+            name: "job".into(),
+            dataset: "train".into(),
+            plan,
+            transforms: stoker_plan::transform::TransformSpec::imagenet_train(8),
+            prefetch: 4,
+        };
+        let grant = ChunkGrant {
+            lease: LeaseId(9),
+            chunk: Chunk { job: JobId(1), epoch: Epoch(0), start: Position(0), first_step: Step(2), rank: Rank(0), steps: 2 },
+            spec,
+            manifest: "s3://bucket/train/manifest.json".into(),
+            dataset_version: 7,
+            session: SessionId(3),
+            trainer: CertKey::UNCHECKED,
+            next_shards: vec![ShardId(4), ShardId(0), ShardId(9)],
+        };
+        let response = ControlResponse::Chunks { grants: vec![grant] };
+        let frame = encode(&response, CONTROL_FRAME_LIMIT).expect("encodes");
+        assert_eq!(decode_body::<ControlResponse>(&frame[4..]).expect("decodes"), response);
+    }
+
+    #[test]
     fn an_oversized_prefix_is_refused_before_reading_the_body() {
         let error = body_len(u32::MAX.to_le_bytes(), CONTROL_FRAME_LIMIT).expect_err("too large");
         assert!(matches!(error, WireError::TooLarge { len, .. } if len == u64::from(u32::MAX)));

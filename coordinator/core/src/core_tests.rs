@@ -2,12 +2,13 @@
 //! from the injected source only (the same seed, the same ids).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stoker_plan::ids::{CertKey, Epoch, Pass, Position, Rank};
+use stoker_plan::ids::{CertKey, Epoch, Pass, Position, Rank, Step};
 use stoker_plan::transform::TransformSpec;
-use stoker_plan::{CHECKPOINT_VERSION, Checkpoint};
-use stoker_proto::{ControlRequest, ControlResponse, DatasetInfo};
+use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, EpochPlan};
+use stoker_proto::{ChunkGrant, ControlRequest, ControlResponse, DatasetInfo};
 
 use super::*;
 use crate::config::SchedulerConfig;
@@ -83,6 +84,11 @@ fn first_open(job: JobId, session: SessionId) -> ControlRequest {
 
 /// Attach rank 0 of a one-rank job, open epoch 0, register a worker and pull: the leases.
 fn leases_granted(seed: u64) -> Vec<u64> {
+    grants(seed).iter().map(|grant| grant.lease.0).collect()
+}
+
+/// Attach rank 0 of a one-rank job, open epoch 0, register a worker and pull: the grants.
+fn grants(seed: u64) -> Vec<ChunkGrant> {
     let now = Instant::now();
     let mut core = Core::new(config(), "test".into(), ClusterState::new(), Box::new(SeededIds::new(seed)), 1_000, now);
     let dataset = DatasetInfo { name: String::new(), manifest: "/data/manifest.json".into(), shard_counts: vec![8, 8], version: 7 };
@@ -96,11 +102,27 @@ fn leases_granted(seed: u64) -> Vec<u64> {
     let addr: SocketAddr = "127.0.0.1:7500".parse().unwrap_or_else(|error| panic!("{error}"));
     let register = ControlRequest::RegisterWorker { addr, threads: 1, instance: 1, attempt: 1 };
     let ControlResponse::WorkerRegistered { worker, .. } = drive(&mut core, register, &dataset, now) else { panic!("register") };
-    let ControlResponse::Chunks { grants } = drive(&mut core, ControlRequest::PullChunks { worker, max: 4 }, &dataset, now) else {
+    let ControlResponse::Chunks { grants } =
+        drive(&mut core, ControlRequest::PullChunks { worker, max: 4, held: Vec::new() }, &dataset, now)
+    else {
         panic!("pull")
     };
     assert!(!grants.is_empty(), "work to grant");
-    grants.iter().map(|grant| grant.lease.0).collect()
+    grants
+}
+
+#[test]
+fn a_grant_names_the_shards_of_its_ranks_next_steps() {
+    let grants = grants(5);
+    let table = stoker_plan::ShardTable::new([8, 8]).unwrap_or_else(|error| panic!("{error}"));
+    let spec = crate::state::tests::spec("job").plan;
+    let plan = EpochPlan::new(Arc::new(table), spec, Epoch(0));
+    for grant in &grants {
+        let after = grant.chunk.first_step.0 + u64::from(grant.chunk.steps);
+        let expected = crate::shards::shards_read(&plan, grant.chunk.rank, Step(after), 2 * 2, usize::MAX);
+        assert_eq!(grant.next_shards, expected, "{:?}", grant.chunk);
+    }
+    assert!(grants.iter().any(|grant| !grant.next_shards.is_empty()), "{grants:?}");
 }
 
 #[test]

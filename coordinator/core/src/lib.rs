@@ -18,6 +18,8 @@ pub mod ids;
 mod requests;
 /// Leader-only soft state: runs, seats, leases, the worker registry.
 pub mod scheduler;
+/// Which shards a chunk, or the steps after it, read; the shards a worker holds.
+mod shards;
 /// The durable, replicated state machine: datasets, jobs, checkpoints, changed by commands.
 pub mod state;
 /// Checks of job specs, limits and list lengths.

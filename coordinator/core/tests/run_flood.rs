@@ -144,7 +144,7 @@ fn ranks_opening_every_epoch_at_once_keep_a_bounded_number_of_runs() {
     let addr: SocketAddr = "127.0.0.1:7500".parse().expect("addr");
     let register = ControlRequest::RegisterWorker { addr, threads: 1, instance: 1, attempt: 1 };
     let Ok(ControlResponse::WorkerRegistered { worker, .. }) = step(&mut core, register, &dataset, now) else { panic!("register") };
-    step(&mut core, ControlRequest::PullChunks { worker, max: 64 }, &dataset, now).expect("pull");
+    step(&mut core, ControlRequest::PullChunks { worker, max: 64, held: Vec::new() }, &dataset, now).expect("pull");
     let grown = LIVE.with(Cell::get) - before;
 
     let runs = MAX_RUNS_PER_JOB as i64;

@@ -10,10 +10,10 @@ use std::net::SocketAddr;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 
-use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, Step, WorkerId};
+use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, ShardId, Step, WorkerId};
 use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_proto::{
-    BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, JobSpec,
+    BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, HeldShards, JobSpec,
     LeaseProgress, RaftKind, RemoteError, StuckJob, TrainerHello, WorkerInfo, WorkerStatus,
 };
 use stoker_format::brace;
@@ -136,7 +136,11 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
             images: 1000,
             stuck_jobs: vec![StuckJob::new(JobId(4), "two batches do not fit")],
         },
-        ControlRequest::PullChunks { worker: WorkerId(2), max: 4 },
+        ControlRequest::PullChunks {
+            worker: WorkerId(2),
+            max: 4,
+            held: vec![HeldShards { dataset_version: 0x1234, shards: vec![ShardId(0), ShardId(5)] }],
+        },
         ControlRequest::ChunkFailed { worker: WorkerId(2), lease: LeaseId(9), reason: "connection lost".into() },
         ControlRequest::Status,
         ControlRequest::Detach { job: JobId(1), rank: Rank(0), session: SessionId(5) },
@@ -154,6 +158,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
         dataset_version: 0x1234,
         session: SessionId(5),
         trainer: CertKey::UNCHECKED,
+        next_shards: vec![ShardId(3), ShardId(1)],
     };
     let status = ClusterStatus {
         coordinator: "coord-1:7000".into(),

@@ -128,7 +128,7 @@ impl SimWorker {
         }
         if self.ledger.outstanding() < IN_FLIGHT && self.pull_sent_opt.is_none_or(|(sent, _)| ctx.now_ms.saturating_sub(sent) > 10_000) {
             let max = ((IN_FLIGHT - self.ledger.outstanding()) / 2).max(1) as u32;
-            let call = ctx.call(self.me(), ControlRequest::PullChunks { worker, max });
+            let call = ctx.call(self.me(), ControlRequest::PullChunks { worker, max, held: Vec::new() });
             self.sent_as.insert(call, worker);
             self.pull_sent_opt = Some((ctx.now_ms, call));
         }

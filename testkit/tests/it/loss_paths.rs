@@ -125,7 +125,7 @@ fn a_batch_refused_after_acknowledgement_is_made_again() {
     let grant = {
         let mut grant_opt = None;
         wait_until(Duration::from_secs(20), "the fake worker is granted step 0", || {
-            let pull = ControlRequest::PullChunks { worker, max: 1 };
+            let pull = ControlRequest::PullChunks { worker, max: 1, held: Vec::new() };
             let grants = expect_response!(cluster.call(pull).expect("pulls"), Chunks { grants }).expect("chunks");
             grant_opt = grants.into_iter().find(|grant| grant.chunk.first_step.0 == 0);
             grant_opt.is_some()

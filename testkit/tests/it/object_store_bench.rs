@@ -26,33 +26,54 @@ use crate::common::small_transforms;
 /// Per epoch: (seconds, images, the ranks' total wait seconds).
 type EpochFigures = Vec<(f64, u64, f64)>;
 
-fn run_epochs(cluster: &TestCluster, dataset: &str, epochs: u64) -> EpochFigures {
+/// Bytes the workers of `cluster` fetched from the store so far, both together.
+fn fetched_bytes(cluster: &TestCluster) -> u64 {
+    (0..2)
+        .map(|worker| cluster.worker_metrics_text(worker).expect("metrics"))
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|line| line.strip_prefix("stoker_worker_fetched_bytes_total ").and_then(|v| v.trim().parse::<u64>().ok()))
+                .collect::<Vec<_>>()
+        })
+        .sum()
+}
+
+/// Run `epochs` epochs on `cluster`, calling `after_epoch` once both ranks finished each.
+fn run_epochs(cluster: &TestCluster, dataset: &str, epochs: u64, after_epoch: &(dyn Fn(u64) + Sync)) -> EpochFigures {
     let mut base = cluster.loader_config(dataset, 16);
     base.tail = Tail::Drop;
     base.shuffle = Shuffle::Window { shards: std::num::NonZeroU32::new(4).expect("4") };
     base.transforms = small_transforms();
-    let handles: Vec<_> = (0..2_u32)
-        .map(|rank| {
-            let mut config = base.clone();
-            config.rank = Some(rank);
-            config.world_size = Some(2);
-            std::thread::spawn(move || {
-                let mut loader = Loader::attach(&config).expect("attach");
-                let mut figures = Vec::new();
-                for epoch in 0..epochs {
-                    loader.set_epoch(Epoch(epoch));
-                    let started = Instant::now();
-                    let mut images = 0;
-                    for batch in &mut loader {
-                        images += batch.expect("batch").keys().len() as u64;
+    let barrier = std::sync::Barrier::new(2);
+    let per_rank: Vec<EpochFigures> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..2_u32)
+            .map(|rank| {
+                let mut config = base.clone();
+                config.rank = Some(rank);
+                config.world_size = Some(2);
+                let barrier = &barrier;
+                scope.spawn(move || {
+                    let mut loader = Loader::attach(&config).expect("attach");
+                    let mut figures = Vec::new();
+                    for epoch in 0..epochs {
+                        loader.set_epoch(Epoch(epoch));
+                        let started = Instant::now();
+                        let mut images = 0;
+                        for batch in &mut loader {
+                            images += batch.expect("batch").keys().len() as u64;
+                        }
+                        figures.push((started.elapsed().as_secs_f64(), images, loader.epoch_wait_seconds()));
+                        if barrier.wait().is_leader() {
+                            after_epoch(epoch);
+                        }
+                        barrier.wait();
                     }
-                    figures.push((started.elapsed().as_secs_f64(), images, loader.epoch_wait_seconds()));
-                }
-                figures
+                    figures
+                })
             })
-        })
-        .collect();
-    let per_rank: Vec<EpochFigures> = handles.into_iter().map(|handle| handle.join().expect("rank")).collect();
+            .collect();
+        handles.into_iter().map(|handle| handle.join().expect("rank")).collect()
+    });
     (0..epochs as usize)
         .map(|epoch| {
             let seconds = per_rank.iter().map(|figures| figures[epoch].0).fold(0.0, f64::max);
@@ -109,28 +130,29 @@ fn object_store_bench() {
     {
         let cluster = cluster_with(0);
         cluster.add_dataset("local", &manifest_path).expect("local");
-        let figures = run_epochs(&cluster, "local", 2);
+        let figures = run_epochs(&cluster, "local", 2, &|_| {});
         row("local disk, epoch 0", figures[0]);
         row("local disk, epoch 1", figures[1]);
     }
     for fetch_ahead in [0, 8] {
         let cluster = cluster_with(fetch_ahead);
         cluster.add_dataset("remote", Path::new("s3://data/train")).expect("remote");
-        let figures = run_epochs(&cluster, "remote", 2);
+        let cold = std::sync::atomic::AtomicU64::new(0);
+        let figures = run_epochs(&cluster, "remote", 2, &|epoch| {
+            if epoch == 0 {
+                cold.store(fetched_bytes(&cluster), std::sync::atomic::Ordering::Relaxed);
+            }
+        });
         let mode = if fetch_ahead == 0 { "off" } else { "8 steps" };
         row(&format!("S3, fetch-ahead {mode}, cold epoch"), figures[0]);
         row(&format!("S3, fetch-ahead {mode}, warm epoch"), figures[1]);
-        let fetched: u64 = (0..2)
-            .map(|worker| cluster.worker_metrics_text(worker).expect("metrics"))
-            .flat_map(|text| {
-                text.lines()
-                    .filter_map(|line| line.strip_prefix("stoker_worker_fetched_bytes_total ").and_then(|v| v.trim().parse::<u64>().ok()))
-                    .collect::<Vec<_>>()
-            })
-            .sum();
+        let (cold, total) = (cold.load(std::sync::atomic::Ordering::Relaxed), fetched_bytes(&cluster));
+        let dataset = manifest.bytes() as f64;
         eprintln!(
-            "(fetch-ahead {mode}: {:.2}x the dataset fetched over both epochs, both workers)",
-            fetched as f64 / manifest.bytes() as f64
+            "(fetch-ahead {mode}: {:.2}x the dataset fetched over both epochs, both workers: {:.2}x in the cold epoch, {:.2}x in the warm one)",
+            total as f64 / dataset,
+            cold as f64 / dataset,
+            total.saturating_sub(cold) as f64 / dataset
         );
     }
     let _ = Path::new(&dir);

@@ -159,7 +159,10 @@ fn forged_requests_with_the_wrong_certificate_are_refused_and_the_honest_epoch_c
     let add = ControlRequest::AddDataset { name: "evil".to_owned(), manifest: "/dev/zero".to_owned() };
     assert!(forbidden(cluster.call_with(&worker, add.clone()), "a worker adds a dataset").contains("needs the admin role"));
     forbidden(cluster.call_with(&trainer, add), "a trainer adds a dataset");
-    forbidden(cluster.call_with(&trainer, ControlRequest::PullChunks { worker: honest_worker, max: 8 }), "a trainer pulls chunks");
+    forbidden(
+        cluster.call_with(&trainer, ControlRequest::PullChunks { worker: honest_worker, max: 8, held: Vec::new() }),
+        "a trainer pulls chunks",
+    );
     let fatal = ControlRequest::ChunkFatal { worker: honest_worker, lease: LeaseId(1), reason: "forged".to_owned() };
     forbidden(cluster.call_with(&trainer, fatal.clone()), "a trainer fails the job");
     forbidden(cluster.call_with(&admin, ControlRequest::Raft { kind: RaftKind::Vote, payload: b"{}".to_vec() }), "an admin speaks Raft");

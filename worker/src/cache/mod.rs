@@ -5,7 +5,11 @@
 //! * A chunk's shards are claimed together before any of its batches is queued ([`ShardCache::acquire`]),
 //!   one chunk at a time, so two chunks never each hold part of what the other waits for. The
 //!   pins are released when the chunk's batches are made ([`Pins`]); only unpinned files are
-//!   evicted (least recently used first) and unmapped from their datasets.
+//!   evicted, and unmapped from their datasets.
+//! * Eviction follows the plan: each chunk granted gets a turn ([`ShardCache::next_turn`], in
+//!   grant order) at which its shards are planned while it waits for them, and the shards the
+//!   worker expects to read after its chunks ([`ShardCache::expect_ahead`]) get the turns
+//!   after; the unpinned file read furthest away (or never) is evicted first.
 //! * A download is written aside (`NAME.part`), its size checked against the manifest, synced,
 //!   then renamed into place: a partial file is never mapped. At start-up, `.part` files are
 //!   deleted and complete files adopted; a file is used only if its size is the manifest's and
@@ -14,10 +18,13 @@
 //!
 //! The bookkeeping is the pure [`table::CacheTable`]; this module does the I/O it decides.
 
+#[cfg(test)]
+mod hit_rate;
 mod table;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -25,6 +32,7 @@ use futures_util::StreamExt;
 use parking_lot::Mutex;
 use stoker_format::{IndexPolicy, Shard};
 use stoker_plan::ids::ShardId;
+use stoker_proto::{HeldShards, MAX_HELD_DATASETS, MAX_HELD_SHARDS};
 use stoker_store::{ObjectStores, ObjectUri, StoreError};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
@@ -110,6 +118,14 @@ pub struct ShardCache {
     claiming: tokio::sync::Mutex<()>,
     /// One fetch ahead at a time (a grant that finds one running fetches nothing ahead).
     fetching_ahead: tokio::sync::Mutex<()>,
+    /// The turn the next chunk granted gets.
+    turns: AtomicU64,
+    /// The files expected to be read after the chunks granted, with the turns planned for them
+    /// (replaced by each [`ShardCache::expect_ahead`]).
+    ahead: Mutex<Vec<(String, u64)>>,
+    /// Which shard of which dataset version each file claimed or fetched ahead is (for the
+    /// locality report; files adopted at start-up are not known until a chunk reads them).
+    identities: Mutex<HashMap<String, (u64, ShardId)>>,
     metrics: CacheMetrics,
 }
 
@@ -139,6 +155,34 @@ impl Drop for Pins {
             }
         }
         self.cache.released_tx.send_modify(|generation| *generation += 1);
+    }
+}
+
+/// A chunk's shards planned at its turn while it waits for them; unplanned on drop (claimed,
+/// or given up).
+struct Planned<'a> {
+    cache: &'a ShardCache,
+    names: Vec<String>,
+    turn: u64,
+}
+
+impl<'a> Planned<'a> {
+    fn new(cache: &'a ShardCache, names: Vec<String>, turn: u64) -> Self {
+        let mut table = cache.table.lock();
+        for name in &names {
+            table.plan(name, turn);
+        }
+        drop(table);
+        Self { cache, names, turn }
+    }
+}
+
+impl Drop for Planned<'_> {
+    fn drop(&mut self) {
+        let mut table = self.cache.table.lock();
+        for name in &self.names {
+            table.unplan(name, self.turn);
+        }
     }
 }
 
@@ -195,6 +239,9 @@ impl ShardCache {
             released_tx,
             claiming: tokio::sync::Mutex::new(()),
             fetching_ahead: tokio::sync::Mutex::new(()),
+            turns: AtomicU64::new(0),
+            ahead: Mutex::new(Vec::new()),
+            identities: Mutex::new(HashMap::new()),
             metrics,
         }))
     }
@@ -209,22 +256,69 @@ impl ShardCache {
         self.table.lock().held()
     }
 
-    /// Make `shards` of `dataset` (a remote one) ready and mapped, pinned until the returned
-    /// [`Pins`] are dropped: hits as they are, misses downloaded (a few at once), evicting
-    /// unpinned files as needed.
-    pub async fn acquire(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>) -> Result<Pins, CacheError> {
+    /// The shards the cache holds (downloaded), by dataset version, at most
+    /// [`MAX_HELD_SHARDS`]: what a pull reports, so that the coordinator prefers granting this
+    /// worker chunks that read them.
+    pub fn held_shards(&self) -> Vec<HeldShards> {
+        let table = self.table.lock();
+        let mut identities = self.identities.lock();
+        identities.retain(|name, _| table.contains(name));
+        let mut by_version: BTreeMap<u64, Vec<ShardId>> = BTreeMap::new();
+        for (_, &(version, shard)) in identities.iter().filter(|(name, _)| table.is_ready(name)).take(MAX_HELD_SHARDS) {
+            by_version.entry(version).or_default().push(shard);
+        }
+        by_version.into_iter().take(MAX_HELD_DATASETS).map(|(dataset_version, shards)| HeldShards { dataset_version, shards }).collect()
+    }
+
+    /// Remember that the file `name` is `shard` of `dataset` (for [`ShardCache::held_shards`]).
+    fn identify(&self, name: &str, dataset: &Dataset, shard: ShardId) {
+        self.identities.lock().insert(name.to_owned(), (dataset.version(), shard));
+    }
+
+    /// The turn of a chunk granted now: chunks granted later are needed later, and eviction
+    /// keeps the shards of the sooner ones.
+    pub fn next_turn(&self) -> u64 {
+        self.turns.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// After the chunk of `turn`, the worker expects to read `shards` of `dataset`, in this
+    /// order: each is planned at a turn after `turn` (by its place), replacing what the last
+    /// call expected.
+    pub fn expect_ahead(&self, dataset: &Dataset, shards: &[ShardId], turn: u64) {
+        let expected: Vec<(String, u64)> = shards
+            .iter()
+            .enumerate()
+            .map(|(place, &shard)| (file_name(dataset.shard_uri(shard)), turn.saturating_add(1 + place as u64)))
+            .collect();
+        let mut table = self.table.lock();
+        let mut ahead = self.ahead.lock();
+        for (name, at) in ahead.drain(..) {
+            table.unplan(&name, at);
+        }
+        for (name, at) in &expected {
+            table.plan(name, *at);
+        }
+        *ahead = expected;
+    }
+
+    /// Make `shards` of `dataset` (a remote one), read by the chunk of `turn`, ready and mapped,
+    /// pinned until the returned [`Pins`] are dropped: hits as they are, misses downloaded (a
+    /// few at once), evicting unpinned files by the plan as needed.
+    pub async fn acquire(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>, turn: u64) -> Result<Pins, CacheError> {
         let needed: u64 = shards.iter().map(|&shard| dataset.shard_bytes(shard)).sum();
         let capacity = self.table.lock().capacity();
         if needed > capacity {
             return Err(CacheError::TooSmall { needed, capacity });
         }
+        let _planned = Planned::new(self, shards.iter().map(|&shard| file_name(dataset.shard_uri(shard))).collect(), turn);
         let waited = Instant::now();
-        let turn = self.claiming.lock().await;
+        let claiming = self.claiming.lock().await;
         let mut pins = Pins { cache: Arc::clone(self), names: Vec::new() };
         let mut downloads = Vec::new();
         for &shard in shards {
             let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
             let name = file_name(&uri);
+            self.identify(&name, dataset, shard);
             let mut released_rx = self.released_tx.subscribe();
             loop {
                 let claim = self.table.lock().claim(&name, bytes);
@@ -251,7 +345,7 @@ impl ShardCache {
                 }
             }
         }
-        drop(turn);
+        drop(claiming);
         self.metrics.bytes.set(self.held() as i64);
         let results: Vec<_> = futures_util::stream::iter(downloads)
             .map(|(_, uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
@@ -279,23 +373,29 @@ impl ShardCache {
         Ok(pins)
     }
 
-    /// Fetch ahead: download those of `shards` of `dataset` that the cache does not hold, as far
-    /// as its free room allows without evicting anything, unpinned (a later chunk that needs one
-    /// finds it there, or waits for its download). Failures are left for that chunk to meet.
-    pub async fn prefetch(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &BTreeSet<ShardId>) {
+    /// Fetch ahead: download those of `shards` of `dataset` (in the order they will be read)
+    /// that the cache does not hold, unpinned, into free room or room made by evicting files the
+    /// plan reads after them (those [`ShardCache::expect_ahead`] did not plan take free room
+    /// only). A later chunk that needs one finds it there, or waits for its download. Failures
+    /// are left for that chunk to meet.
+    pub async fn prefetch(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &[ShardId]) {
         let Ok(_ahead) = self.fetching_ahead.try_lock() else { return };
         let mut downloads = Vec::new();
+        let mut evicted = Vec::new();
         {
             let _turn = self.claiming.lock().await;
             let mut table = self.table.lock();
             for &shard in shards {
                 let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
                 let name = file_name(&uri);
-                if table.reserve_free(&name, bytes) {
+                if let Some(gone) = table.reserve_ahead(&name, bytes) {
+                    self.identify(&name, dataset, shard);
+                    evicted.extend(gone);
                     downloads.push((uri, name, bytes));
                 }
             }
         }
+        self.delete(&evicted);
         if downloads.is_empty() {
             return;
         }

@@ -4,8 +4,15 @@
 //! The bound: `held` counts every file the cache holds and every download it has reserved room
 //! for, and a reservation is granted only if `held + bytes <= capacity` after evicting unpinned
 //! files. So the files on disk never exceed the capacity, whatever downloads are in flight.
+//!
+//! Eviction follows the plan (Belady's rule): the worker tells the table at which turn each
+//! file will be read next ([`CacheTable::plan`]: a turn per chunk it was granted, in the order it
+//! will make them, and further turns for the shards it expects to be granted after those), and
+//! the unpinned file read furthest in the future goes first; files no plan reads go before any
+//! planned one, least recently used first. With no plan at all that is LRU.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BTreeSet, HashMap};
 
 /// One file of the cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,12 +54,14 @@ pub(crate) struct CacheTable {
     held: u64,
     clock: u64,
     entries: HashMap<String, Entry>,
+    /// The turns at which a planned chunk reads each file (held or not), soonest first.
+    planned: HashMap<String, BTreeSet<u64>>,
 }
 
 impl CacheTable {
     /// An empty cache of `capacity` bytes.
     pub(crate) fn new(capacity: u64) -> Self {
-        Self { capacity, held: 0, clock: 0, entries: HashMap::new() }
+        Self { capacity, held: 0, clock: 0, entries: HashMap::new(), planned: HashMap::new() }
     }
 
     /// The bound.
@@ -76,7 +85,7 @@ impl CacheTable {
         if bytes > self.capacity {
             return vec![name.to_owned()];
         }
-        let evicted = self.evict_for(bytes).unwrap_or_default();
+        let evicted = self.evict_for(bytes, None).unwrap_or_default();
         self.clock += 1;
         self.entries.insert(name.to_owned(), Entry { bytes, pins: 0, ready: true, last_use: self.clock });
         self.held += bytes;
@@ -114,33 +123,58 @@ impl CacheTable {
     /// Evict to make room for `bytes` and reserve it, pinned; `None` (nothing changed) if the
     /// unpinned files are not enough.
     fn reserve(&mut self, name: &str, bytes: u64) -> Option<Vec<String>> {
-        let evicted = self.evict_for(bytes)?;
+        let evicted = self.evict_for(bytes, None)?;
         self.entries.insert(name.to_owned(), Entry { bytes, pins: 1, ready: false, last_use: self.clock });
         self.held += bytes;
         Some(evicted)
     }
 
-    /// Evict unpinned files, least recently used first, until `bytes` more fit; `None`
-    /// (nothing evicted) if they would not.
-    fn evict_for(&mut self, bytes: u64) -> Option<Vec<String>> {
+    /// A chunk to be made at `turn` reads `name`: it is evicted after every file read later
+    /// (or never). Turns are the caller's order of need; a turn planned twice counts once.
+    pub(crate) fn plan(&mut self, name: &str, turn: u64) {
+        self.planned.entry(name.to_owned()).or_default().insert(turn);
+    }
+
+    /// The read of `name` at `turn` happened (its chunk claimed it) or will not (the chunk or
+    /// the expectation went away).
+    pub(crate) fn unplan(&mut self, name: &str, turn: u64) {
+        if let Some(turns) = self.planned.get_mut(name) {
+            turns.remove(&turn);
+            if turns.is_empty() {
+                self.planned.remove(name);
+            }
+        }
+    }
+
+    /// The soonest turn at which a planned chunk reads `name`.
+    pub(crate) fn next_use(&self, name: &str) -> Option<u64> {
+        self.planned.get(name).and_then(|turns| turns.first().copied())
+    }
+
+    /// Evict unpinned files until `bytes` more fit, in the plan's order (those no plan reads
+    /// first, least recently used first among them; then the one read furthest away), only
+    /// files read after turn `later_than` if given; `None` (nothing evicted) if they would not.
+    fn evict_for(&mut self, bytes: u64, later_than: Option<u64>) -> Option<Vec<String>> {
         let free = self.capacity.saturating_sub(self.held);
         if bytes <= free {
             return Some(Vec::new());
         }
-        let mut candidates: Vec<(u64, String, u64)> = self
+        let mut candidates: Vec<(Reverse<u64>, u64, String, u64)> = self
             .entries
             .iter()
-            .filter(|(_, entry)| entry.ready && entry.pins == 0)
-            .map(|(name, entry)| (entry.last_use, name.clone(), entry.bytes))
+            .filter(|(name, entry)| {
+                entry.ready && entry.pins == 0 && later_than.is_none_or(|turn| self.next_use(name).is_none_or(|next| next > turn))
+            })
+            .map(|(name, entry)| (Reverse(self.next_use(name).unwrap_or(u64::MAX)), entry.last_use, name.clone(), entry.bytes))
             .collect();
-        let evictable: u64 = candidates.iter().map(|(_, _, bytes)| bytes).sum();
+        let evictable: u64 = candidates.iter().map(|(_, _, _, bytes)| bytes).sum();
         if free.saturating_add(evictable) < bytes {
             return None;
         }
         candidates.sort();
         let mut evicted = Vec::new();
         let mut room = free;
-        for (_, name, file_bytes) in candidates {
+        for (_, _, name, file_bytes) in candidates {
             if room >= bytes {
                 break;
             }
@@ -152,16 +186,32 @@ impl CacheTable {
         Some(evicted)
     }
 
-    /// Reserve room for a download of `name` fetched ahead, unpinned, only if it is not held
-    /// and fits in the free room without evicting anything; whether it was reserved.
-    pub(crate) fn reserve_free(&mut self, name: &str, bytes: u64) -> bool {
-        if self.entries.contains_key(name) || self.held.saturating_add(bytes) > self.capacity {
-            return false;
+    /// Reserve room for a download of `name` fetched ahead, unpinned, if it is not held: in the
+    /// free room, or by evicting unpinned files the plan reads after it (a file no plan reads
+    /// takes free room only). The files to delete, or `None` if nothing was reserved.
+    pub(crate) fn reserve_ahead(&mut self, name: &str, bytes: u64) -> Option<Vec<String>> {
+        if self.entries.contains_key(name) || bytes > self.capacity {
+            return None;
         }
+        let evicted = match self.next_use(name) {
+            Some(turn) => self.evict_for(bytes, Some(turn))?,
+            None if self.held.saturating_add(bytes) <= self.capacity => Vec::new(),
+            None => return None,
+        };
         self.clock += 1;
         self.entries.insert(name.to_owned(), Entry { bytes, pins: 0, ready: false, last_use: self.clock });
         self.held += bytes;
-        true
+        Some(evicted)
+    }
+
+    /// Whether `name` is held or being downloaded.
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    /// Whether `name` is held, downloaded.
+    pub(crate) fn is_ready(&self, name: &str) -> bool {
+        self.entries.get(name).is_some_and(|entry| entry.ready)
     }
 
     /// The download of `name` finished and its file is in place.
@@ -209,11 +259,51 @@ mod tests {
     }
 
     #[test]
-    fn fetching_ahead_takes_only_free_room_and_is_claimed_after_its_download() {
+    fn the_file_read_furthest_away_goes_first_and_unplanned_files_before_it() {
+        let mut table = CacheTable::new(90);
+        for name in ["a", "b", "c"] {
+            assert_eq!(table.claim(name, 30), Claim::Download { evicted: vec![] });
+            table.downloaded(name);
+            table.unpin(name);
+        }
+        table.plan("a", 7);
+        table.plan("b", 3);
+        table.plan("c", 5);
+        assert_eq!(table.claim("d", 30), Claim::Download { evicted: vec!["a".to_owned()] }, "a is read last");
+        table.downloaded("d");
+        table.unpin("d");
+        assert_eq!(table.claim("e", 30), Claim::Download { evicted: vec!["d".to_owned()] }, "no plan reads d");
+        table.downloaded("e");
+        table.unplan("b", 3);
+        assert_eq!(table.next_use("b"), None);
+        table.plan("c", 9);
+        assert_eq!(table.next_use("c"), Some(5), "the soonest turn counts");
+        assert_eq!(table.claim("f", 30), Claim::Download { evicted: vec!["b".to_owned()] }, "b is read no more; e is pinned");
+    }
+
+    #[test]
+    fn fetching_ahead_evicts_only_files_read_after_it() {
         let mut table = CacheTable::new(100);
-        assert!(table.reserve_free("a", 60));
-        assert!(!table.reserve_free("b", 60), "no eviction for a fetch ahead");
-        assert!(!table.reserve_free("a", 10), "held already");
+        for (name, turn) in [("a", 2), ("b", 8)] {
+            assert_eq!(table.claim(name, 40), Claim::Download { evicted: vec![] });
+            table.downloaded(name);
+            table.unpin(name);
+            table.plan(name, turn);
+        }
+        table.plan("c", 5);
+        assert_eq!(table.reserve_ahead("c", 40), Some(vec!["b".to_owned()]), "b is read after c, a before");
+        table.downloaded("c");
+        table.plan("d", 9);
+        assert_eq!(table.reserve_ahead("d", 40), None, "a and c are read before d");
+        assert_eq!(table.held(), 80);
+    }
+
+    #[test]
+    fn fetching_ahead_unplanned_takes_only_free_room_and_is_claimed_after_its_download() {
+        let mut table = CacheTable::new(100);
+        assert_eq!(table.reserve_ahead("a", 60), Some(vec![]));
+        assert_eq!(table.reserve_ahead("b", 60), None, "no eviction for a fetch no plan reads");
+        assert_eq!(table.reserve_ahead("a", 10), None, "held already");
         assert_eq!(table.claim("a", 60), Claim::InFlight);
         table.downloaded("a");
         assert_eq!(table.claim("a", 60), Claim::Hit);
@@ -235,7 +325,7 @@ mod tests {
         /// Whatever the order of claims, downloads, failures and releases, the bytes held never
         /// pass the bound, and a pinned file is never evicted.
         #[test]
-        fn the_bound_holds_and_pinned_files_stay(steps in prop::collection::vec((0_u8..4, 0_usize..8, 1_u64..60), 1..200)) {
+        fn the_bound_holds_and_pinned_files_stay(steps in prop::collection::vec((0_u8..6, 0_usize..8, 1_u64..60), 1..200)) {
             let mut table = CacheTable::new(100);
             let mut pinned: Vec<String> = Vec::new();
             for (action, file, bytes) in steps {
@@ -257,11 +347,53 @@ mod tests {
                         table.unpin(&pinned.remove(at));
                     },
                     2 if bytes % 5 == 0 && !pinned.contains(&name) => table.forget(&name),
-                    3 if table.reserve_free(&name, size) => table.downloaded(&name),
+                    3 => if let Some(evicted) = table.reserve_ahead(&name, size) {
+                        for gone in &evicted {
+                            prop_assert!(!pinned.contains(gone), "pinned {gone} evicted ahead");
+                        }
+                        table.downloaded(&name);
+                    },
+                    4 => table.plan(&name, bytes),
+                    5 => table.unplan(&name, bytes),
                     _ => {}
                 }
                 prop_assert!(table.held() <= table.capacity());
             }
         }
+
+        /// With the future known (each read planned at its turn), evicting the file read
+        /// furthest away hits at least as often as least recently used, on any trace of files
+        /// of one size (Belady's MIN is optimal there).
+        #[test]
+        fn the_plan_hits_at_least_as_often_as_lru(trace in prop::collection::vec(0_usize..12, 1..300), files in 1_u64..8) {
+            let planned = hits(&trace, files, true);
+            let lru = hits(&trace, files, false);
+            prop_assert!(planned >= lru, "plan {planned} < LRU {lru}");
+        }
+    }
+
+    /// Hits over `trace` (file numbers, each read by one chunk in turn) in a cache of `files`
+    /// files of one size, evicting by the plan or (with none) least recently used.
+    fn hits(trace: &[usize], files: u64, planned: bool) -> usize {
+        const SIZE: u64 = 10;
+        let mut table = CacheTable::new(files * SIZE);
+        let name = |file: usize| format!("f{file}");
+        if planned {
+            for (turn, &file) in trace.iter().enumerate() {
+                table.plan(&name(file), turn as u64);
+            }
+        }
+        let mut hits = 0;
+        for (turn, &file) in trace.iter().enumerate() {
+            let name = name(file);
+            table.unplan(&name, turn as u64);
+            match table.claim(&name, SIZE) {
+                Claim::Hit => hits += 1,
+                Claim::Download { .. } => table.downloaded(&name),
+                other => panic!("{other:?}: nothing is pinned between reads"),
+            }
+            table.unpin(&name);
+        }
+        hits
     }
 }

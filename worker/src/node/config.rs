@@ -57,7 +57,8 @@ pub struct WorkerConfig {
     /// The shard cache for datasets in object stores; `None`: such jobs are refused here.
     pub cache_opt: Option<CacheConfig>,
     /// Steps after each granted chunk whose shards (every rank's, by the epoch's plan) are
-    /// downloaded ahead into the cache's free room (`--fetch-ahead-steps`); 0: none.
+    /// downloaded ahead, after those of the grant's rank's next chunks (`--fetch-ahead-steps`);
+    /// 0: nothing is fetched ahead.
     pub fetch_ahead_steps: u32,
     /// The most trainer connections open at once, handshakes included (`--max-connections`).
     pub max_connections: usize,

@@ -260,6 +260,7 @@ mod tests {
             dataset_version: 0,
             session: SessionId(1),
             trainer: CertKey::UNCHECKED,
+            next_shards: Vec::new(),
         };
         let (out, mut made) = mpsc::channel(16);
         // Buffers for every step: the feeder takes all four requests and waits for a fifth.

@@ -13,7 +13,7 @@ use stoker_net::send_batch;
 use stoker_plan::ids::{LeaseId, Rank, ShardId, Step};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
-use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, StuckJob};
+use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, MAX_NEXT_SHARDS, StuckJob};
 use tokio::sync::mpsc;
 use tracing::{debug, error, warn};
 
@@ -62,7 +62,8 @@ where
                 continue;
             }
             let max = (free / 2).max(1) as u32;
-            let answer = self.api.call(ControlRequest::PullChunks { worker, max }).await;
+            let held = self.jobs.cache().map(|cache| cache.held_shards()).unwrap_or_default();
+            let answer = self.api.call(ControlRequest::PullChunks { worker, max, held }).await;
             match answer.and_then(|response| expect_response!(response, Chunks { grants })) {
                 Ok(grants) if grants.is_empty() => tokio::time::sleep(idle).await,
                 Ok(grants) => {
@@ -170,6 +171,9 @@ where
             }
             return;
         }
+        // Chunks are needed in the order they are granted: the cache keeps the shards of the
+        // sooner ones.
+        let turn = self.jobs.cache().map_or(0, |cache| cache.next_turn());
         let node = Arc::clone(self);
         tokio::spawn(async move {
             let lease = grant.lease;
@@ -186,7 +190,7 @@ where
                 Ok(_) if node.ledger.lock().is_revoked(lease) => {
                     (0, Failure::retry("the lease was revoked while the job's pipeline started"))
                 }
-                Ok(pipeline) => match node.pin_shards(&pipeline, &grant).await {
+                Ok(pipeline) => match node.pin_shards(&pipeline, &grant, turn).await {
                     Ok(()) => {
                         let queued = pipeline.submit(chunk.epoch, chunk.rank, chunk.first_step, chunk.steps, meta);
                         node.batches_out(lease, chunk.steps - queued);
@@ -210,8 +214,9 @@ where
     /// For a dataset in an object store: make the shards the chunk's batches read ready in the
     /// cache, mapped and pinned until those batches are made. A failure says whether the job
     /// can be made at all: a cache too small for it, or data that is missing, refused or not
-    /// what the manifest says, fails the job with a message naming the size or the URI.
-    async fn pin_shards(&self, pipeline: &JobPipeline, grant: &ChunkGrant) -> Result<(), Failure> {
+    /// what the manifest says, fails the job with a message naming the size or the URI. `turn`
+    /// orders the chunk among those granted (for eviction by the plan).
+    async fn pin_shards(&self, pipeline: &JobPipeline, grant: &ChunkGrant, turn: u64) -> Result<(), Failure> {
         let dataset = pipeline.dataset();
         if !dataset.is_remote() {
             return Ok(());
@@ -221,10 +226,10 @@ where
         };
         let chunk = grant.chunk;
         let shards = pipeline.shards_of(chunk.epoch, chunk.start, chunk.rank, chunk.first_step, chunk.steps);
-        match cache.acquire(dataset, &shards).await {
+        match cache.acquire(dataset, &shards, turn).await {
             Ok(pins) => {
                 self.pins.lock().insert(grant.lease, (chunk.steps, pins));
-                self.fetch_ahead(cache, pipeline, grant, &shards);
+                self.fetch_ahead(cache, pipeline, grant, &shards, turn);
                 Ok(())
             }
             Err(error) => {
@@ -242,25 +247,35 @@ where
         }
     }
 
-    /// Fetch from the plan: download in the background, into the cache's free room, the shards
-    /// that every rank's next `fetch_ahead_steps` steps after this chunk read (the plan is the
-    /// same on every worker), so that the chunks granted next find them there.
-    fn fetch_ahead(&self, cache: &Arc<ShardCache>, pipeline: &JobPipeline, grant: &ChunkGrant, current: &BTreeSet<ShardId>) {
+    /// Fetch from the plan: download in the background the shards that the rank's next chunks
+    /// read (the grant names them), then those that every rank's next `fetch_ahead_steps` steps
+    /// after this chunk (of `turn`) read (the plan is the same on every worker), so that the
+    /// chunks granted next find them there; and tell the cache when they will be read, so that it
+    /// evicts them after the rest (`fetch_ahead_steps` 0: only that).
+    fn fetch_ahead(&self, cache: &Arc<ShardCache>, pipeline: &JobPipeline, grant: &ChunkGrant, current: &BTreeSet<ShardId>, turn: u64) {
+        let chunk = grant.chunk;
+        let dataset = Arc::clone(pipeline.dataset());
+        let shard_count = dataset.table().shards();
+        let mut seen = current.clone();
+        // From the wire: shards the dataset has, each once, a bounded number.
+        let mut ordered: Vec<ShardId> =
+            grant.next_shards.iter().take(MAX_NEXT_SHARDS).copied().filter(|&shard| shard.0 < shard_count && seen.insert(shard)).collect();
         let ahead = self.config.fetch_ahead_steps;
+        let next = chunk.first_step.0 + u64::from(chunk.steps);
+        for step in (next..next + u64::from(ahead)).map(Step) {
+            for rank in (0..grant.spec.plan.world_size.get()).map(Rank) {
+                ordered.extend(pipeline.shards_of(chunk.epoch, chunk.start, rank, step, 1).into_iter().filter(|&shard| seen.insert(shard)));
+            }
+        }
+        if ordered.is_empty() {
+            return;
+        }
+        cache.expect_ahead(&dataset, &ordered, turn);
         if ahead == 0 {
             return;
         }
-        let chunk = grant.chunk;
-        let next = Step(chunk.first_step.0 + u64::from(chunk.steps));
-        let shards: BTreeSet<ShardId> = (0..grant.spec.plan.world_size.get())
-            .flat_map(|rank| pipeline.shards_of(chunk.epoch, chunk.start, Rank(rank), next, ahead))
-            .filter(|shard| !current.contains(shard))
-            .collect();
-        if shards.is_empty() {
-            return;
-        }
-        let (cache, dataset) = (Arc::clone(cache), Arc::clone(pipeline.dataset()));
-        tokio::spawn(async move { cache.prefetch(&dataset, &shards).await });
+        let cache = Arc::clone(cache);
+        tokio::spawn(async move { cache.prefetch(&dataset, &ordered).await });
     }
 
     /// `count` batches of `lease` came out of the pipeline (or never will): once none is left,

@@ -62,7 +62,7 @@ impl Core {
             ControlRequest::Heartbeat { worker, leases, images, stuck_jobs } => {
                 Outcome::reply(self.heartbeat(worker, &leases, images, &stuck_jobs, now))
             }
-            ControlRequest::PullChunks { worker, max } => Outcome::reply(self.pull(worker, max, now)),
+            ControlRequest::PullChunks { worker, max, held } => Outcome::reply(self.pull(worker, max, &held, now)),
             ControlRequest::ChunkDone { worker, lease } => {
                 let lease_held_opt = self.scheduler.chunk_done(worker, lease, now);
                 Outcome::Reply { answer: Ok(ControlResponse::Ack), lease_held_opt, after_flush: false }

@@ -4,12 +4,13 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use stoker_plan::ids::{CertKey, LeaseId, WorkerId};
-use stoker_proto::{ChunkGrant, ControlResponse, LeaseProgress, RemoteError, StuckJob};
+use stoker_proto::{Chunk, ChunkGrant, ControlResponse, HeldShards, LeaseProgress, RemoteError, StuckJob};
 
 use crate::core::Core;
 use crate::errors::{invalid, refused};
 use crate::event::{Outcome, Then};
-use crate::scheduler::WorkerProcess;
+use crate::scheduler::{RunKey, WorkerProcess};
+use crate::shards::{Holdings, next_shards};
 use crate::state::Command;
 use crate::validate::check_list_len;
 
@@ -59,8 +60,23 @@ impl Core {
         Ok(ControlResponse::HeartbeatAck { revoked, live_jobs: self.scheduler.live_jobs(now) })
     }
 
-    pub(super) fn pull(&mut self, worker: WorkerId, max: u32, now: Instant) -> Result<ControlResponse, RemoteError> {
-        let granted = self.scheduler.pull(worker, max, now, &mut *self.ids).map_err(refused)?;
+    pub(super) fn pull(&mut self, worker: WorkerId, max: u32, held: &[HeldShards], now: Instant) -> Result<ControlResponse, RemoteError> {
+        let holdings = Holdings::of(held)?;
+        let granted = if holdings.is_empty() {
+            self.scheduler.pull(worker, max, now, &mut *self.ids)
+        } else {
+            // Locality: among the next chunks in grant order, those whose shards it holds first.
+            let (state, plans) = (&self.state, &self.plans);
+            let affinity = |chunk: &Chunk| {
+                let version_opt = state.job_dataset(chunk.job).map(|dataset| dataset.version);
+                match (version_opt, plans.get(&RunKey::of(chunk))) {
+                    (Some(version), Some(plan)) => holdings.count(version, plan, chunk),
+                    _ => 0,
+                }
+            };
+            self.scheduler.pull_preferring(worker, max, now, &mut *self.ids, &affinity)
+        }
+        .map_err(refused)?;
         let mut withdrawn = Vec::new();
         let grants = granted
             .into_iter()
@@ -76,6 +92,11 @@ impl Core {
                     withdrawn.push(lease);
                     return None;
                 };
+                let next_shards = self
+                    .plans
+                    .get(&RunKey::of(&chunk))
+                    .map(|plan| next_shards(plan, &chunk, self.config.scheduler.chunk_steps))
+                    .unwrap_or_default();
                 Some(ChunkGrant {
                     lease,
                     chunk,
@@ -84,6 +105,7 @@ impl Core {
                     dataset_version: dataset.version,
                     session,
                     trainer,
+                    next_shards,
                 })
             })
             .collect();

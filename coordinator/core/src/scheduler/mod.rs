@@ -364,6 +364,21 @@ impl Scheduler {
     /// Grant up to `max` chunks to `worker`, in (step, rank) order over the open runs, under
     /// lease ids drawn from `ids` (unpredictable: a peer cannot guess another worker's lease).
     pub fn pull(&mut self, worker: WorkerId, max: u32, now: Instant, ids: &mut dyn IdSource) -> Result<Vec<(LeaseId, Chunk)>, Refusal> {
+        self.pull_preferring(worker, max, now, ids, &|_| 0)
+    }
+
+    /// [`Scheduler::pull`], preferring within each run the chunks of higher `affinity` (how
+    /// many of the chunk's shards the worker holds) among the next few in grant order; a chunk
+    /// passed over goes to the next puller first (see [`Run::grant`]). Leases are unchanged:
+    /// every chunk is still leased to one worker at a time.
+    pub fn pull_preferring(
+        &mut self,
+        worker: WorkerId,
+        max: u32,
+        now: Instant,
+        ids: &mut dyn IdSource,
+        affinity: &dyn Fn(&Chunk) -> u32,
+    ) -> Result<Vec<(LeaseId, Chunk)>, Refusal> {
         self.expire(now);
         self.workers.seen(worker, now)?;
         let mut granted = Vec::new();
@@ -377,7 +392,7 @@ impl Scheduler {
                 continue;
             }
             let live = |rank: Rank| seats.is_live(key.job, rank, now, trainer_ttl);
-            let chunks = run.grant(room, now, live, || {
+            let chunks = run.grant(room, now, live, affinity, || {
                 // 2^64 ids: a clash with a live lease is a formality, but cheap to rule out.
                 let mut lease = LeaseId(ids.next_u64());
                 while lease.0 == 0 || leases.contains(lease) || granted.iter().any(|(taken, _): &(LeaseId, Chunk)| *taken == lease) {

@@ -8,6 +8,7 @@
 //! again, and says so by opening the run again ([`Run::restart_rank`]) or by reporting the step
 //! missing ([`Run::missing`]). That is what makes every loss path end in the step being made.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
@@ -80,7 +81,13 @@ pub struct Run {
     ranks: Vec<RankSteps>,
     /// The queued steps, as (step, rank): the grant order.
     queued: BTreeSet<(u64, u32)>,
+    /// Chunks (first step, rank) a puller passed over for chunks it holds the shards of: the
+    /// next puller gets them first.
+    passed_over: BTreeSet<(u64, u32)>,
 }
+
+/// How many grantable chunks past the `max` a puller asks for it may prefer (locality).
+pub(crate) const LOCALITY_LOOKAHEAD: usize = 8;
 
 impl Run {
     /// A run of `steps` steps for `world_size` ranks, counted in as `counted` says. Ranks that
@@ -94,7 +101,15 @@ impl Run {
                 RankSteps { consumed, cut: 0, pending: BTreeMap::new(), accounted: counted != Counted::Absent }
             })
             .collect();
-        Self { key, steps, prefetch: u64::from(prefetch.max(1)), chunk_steps: chunk_steps.max(1), ranks, queued: BTreeSet::new() }
+        Self {
+            key,
+            steps,
+            prefetch: u64::from(prefetch.max(1)),
+            chunk_steps: chunk_steps.max(1),
+            ranks,
+            queued: BTreeSet::new(),
+            passed_over: BTreeSet::new(),
+        }
     }
 
     /// Steps delivered ahead of what the ranks still consuming have consumed (batches waiting
@@ -290,12 +305,17 @@ impl Run {
 
     /// Grant up to `max` chunks that start inside the flow window, whose rank's trainer is
     /// live and that are not held back at `now`: runs of consecutive queued steps of one rank,
-    /// at most the chunk size, in (step, rank) order. `next_lease` names each grant.
+    /// at most the chunk size, in (step, rank) order, but for locality: among the first `max +`
+    /// [`LOCALITY_LOOKAHEAD`] such chunks those of higher `affinity` (the puller holds more of
+    /// their shards) go first. A chunk passed over for another goes to the next puller whatever
+    /// its affinity, so a preference delays a chunk by one pull at most and never waits for a
+    /// worker. `next_lease` names each grant.
     pub fn grant(
         &mut self,
         max: usize,
         now: Instant,
         trainer_live: impl Fn(Rank) -> bool,
+        affinity: impl Fn(&Chunk) -> u32,
         mut next_lease: impl FnMut() -> LeaseId,
     ) -> Vec<(LeaseId, Chunk)> {
         let live: Vec<bool> = (0..self.ranks.len()).map(|rank| trainer_live(Rank(u32::try_from(rank).unwrap_or(u32::MAX)))).collect();
@@ -304,26 +324,27 @@ impl Run {
         let Some(slowest) = self.slowest_live(&live) else { return Vec::new() };
         let window_end = slowest + self.prefetch;
         self.cut_chunks(window_end, &live);
-        let candidates: Vec<(u64, u32)> = self.queued.range(..(window_end, 0)).copied().collect();
+        let queued = &self.queued;
+        self.passed_over.retain(|start| queued.contains(start));
+        let candidates = self.grantable(window_end, max.saturating_add(LOCALITY_LOOKAHEAD), now, &live);
+        let scores: Vec<u32> = candidates
+            .iter()
+            .map(|chunk| if self.passed_over.contains(&(chunk.first_step.0, chunk.rank.0)) { u32::MAX } else { affinity(chunk) })
+            .collect();
+        let mut order: Vec<usize> = (0..candidates.len()).collect();
+        order.sort_by_key(|&at| (Reverse(scores.get(at).copied().unwrap_or(0)), at));
+        let chosen: BTreeSet<usize> = order.into_iter().take(max).collect();
+        let last_chosen = chosen.last().copied().unwrap_or(0);
+        for (at, chunk) in candidates.iter().enumerate().take(last_chosen) {
+            if !chosen.contains(&at) {
+                self.passed_over.insert((chunk.first_step.0, chunk.rank.0));
+            }
+        }
         let mut granted = Vec::new();
-        for (first, rank) in candidates {
-            if granted.len() >= max {
-                break;
-            }
-            if !self.queued.contains(&(first, rank)) || !self.ready(rank, first, now) || !live.get(rank as usize).copied().unwrap_or(false)
-            {
-                continue;
-            }
-            let mut steps = 1;
-            while steps < self.chunk_steps
-                && self.queued.contains(&(first + u64::from(steps), rank))
-                && self.ready(rank, first + u64::from(steps), now)
-            {
-                steps += 1;
-            }
+        for chunk in chosen.into_iter().filter_map(|at| candidates.get(at).copied()) {
             let lease = next_lease();
-            let chunk =
-                Chunk { job: self.key.job, epoch: self.key.epoch, start: self.key.start, first_step: Step(first), rank: Rank(rank), steps };
+            let rank = chunk.rank.0;
+            self.passed_over.remove(&(chunk.first_step.0, rank));
             for step in chunk_steps(&chunk) {
                 self.queued.remove(&(step, rank));
                 if let Some(entry) = self.ranks.get_mut(rank as usize) {
@@ -333,6 +354,38 @@ impl Run {
             granted.push((lease, chunk));
         }
         granted
+    }
+
+    /// Up to `limit` chunks that could be granted now, in (step, rank) order: each a run of
+    /// consecutive queued, ready steps of a live rank, below `window_end`, at most the chunk size.
+    fn grantable(&self, window_end: u64, limit: usize, now: Instant, live: &[bool]) -> Vec<Chunk> {
+        let mut covered = BTreeSet::new();
+        let mut chunks = Vec::new();
+        for &(first, rank) in self.queued.range(..(window_end, 0)) {
+            if chunks.len() >= limit {
+                break;
+            }
+            if covered.contains(&(first, rank)) || !self.ready(rank, first, now) || !live.get(rank as usize).copied().unwrap_or(false) {
+                continue;
+            }
+            let mut steps = 1;
+            while steps < self.chunk_steps
+                && self.queued.contains(&(first + u64::from(steps), rank))
+                && self.ready(rank, first + u64::from(steps), now)
+            {
+                steps += 1;
+            }
+            covered.extend((first..first + u64::from(steps)).map(|step| (step, rank)));
+            chunks.push(Chunk {
+                job: self.key.job,
+                epoch: self.key.epoch,
+                start: self.key.start,
+                first_step: Step(first),
+                rank: Rank(rank),
+                steps,
+            });
+        }
+        chunks
     }
 
     fn ready(&self, rank: u32, step: u64, now: Instant) -> bool {

@@ -14,7 +14,7 @@ fn run(steps: u64, world_size: u32, prefetch: u32, chunk_steps: u32) -> Run {
 /// Grant everything grantable now to live trainers, numbering leases from 1.
 fn grant_all(run: &mut Run, now: Instant) -> Vec<(LeaseId, Chunk)> {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-    run.grant(1000, now, |_| true, || LeaseId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
+    run.grant(1000, now, |_| true, |_| 0, || LeaseId(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)))
 }
 
 fn covered(chunks: &[(LeaseId, Chunk)]) -> BTreeSet<(u32, u64)> {
@@ -44,7 +44,7 @@ fn every_step_of_every_rank_is_granted_once_without_failures() {
     let mut run = run(7, 3, 3, 2);
     let mut all = Vec::new();
     for _ in 0..40 {
-        let granted = run.grant(2, now, |_| true, || LeaseId(all.len() as u64 + 1000));
+        let granted = run.grant(2, now, |_| true, |_| 0, || LeaseId(all.len() as u64 + 1000));
         all.extend(granted.iter().copied());
         // Each rank consumes the next step once it has been made.
         let made = covered(&all);
@@ -98,7 +98,7 @@ fn a_restart_before_the_first_step_was_consumed_makes_the_delivered_steps_again(
 fn a_restart_leaves_leased_and_queued_steps_alone() {
     let now = Instant::now();
     let mut run = run(6, 1, 4, 2);
-    let leased = run.grant(1, now, |_| true, || LeaseId(1));
+    let leased = run.grant(1, now, |_| true, |_| 0, || LeaseId(1));
     assert_eq!(order(&leased), vec![(0, 0)]);
     run.restart_rank(Rank(0), 0, &[], now);
     let rest = grant_all(&mut run, now);
@@ -125,14 +125,14 @@ fn a_failed_lease_is_queued_again_with_its_delay_and_a_late_report_of_an_old_lea
     let now = Instant::now();
     let later = now + Duration::from_secs(1);
     let mut run = run(10, 1, 10, 4);
-    let granted = run.grant(1, now, |_| true, || LeaseId(1));
+    let granted = run.grant(1, now, |_| true, |_| 0, || LeaseId(1));
     let (lease, chunk) = granted[0];
     assert_eq!(chunk.steps, 4);
     run.set_consumed(Rank(0), 1);
     run.requeue(&chunk, lease, Some(later));
     let waiting = grant_all(&mut run, now);
     assert!(waiting.iter().all(|(_, c)| c.first_step.0 >= 4), "the requeued steps wait until later: {waiting:?}");
-    let retried = run.grant(10, later, |_| true, || LeaseId(7));
+    let retried = run.grant(10, later, |_| true, |_| 0, || LeaseId(7));
     assert_eq!(retried.len(), 1);
     assert_eq!((retried[0].1.first_step, retried[0].1.steps), (Step(1), 3), "trimmed to what the rank still needs");
     run.delivered(&chunk, lease, later);
@@ -187,7 +187,7 @@ fn a_departed_rank_releases_the_window_and_its_queued_steps() {
 fn a_run_with_no_live_trainer_cuts_nothing_and_a_silent_rank_holds_only_its_window() {
     let now = Instant::now();
     let mut run = run(1000, 4, 4, 2);
-    assert!(run.grant(100, now, |_| false, || LeaseId(1)).is_empty());
+    assert!(run.grant(100, now, |_| false, |_| 0, || LeaseId(1)).is_empty());
     assert_eq!(run.queued_len(), 0, "nothing cut with nobody to take it");
     // Rank 0 live, consuming through the run; the others silent.
     let mut lease = 0;
@@ -196,6 +196,7 @@ fn a_run_with_no_live_trainer_cuts_nothing_and_a_silent_rank_holds_only_its_wind
             100,
             now,
             |rank| rank == Rank(0),
+            |_| 0,
             || {
                 lease += 1;
                 LeaseId(lease)
@@ -207,7 +208,7 @@ fn a_run_with_no_live_trainer_cuts_nothing_and_a_silent_rank_holds_only_its_wind
     }
     assert_eq!(run.queued_len(), 0, "no steps of the silent ranks pile up");
     // A silent rank that comes back is cut from where it was.
-    let back = run.grant(100, now, |rank| rank == Rank(1), || LeaseId(9999));
+    let back = run.grant(100, now, |rank| rank == Rank(1), |_| 0, || LeaseId(9999));
     assert_eq!(order(&back), vec![(0, 1), (2, 1)], "its first window");
 }
 

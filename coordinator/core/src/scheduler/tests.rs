@@ -618,3 +618,70 @@ fn a_worker_certificate_registers_a_bounded_number_of_workers() {
     assert!(scheduler.register_worker_as(addr(), 1, process(), honest, start).is_ok(), "another certificate is not held back");
     assert_eq!(scheduler.alive_workers(start).len(), MAX_WORKERS_PER_CERTIFICATE + 1);
 }
+
+/// (first step, rank) of each grant.
+fn starts(granted: &[(LeaseId, Chunk)]) -> Vec<(u64, u32)> {
+    granted.iter().map(|(_, chunk)| (chunk.first_step.0, chunk.rank.0)).collect()
+}
+
+/// A scheduler with one run of 8 steps that both ranks of its job opened.
+fn two_ranks_of_eight_steps(now: Instant) -> Scheduler {
+    let mut scheduler = Scheduler::new(config(), 1);
+    for rank in 0..2 {
+        open(&mut scheduler, key(), rank, 1, shape(8, 2, 8), now);
+    }
+    scheduler
+}
+
+#[test]
+fn a_puller_gets_the_chunk_whose_shards_it_holds_before_the_head_of_the_queue() {
+    let now = Instant::now();
+    let mut scheduler = two_ranks_of_eight_steps(now);
+    let holder = scheduler.register_worker(addr(), 1, process(), now);
+    // It holds the shards of rank 1's steps 2..4 only.
+    let holds = |chunk: &Chunk| u32::from(chunk.rank == Rank(1) && chunk.first_step == Step(2)) * 5;
+    let granted = scheduler.pull_preferring(holder, 1, now, &mut TestIds, &holds).expect("registered");
+    assert_eq!(starts(&granted), vec![(2, 1)]);
+    // Nothing it holds is left: the grant order again.
+    let granted = scheduler.pull_preferring(holder, 1, now, &mut TestIds, &holds).expect("registered");
+    assert_eq!(starts(&granted), vec![(0, 0)], "the chunk passed over comes first");
+}
+
+#[test]
+fn a_chunk_passed_over_goes_to_the_next_puller_whatever_it_holds() {
+    let now = Instant::now();
+    let mut scheduler = two_ranks_of_eight_steps(now);
+    let (near, other) = (scheduler.register_worker(addr(), 1, process(), now), scheduler.register_worker(addr(), 1, process(), now));
+    let near_holds = |chunk: &Chunk| u32::from(chunk.first_step == Step(2) && chunk.rank == Rank(1));
+    let granted = scheduler.pull_preferring(near, 1, now, &mut TestIds, &near_holds).expect("registered");
+    assert_eq!(starts(&granted), vec![(2, 1)]);
+    // The other worker holds rank 0's steps 4..6, but the chunks passed over go first: a
+    // preference never makes the head of the queue wait for anyone.
+    let other_holds = |chunk: &Chunk| u32::from(chunk.first_step == Step(4) && chunk.rank == Rank(0)) * 9;
+    let granted = scheduler.pull_preferring(other, 3, now, &mut TestIds, &other_holds).expect("registered");
+    assert_eq!(starts(&granted), vec![(0, 0), (0, 1), (2, 0)]);
+    let granted = scheduler.pull_preferring(other, 1, now, &mut TestIds, &other_holds).expect("registered");
+    assert_eq!(starts(&granted), vec![(4, 0)], "then what it holds");
+}
+
+#[test]
+fn with_preferences_every_step_is_still_granted_exactly_once() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    for rank in 0..3 {
+        open(&mut scheduler, key(), rank, 1, shape(24, 3, 24), now);
+    }
+    let workers: Vec<WorkerId> = (0..3).map(|_| scheduler.register_worker(addr(), 1, process(), now)).collect();
+    let mut counts = BTreeMap::new();
+    let mut seed = 17_u64;
+    for round in 0..200 {
+        let worker = workers[round % workers.len()];
+        seed = stoker_plan::prng::mix64(seed);
+        let salt = seed;
+        let holds = move |chunk: &Chunk| (stoker_plan::prng::mix64(salt ^ chunk.first_step.0 ^ u64::from(chunk.rank.0) << 32) % 4) as u32;
+        let granted = scheduler.pull_preferring(worker, 1 + (seed % 3) as u32, now, &mut TestIds, &holds).expect("registered");
+        tally(&granted, &mut counts);
+    }
+    assert_eq!(counts.len(), 3 * 24, "every step of every rank granted");
+    assert!(counts.values().all(|&count| count == 1), "{counts:?}");
+}
