@@ -22,9 +22,10 @@ pub(crate) fn authorize(caller: &PeerIdentity, request: &ControlRequest) -> Resu
 
 /// Refuse a Raft message that says it comes from node `sender` (its vote's leader id: the
 /// leader of an append or a snapshot, the candidate of a vote) unless `caller`'s certificate is
-/// bound to that node id and the node is a voter or learner of `members` (the membership this
-/// node knows). A node that knows no membership yet (started with `--join`, waiting to be
-/// added) has no state to protect: it takes a sender bound to its own id by its certificate.
+/// bound to that node id and, where `members` is not empty (the membership this node knows,
+/// given for votes only), the node is a voter or learner of it. A node that knows no membership
+/// yet (started with `--join`, waiting to be added) has no state to protect: it takes a sender
+/// bound to its own id by its certificate.
 pub(crate) fn authorize_raft_sender(caller: &PeerIdentity, sender: u64, members: &BTreeSet<u64>) -> Result<(), RemoteError> {
     let PeerIdentity::Certified(peer) = caller else { return Ok(()) };
     let forbidden = |message: String| Err(RemoteError::new(ErrorCode::Forbidden, message));

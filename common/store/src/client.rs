@@ -254,7 +254,15 @@ impl ObjectStores {
     /// before this returns.
     pub async fn download(&self, uri: &ObjectUri, destination: &Path, expected_size: Option<u64>) -> Result<u64, StoreError> {
         if let Some(size) = expected_size.filter(|size| *size > self.config.range_bytes && self.config.parallel_ranges > 1) {
-            return self.download_ranges(uri, destination, size).await;
+            let (found, tag) = self.head(uri).await?;
+            if found != size {
+                return Err(self.fatal(StoreError::SizeMismatch { uri: uri.to_string(), expected: size, found }));
+            }
+            // Without an ETag nothing would keep ranges of two versions of the object apart:
+            // then one GET reads it whole (found by review).
+            if let Some(tag) = tag {
+                return self.download_ranges(uri, destination, size, tag).await;
+            }
         }
         let file = tokio::fs::File::create(destination).await.map_err(|source| StoreError::io("failed to create", destination, source))?;
         let mut writer = tokio::io::BufWriter::with_capacity(1 << 20, file);
@@ -265,18 +273,14 @@ impl ObjectStores {
     }
 
     /// [`Self::download`] of an object of `size` bytes as ranged GETs.
-    async fn download_ranges(&self, uri: &ObjectUri, destination: &Path, size: u64) -> Result<u64, StoreError> {
-        let (found, tag) = self.head(uri).await?;
-        if found != size {
-            return Err(self.fatal(StoreError::SizeMismatch { uri: uri.to_string(), expected: size, found }));
-        }
+    async fn download_ranges(&self, uri: &ObjectUri, destination: &Path, size: u64, tag: String) -> Result<u64, StoreError> {
         let file = std::fs::File::create(destination).map_err(|source| StoreError::io("failed to create", destination, source))?;
         file.set_len(size).map_err(|source| StoreError::io("failed to size", destination, source))?;
         let step = self.config.range_bytes.max(1);
         let spans = (0..size.div_ceil(step)).map(|index| Span {
             start: index * step,
             end_opt: Some(((index + 1) * step).min(size)),
-            known_opt: Some((size, tag.clone())),
+            known_opt: Some((size, Some(tag.clone()))),
         });
         let (file_ref, tag_ref) = (&file, &tag);
         let mut reads = futures_util::stream::iter(spans)
@@ -318,6 +322,7 @@ impl ObjectStores {
                 self.back_off(uri, attempt, &last).await;
             }
             attempt += 1;
+            let attempt_start = offset;
             if let Some((size, _)) = &size_and_tag
                 && offset == span.end_opt.unwrap_or(*size)
             {
@@ -393,7 +398,9 @@ impl ObjectStores {
             }
             // A cut body counts as a failed attempt, but progress gives the next one a fresh
             // allowance: a large object over a flaky link gets there a piece at a time.
-            if offset > span.start {
+            // Only progress in this attempt counts: a body cut at its first byte again and
+            // again after earlier progress must run out of attempts (found by review).
+            if offset > attempt_start {
                 attempt = attempt.min(attempts - 1);
             }
         }

@@ -232,9 +232,17 @@ pub async fn answer_raft_rpc(raft: &Raft, caller: &PeerIdentity, kind: RaftKind,
             .map_err(|error| RemoteError::new(ErrorCode::Internal, format!("cannot encode a Raft answer: {error}")))
     }
     // The sender of each message is its vote's node: the leader of an append or a snapshot
-    // chunk, the candidate of a vote.
-    let authorize = |vote: &Vote<u64>| {
-        let members: BTreeSet<u64> = raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect();
+    // chunk, the candidate of a vote. Only a vote is checked against the membership this node
+    // knows: a follower that missed the entry adding the current leader learns it only from
+    // that leader's appends, so refusing a non-member's appends would shut it out for good
+    // (found by review). A refused vote costs nothing, and a node no member votes for never
+    // wins an election.
+    let authorize = |vote: &Vote<u64>, against_members: bool| {
+        let members: BTreeSet<u64> = if against_members {
+            raft.metrics().borrow().membership_config.membership().nodes().map(|(id, _)| *id).collect()
+        } else {
+            BTreeSet::new()
+        };
         let sender = vote
             .leader_id()
             .voted_for()
@@ -244,17 +252,17 @@ pub async fn answer_raft_rpc(raft: &Raft, caller: &PeerIdentity, kind: RaftKind,
     match kind {
         RaftKind::AppendEntries => {
             let request: AppendEntriesRequest<TypeConfig> = decode(payload)?;
-            authorize(&request.vote)?;
+            authorize(&request.vote, false)?;
             encode(&raft.append_entries(request).await)
         }
         RaftKind::Vote => {
             let request: VoteRequest<u64> = decode(payload)?;
-            authorize(&request.vote)?;
+            authorize(&request.vote, true)?;
             encode(&raft.vote(request).await)
         }
         RaftKind::InstallSnapshot => {
             let request: InstallSnapshotRequest<TypeConfig> = decode(payload)?;
-            authorize(&request.vote)?;
+            authorize(&request.vote, false)?;
             // openraft writes a chunk at its offset in a Vec: an offset far out would allocate it.
             let end = request.offset.checked_add(request.data.len() as u64);
             if end.is_none_or(|end| end > MAX_SNAPSHOT_BYTES) {

@@ -152,8 +152,11 @@ impl CacheTable {
     }
 
     /// Evict unpinned files until `bytes` more fit, in the plan's order (those no plan reads
-    /// first, least recently used first among them; then the one read furthest away), only
-    /// files read after turn `later_than` if given; `None` (nothing evicted) if they would not.
+    /// first, least recently used first among them; then the one read furthest away); if
+    /// `later_than` is given, only files the plan reads after that turn (never a file no plan
+    /// reads: that may be another rank's shard fetched ahead, whose plan the next grant's
+    /// replaced, and evicting it would download it again; found by review). `None` (nothing
+    /// evicted) if they would not make room.
     fn evict_for(&mut self, bytes: u64, later_than: Option<u64>) -> Option<Vec<String>> {
         let free = self.capacity.saturating_sub(self.held);
         if bytes <= free {
@@ -163,7 +166,7 @@ impl CacheTable {
             .entries
             .iter()
             .filter(|(name, entry)| {
-                entry.ready && entry.pins == 0 && later_than.is_none_or(|turn| self.next_use(name).is_none_or(|next| next > turn))
+                entry.ready && entry.pins == 0 && later_than.is_none_or(|turn| self.next_use(name).is_some_and(|next| next > turn))
             })
             .map(|(name, entry)| (Reverse(self.next_use(name).unwrap_or(u64::MAX)), entry.last_use, name.clone(), entry.bytes))
             .collect();
@@ -187,8 +190,8 @@ impl CacheTable {
     }
 
     /// Reserve room for a download of `name` fetched ahead, unpinned, if it is not held: in the
-    /// free room, or by evicting unpinned files the plan reads after it (a file no plan reads
-    /// takes free room only). The files to delete, or `None` if nothing was reserved.
+    /// free room, or by evicting unpinned files the plan reads after it (never files no plan
+    /// reads; a file no plan reads takes free room only). The files to delete, or `None` if nothing was reserved.
     pub(crate) fn reserve_ahead(&mut self, name: &str, bytes: u64) -> Option<Vec<String>> {
         if self.entries.contains_key(name) || bytes > self.capacity {
             return None;

@@ -14,6 +14,11 @@ use crate::shards::{Holdings, next_shards};
 use crate::state::Command;
 use crate::validate::check_list_len;
 
+/// The most chunks one pull grants. A worker asks for half its free room; 64 is far above
+/// what any worker's `--in-flight` makes it ask for, and keeps an answer's frame well under the
+/// control limit (64 grants of a spec and up to 512 shard ids each).
+const MAX_CHUNKS_PER_PULL: u32 = 64;
+
 impl Core {
     pub(super) fn register_worker(
         &mut self,
@@ -61,6 +66,10 @@ impl Core {
     }
 
     pub(super) fn pull(&mut self, worker: WorkerId, max: u32, held: &[HeldShards], now: Instant) -> Result<ControlResponse, RemoteError> {
+        // What one pull costs the core (each candidate's shards are counted for locality) and
+        // what its answer holds (each grant names up to MAX_NEXT_SHARDS shards) stay bounded
+        // whatever a worker asks for (found by review).
+        let max = max.min(MAX_CHUNKS_PER_PULL);
         let holdings = Holdings::of(held)?;
         let granted = if holdings.is_empty() {
             self.scheduler.pull(worker, max, now, &mut *self.ids)
