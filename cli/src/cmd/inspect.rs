@@ -48,16 +48,13 @@ pub(crate) struct InspectArgs {
 pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let given = args.path.to_string_lossy().into_owned();
     if ObjectUri::is_object_uri(&given) {
-        let stores = Stores::new(&args.object_store);
+        let (runtime, stores) = (super::remote::runtime()?, args.object_store.stores()?);
         let uri = ObjectUri::manifest(&given)?;
-        return if uri.file_name().ends_with(".json") {
-            inspect_object_manifest(&uri, &stores, &args)
-        } else {
-            let (runtime, stores) = stores.get()?;
-            let shard = ObjectUri::parse(&given)?;
-            let copy = download_shard(runtime, stores, &shard, true)?;
-            inspect_shard(&copy.shard, &given, args.json, args.show)
-        };
+        if uri.file_name().ends_with(".json") {
+            return inspect_object_manifest(&uri, &runtime, &stores, &args);
+        }
+        let copy = download_shard(&runtime, &stores, &ObjectUri::parse(&given)?, true)?;
+        return inspect_shard(&copy.shard, &given, args.json, args.show);
     }
     let is_manifest = args.path.is_dir() || args.path.extension().is_some_and(|extension| extension == "json");
     if is_manifest {
@@ -65,27 +62,6 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
         inspect_manifest(&path, &args)
     } else {
         inspect_shard(&args.path, &args.path.display().to_string(), args.json, args.show)
-    }
-}
-
-/// Object-store clients and a runtime for them, made the first time they are needed.
-struct Stores<'a> {
-    args: &'a ObjectStoreArgs,
-    made: std::cell::OnceCell<(Runtime, ObjectStores)>,
-}
-
-impl<'a> Stores<'a> {
-    fn new(args: &'a ObjectStoreArgs) -> Self {
-        Self { args, made: std::cell::OnceCell::new() }
-    }
-
-    fn get(&self) -> anyhow::Result<(&Runtime, &ObjectStores)> {
-        if self.made.get().is_none() {
-            let made = (super::remote::runtime()?, self.args.stores()?);
-            let _ = self.made.set(made);
-        }
-        let (runtime, stores) = self.made.get().context("object-store clients")?;
-        Ok((runtime, stores))
     }
 }
 
@@ -260,8 +236,7 @@ fn inspect_manifest(path: &Path, args: &InspectArgs) -> anyhow::Result<ExitCode>
 
 /// A manifest in an object store: its shards checked by size (HEAD), not downloaded; no label
 /// mixing (it would read every shard).
-fn inspect_object_manifest(uri: &ObjectUri, stores: &Stores<'_>, args: &InspectArgs) -> anyhow::Result<ExitCode> {
-    let (runtime, clients) = stores.get()?;
+fn inspect_object_manifest(uri: &ObjectUri, runtime: &Runtime, clients: &ObjectStores, args: &InspectArgs) -> anyhow::Result<ExitCode> {
     let bytes = runtime.block_on(clients.read(uri, MAX_OBJECT_READ_BYTES))?;
     let text = std::str::from_utf8(&bytes).with_context(|| format!("{uri}: the manifest is not UTF-8 text"))?;
     let manifest = Manifest::parse(text, Path::new(&uri.to_string()))?;
