@@ -154,6 +154,8 @@ pub(crate) async fn receive_loop(
 const BULK_RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long a trainer waits for a worker to answer its bulk hello.
 const BULK_HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a closing alert may take to go out to a worker that may not be reading.
+const BULK_ALERT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Keep a bulk connection to `worker` while `connection` (its QUIC connection, whose hello
 /// was answered) lasts: batches the worker sends on it are received like those on QUIC. When
@@ -239,10 +241,16 @@ async fn bulk_session(
         // one that trickles holds its place no longer than the timeout, and is made again.
         let received = match bulk.reader.receive_batch(pool, check, expect.max_payload, BATCH_RECEIVE_TIMEOUT).await {
             Ok(received) => received,
-            Err(error) => return Ok((error.to_string(), batches)),
+            Err(error) => {
+                // The worker hears why (this end's replies are always whole): `bad_record_mac`
+                // for a record tampered with on the way, `close_notify` otherwise.
+                bulk.writer.end(error.alert(), BULK_ALERT_TIMEOUT).await;
+                return Ok((error.to_string(), batches));
+            }
         };
         // A worker revoked since the connection was made gets nothing more taken from it.
         if tls.is_denied(&worker.key) {
+            bulk.writer.end(bulk::alert::CERTIFICATE_REVOKED, BULK_ALERT_TIMEOUT).await;
             return Ok(("the worker's certificate is revoked".to_owned(), batches));
         }
         let reply = match received {

@@ -168,6 +168,7 @@ where
 {
     let mut connection = bulk::accept(stream, tls).await.map_err(|error| error.to_string())?;
     if !connection.peer.is(Role::Trainer) {
+        connection.writer.end(bulk::alert::ACCESS_DENIED, Duration::from_secs(1)).await;
         return Err(format!("{} is not a trainer: only trainer certificates may receive batches", connection.peer));
     }
     let hello: TrainerHello = connection.reader.read_frame(bulk::HELLO_FRAME_LIMIT).await.map_err(|error| error.to_string())?;

@@ -8,6 +8,10 @@
 //! waits its turn is withdrawn alone (the writer skips it), so a backlog on a slow link fails
 //! only the batches it held back, not those going out. Batches that never reached the writer
 //! when the connection closed are handed back unsent, for QUIC to carry.
+//!
+//! A close ends what the worker sends with an alert when the writer is between batches:
+//! `close_notify` for an orderly close, or the alert a record the reader refused calls for
+//! (`bad_record_mac` for one tampered with); mid-batch nothing more can be said on the stream.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
@@ -18,14 +22,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use stoker_net::DeliveryError;
-use stoker_net::bulk::{BulkConnection, BulkError, BulkReader, BulkWriter, REPLY_FRAME_LIMIT};
+use stoker_net::bulk::{self, BulkConnection, BulkError, BulkReader, BulkWriter, REPLY_FRAME_LIMIT};
 use stoker_proto::{BatchHeader, BatchReply};
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::debug;
 
 /// Batches queued for the writer at most (a worker's batches in flight are few).
 const QUEUE: usize = 64;
+/// How long the writer tries to send its closing alert to a trainer that may not be reading.
+const ALERT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// What became of a batch given to [`BulkLink::send`].
 #[derive(Debug)]
@@ -64,7 +70,10 @@ pub(crate) struct BulkLink {
     owed: Arc<Owed>,
     open: Arc<AtomicBool>,
     closing: Notify,
-    tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// The alert the writer ends with once the link closes ([`bulk::alert`]).
+    ending: watch::Sender<Option<u8>>,
+    /// The reader's task (the writer ends itself, within [`ALERT_TIMEOUT`] of the close).
+    reading: Mutex<Option<JoinHandle<()>>>,
     peer: String,
 }
 
@@ -81,17 +90,18 @@ impl BulkLink {
         let (queue, queued) = mpsc::channel(QUEUE);
         let owed = Arc::new(Mutex::new(Some(VecDeque::new())));
         let open = Arc::new(AtomicBool::new(true));
+        let (ending, ended) = watch::channel(None);
         let link = Arc::new(Self {
             queue,
             owed: Arc::clone(&owed),
             open: Arc::clone(&open),
             closing: Notify::new(),
-            tasks: Mutex::default(),
+            ending,
+            reading: Mutex::default(),
             peer: addr.to_string(),
         });
-        let writing = tokio::spawn(write_loop(writer, queued, Arc::clone(&owed), Arc::downgrade(&link)));
-        let reading = tokio::spawn(read_loop(reader, owed, Arc::downgrade(&link)));
-        link.tasks.lock().extend([writing, reading]);
+        tokio::spawn(write_loop(writer, queued, Arc::clone(&owed), Arc::downgrade(&link), ended));
+        *link.reading.lock() = Some(tokio::spawn(read_loop(reader, owed, Arc::downgrade(&link))));
         link
     }
 
@@ -144,13 +154,21 @@ impl BulkLink {
         }
     }
 
-    /// Close the connection: every batch on it fails, every queued one goes back unsent.
+    /// Close the connection: every batch on it fails, every queued one goes back unsent, and
+    /// the trainer is sent `close_notify`.
     pub(crate) fn close(&self, why: &str) {
+        self.close_with(why, bulk::alert::CLOSE_NOTIFY);
+    }
+
+    /// [`Self::close`], ending with the alert `description`.
+    fn close_with(&self, why: &str, description: u8) {
         if self.open.swap(false, Ordering::AcqRel) {
-            debug!(peer = %self.peer, why, "closing a bulk connection");
+            debug!(peer = %self.peer, why, description, "closing a bulk connection");
         }
+        // The first reason stands.
+        self.ending.send_if_modified(|ending| ending.is_none() && ending.replace(description).is_none());
         self.closing.notify_waiters();
-        for task in self.tasks.lock().drain(..) {
+        if let Some(task) = self.reading.lock().take() {
             task.abort();
         }
         fail_owed(&self.owed, &BulkError::Closed);
@@ -172,9 +190,23 @@ fn fail_owed(owed: &Owed, error: &BulkError) {
 }
 
 /// Send queued batches one after another; the answer each is owed is filed before its bytes go.
-/// (The link holds this task's handle: the task holds only a weak reference to the link.)
-async fn write_loop(mut writer: BulkWriter, mut queued: mpsc::Receiver<Outgoing>, owed: Arc<Owed>, link: Weak<BulkLink>) {
-    while let Some(Outgoing { header, payload, answer, turn }) = queued.recv().await {
+/// Once the link closes, end with its alert if no batch is half sent. (The task holds only a
+/// weak reference to the link, and ends itself.)
+async fn write_loop(
+    mut writer: BulkWriter,
+    mut queued: mpsc::Receiver<Outgoing>,
+    owed: Arc<Owed>,
+    link: Weak<BulkLink>,
+    mut ending: watch::Receiver<Option<u8>>,
+) {
+    let description = loop {
+        let next = tokio::select! {
+            biased;
+            closed = ending.wait_for(Option::is_some) => break closed.ok().and_then(|ending| *ending),
+            next = queued.recv() => next,
+        };
+        // Every sender gone: the link was dropped (and closed).
+        let Some(Outgoing { header, payload, answer, turn }) = next else { break *ending.borrow() };
         // Its sender gave up on it while it waited (and counted it failed): it does not go.
         if turn.compare_exchange(WAITING, TAKEN, Ordering::AcqRel, Ordering::Acquire).is_err() {
             continue;
@@ -182,16 +214,23 @@ async fn write_loop(mut writer: BulkWriter, mut queued: mpsc::Receiver<Outgoing>
         match owed.lock().as_mut() {
             Some(owed) => owed.push_back(answer),
             // Closed: the batch goes back unsent (its answer is dropped).
-            None => return,
+            None => continue,
         }
-        if let Err(error) = writer.send_batch(&header, &payload).await {
+        let sent = tokio::select! {
+            biased;
+            // Closed with the batch half sent: nothing more can be said on this stream.
+            _ = ending.wait_for(Option::is_some) => return,
+            sent = writer.send_batch(&header, &payload) => sent,
+        };
+        if let Err(error) = sent {
             fail_owed(&owed, &error);
             if let Some(link) = link.upgrade() {
                 link.close("a batch could not be written");
             }
             return;
         }
-    }
+    };
+    writer.end(description.unwrap_or(bulk::alert::CLOSE_NOTIFY), ALERT_TIMEOUT).await;
 }
 
 /// Match the trainer's answers to the batches owed them, in order.
@@ -214,7 +253,7 @@ async fn read_loop(mut reader: BulkReader, owed: Arc<Owed>, link: Weak<BulkLink>
     };
     fail_owed(&owed, &error);
     if let Some(link) = link.upgrade() {
-        link.close("the answers stopped");
+        link.close_with("the answers stopped", error.alert());
     }
 }
 
@@ -231,6 +270,20 @@ mod tests {
         BatchHeader::opaque(Step(step), payload)
     }
 
+    /// A link at the worker's end of a loopback bulk connection, and the trainer's end.
+    async fn linked() -> (Arc<BulkLink>, bulk::BulkConnection) {
+        let tls = TlsConfigs::insecure().expect("tls");
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
+        let addr = listener.local_addr().expect("address");
+        let worker_tls = tls.clone();
+        let accepted = tokio::spawn(async move {
+            let (socket, _) = listener.accept().await.expect("accept");
+            bulk::accept(socket, &worker_tls).await.expect("handshake")
+        });
+        let trainer = bulk::connect(addr, &tls, Duration::from_secs(5)).await.expect("handshake");
+        (BulkLink::start(accepted.await.expect("worker")), trainer)
+    }
+
     /// A batch whose time runs out behind a large one that a slow trainer is still taking is
     /// withdrawn alone: the large one is delivered, the link stays open, and the withdrawn one
     /// never goes out (the next batch the trainer reads is the one sent after it).
@@ -238,16 +291,7 @@ mod tests {
     fn a_batch_timed_out_in_the_queue_is_withdrawn_and_the_link_goes_on() {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         runtime.block_on(async {
-            let tls = TlsConfigs::insecure().expect("tls");
-            let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
-            let addr = listener.local_addr().expect("address");
-            let worker_tls = tls.clone();
-            let accepted = tokio::spawn(async move {
-                let (socket, _) = listener.accept().await.expect("accept");
-                bulk::accept(socket, &worker_tls).await.expect("handshake")
-            });
-            let mut trainer = bulk::connect(addr, &tls, Duration::from_secs(5)).await.expect("handshake");
-            let link = BulkLink::start(accepted.await.expect("worker"));
+            let (link, mut trainer) = linked().await;
             // 64 MiB: far more than the socket buffers hold, so it is still going out while
             // the trainer does not read.
             let large = Bytes::from(vec![1u8; 64 << 20]);
@@ -280,6 +324,33 @@ mod tests {
             }
             assert!(matches!(first.await.expect("first"), Sent::Delivered));
             assert!(matches!(third.await.expect("third"), Sent::Delivered));
+        });
+    }
+
+    /// A link closed between batches ends with `close_notify`: the trainer tells an orderly
+    /// close from a cut connection (which reads as [`BulkError::Truncated`]).
+    #[test]
+    fn a_closed_link_tells_the_trainer_so_with_close_notify() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        runtime.block_on(async {
+            let (link, mut trainer) = linked().await;
+            let small = Bytes::from(vec![2u8; 1024]);
+            let sent = {
+                let link = Arc::clone(&link);
+                tokio::spawn(async move { link.send(header(0, &small), small, Duration::from_secs(30)).await })
+            };
+            let pool = PayloadPool::new(2);
+            let received = trainer.reader.receive_batch(&pool, |_| Ok(()), 0, Duration::from_secs(30)).await.expect("a batch");
+            assert!(matches!(received, Received::Batch(..)));
+            trainer.writer.reply(&BatchReply::Received).await.expect("answer");
+            assert!(matches!(sent.await.expect("sent"), Sent::Delivered));
+            link.close("the trainer left");
+            let after =
+                tokio::time::timeout(Duration::from_secs(10), trainer.reader.receive_batch(&pool, |_| Ok(()), 0, Duration::from_secs(30)))
+                    .await
+                    .expect("the close within 10 s")
+                    .expect_err("nothing after the close");
+            assert!(matches!(after, BulkError::Closed), "an orderly close, not a cut connection: {after}");
         });
     }
 }

@@ -198,7 +198,7 @@ where
                 }
                 let read = io.read(&mut incoming[used..]).await.map_err(BulkError::Io)?;
                 if read == 0 {
-                    return Err(BulkError::Closed);
+                    return Err(BulkError::Truncated);
                 }
                 used += read;
             }

@@ -13,6 +13,8 @@
 
 mod handshake;
 mod records;
+
+pub use self::records::alert;
 #[cfg(test)]
 mod tests;
 
@@ -106,12 +108,39 @@ pub enum BulkError {
     /// A frame could not be made or read.
     #[error("bulk connection: {0}")]
     Wire(#[from] WireError),
-    /// The peer closed the connection.
+    /// A record this end could not take (it failed authentication, or is malformed): the
+    /// connection ends, and [`BulkWriter::end`] answers it with `alert` (RFC 8446 §6).
+    #[error("bulk connection: {reason}")]
+    BadRecord {
+        /// The alert description to answer with ([`alert`]).
+        alert: u8,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The peer ended the connection with an alert other than `close_notify`.
+    #[error("bulk connection: the peer sent TLS alert {0}")]
+    Alert(String),
+    /// The peer closed the connection in order (`close_notify`).
     #[error("bulk connection closed by the peer")]
     Closed,
+    /// The stream ended without `close_notify`: the peer died, or the connection was cut (by
+    /// the network, or by someone truncating it).
+    #[error("bulk connection ended without close_notify (the peer died, or the connection was cut)")]
+    Truncated,
     /// Not within the time allowed.
     #[error("bulk connection: no progress within {0:?}")]
     TimedOut(Duration),
+}
+
+impl BulkError {
+    /// The alert this end answers the error with when it ends the connection: the one a bad
+    /// record names, `close_notify` otherwise (an orderly end of what this end sends).
+    pub fn alert(&self) -> u8 {
+        match self {
+            Self::BadRecord { alert, .. } => *alert,
+            _ => alert::CLOSE_NOTIFY,
+        }
+    }
 }
 
 /// A batch received over a bulk connection, or why not.
@@ -274,5 +303,18 @@ impl BulkWriter {
     /// Close cleanly (`close_notify`, then the sending side of the socket).
     pub async fn close(&mut self) -> Result<(), BulkError> {
         self.0.close().await
+    }
+
+    /// End what this end sends with the alert `description` ([`alert`]; `close_notify` for an
+    /// orderly close, [`BulkError::alert`] for what the reader refused), within `timeout`. Best
+    /// effort: a peer that does not read, or a socket already broken, gets nothing, and the
+    /// connection is dropped all the same. Only between messages: an alert after half a batch
+    /// would be read as the rest of it.
+    pub async fn end(&mut self, description: u8, timeout: Duration) {
+        match tokio::time::timeout(timeout, self.0.end(description)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::debug!(%error, description, "could not send the closing alert"),
+            Err(_) => tracing::debug!(description, "the closing alert did not go out in time"),
+        }
     }
 }

@@ -7,8 +7,11 @@
 //! record is decrypted in place in a fixed buffer and copied once, hot, into the batch, its
 //! checksum taken on the way (BENCHMARKS.md, "Delivery across hosts").
 //!
-//! What is implemented of TLS 1.3 after the handshake: application data, `close_notify`
-//! (other alerts end the connection with their description), `KeyUpdate` in both directions
+//! What is implemented of TLS 1.3 after the handshake: application data, alerts (RFC 8446 §6:
+//! an orderly close sends `close_notify`, and a reader tells it apart from a stream that just
+//! ends, which may have been cut; a record that fails authentication or is malformed is
+//! answered with a fatal alert by the caller, [`BulkError::alert`]; other alerts end the
+//! connection with their description), `KeyUpdate` in both directions
 //! (each side renews its sending key well before the cipher's confidentiality limit, and
 //! answers a peer's request for an update), and `NewSessionTicket` (ignored: bulk connections
 //! never resume). Anything else after the handshake is a protocol error.
@@ -43,6 +46,27 @@ const APPLICATION_DATA: u8 = 23;
 /// Handshake message types that may follow the handshake.
 const NEW_SESSION_TICKET: u8 = 4;
 const KEY_UPDATE: u8 = 24;
+
+/// Alert descriptions (RFC 8446 §6) this end sends.
+pub mod alert {
+    /// The orderly end of what a side sends.
+    pub const CLOSE_NOTIFY: u8 = 0;
+    /// A message not expected at this point.
+    pub const UNEXPECTED_MESSAGE: u8 = 10;
+    /// A record failed authentication.
+    pub const BAD_RECORD_MAC: u8 = 20;
+    /// A record longer than TLS allows.
+    pub const RECORD_OVERFLOW: u8 = 22;
+    /// The peer's certificate is on this end's deny list.
+    pub const CERTIFICATE_REVOKED: u8 = 44;
+    /// The peer's certificate is valid, but its role may not do this.
+    pub const ACCESS_DENIED: u8 = 49;
+    /// A message that cannot be parsed.
+    pub const DECODE_ERROR: u8 = 50;
+}
+/// Alert levels.
+const WARNING: u8 = 1;
+const FATAL: u8 = 2;
 /// Bytes the reader holds: many records per read from the socket (small enough to stay in
 /// the cache between the socket's copy, decryption and the copy out).
 const READ_BUFFER: usize = 256 << 10;
@@ -178,7 +202,14 @@ where
 
     /// Seal a `close_notify` alert, send it and shut the sending side down.
     pub(crate) async fn close(&mut self) -> Result<(), BulkError> {
-        self.seal(ALERT, &[1, 0])?;
+        self.end(alert::CLOSE_NOTIFY).await
+    }
+
+    /// Send the alert `description` (`close_notify` as a warning, anything else fatal) after
+    /// what is sealed already, and shut the sending side down: nothing may follow it.
+    pub(crate) async fn end(&mut self, description: u8) -> Result<(), BulkError> {
+        let level = if description == alert::CLOSE_NOTIFY { WARNING } else { FATAL };
+        self.seal(ALERT, &[level, description])?;
         self.flush().await?;
         self.io.shutdown().await.map_err(BulkError::Io)
     }
@@ -346,7 +377,7 @@ where
             let room = out.len().min(raw_end + READ_BUFFER);
             let read = self.io.read(&mut out[raw_end..room]).await.map_err(BulkError::Io)?;
             if read == 0 {
-                return Err(BulkError::Closed);
+                return Err(BulkError::Truncated);
             }
             raw_end += read;
         }
@@ -393,7 +424,7 @@ where
             }
             let read = self.io.read(&mut self.buf[self.filled..]).await.map_err(BulkError::Io)?;
             if read == 0 {
-                return Err(BulkError::Closed);
+                return Err(BulkError::Truncated);
             }
             self.filled += read;
         }
@@ -403,15 +434,19 @@ where
 /// Open the record at `buf[record..]` if all of it is in `buf`, its plaintext written from
 /// `buf[to..]` (`to` at most the record's body start: in place, or onto the plaintext before
 /// it). Control records are acted on: a key update renews `rx` (and asks the writer to renew
-/// its key if the peer wants); an alert is the error it stands for.
+/// its key if the peer wants); an alert is the error it stands for. A record this end cannot
+/// take is a [`BulkError::BadRecord`] naming the alert to answer it with.
 fn open_record(rx: &mut Direction, shared: &Shared, buf: &mut [u8], record: usize, to: usize) -> Result<Option<Opened>, BulkError> {
     let Some(header) = buf.get(record..record + HEADER) else { return Ok(None) };
     if header[0] != APPLICATION_DATA || header[1] != 3 || header[2] != 3 {
-        return Err(BulkError::Protocol(format!("not an encrypted TLS 1.3 record (header {:02x?})", &header[..3])));
+        return Err(bad(alert::UNEXPECTED_MESSAGE, format!("not an encrypted TLS 1.3 record (header {:02x?})", &header[..3])));
     }
     let len = usize::from(u16::from_be_bytes([header[3], header[4]]));
-    if !(TAG + 1..=MAX_CIPHERTEXT).contains(&len) {
-        return Err(BulkError::Protocol(format!("a record of {len} bytes (TLS allows {} to {MAX_CIPHERTEXT})", TAG + 1)));
+    if len > MAX_CIPHERTEXT {
+        return Err(bad(alert::RECORD_OVERFLOW, format!("a record of {len} bytes (TLS allows {} to {MAX_CIPHERTEXT})", TAG + 1)));
+    }
+    if len < TAG + 1 {
+        return Err(bad(alert::DECODE_ERROR, format!("a record of {len} bytes (TLS allows {} to {MAX_CIPHERTEXT})", TAG + 1)));
     }
     let end = record + HEADER + len;
     if end > buf.len() {
@@ -422,13 +457,13 @@ fn open_record(rx: &mut Direction, shared: &Shared, buf: &mut [u8], record: usiz
     let inner = rx
         .key
         .open_within(nonce, Aad::from(header), &mut buf[to..end], record + HEADER - to..)
-        .map_err(|_| BulkError::Protocol("a record failed authentication (tampered with, or not from this peer)".to_owned()))?;
+        .map_err(|_| bad(alert::BAD_RECORD_MAC, "a record failed authentication (tampered with, or not from this peer)"))?;
     // The inner plaintext: content, its type, then zero padding.
     let Some(typed) = inner.iter().rposition(|&byte| byte != 0) else {
-        return Err(BulkError::Protocol("a record without a content type".to_owned()));
+        return Err(bad(alert::UNEXPECTED_MESSAGE, "a record without a content type"));
     };
     if typed > MAX_PLAINTEXT {
-        return Err(BulkError::Protocol(format!("a record of {typed} bytes of plaintext (TLS allows {MAX_PLAINTEXT})")));
+        return Err(bad(alert::RECORD_OVERFLOW, format!("a record of {typed} bytes of plaintext (TLS allows {MAX_PLAINTEXT})")));
     }
     let content = to..to + typed;
     match inner[typed] {
@@ -437,9 +472,14 @@ fn open_record(rx: &mut Direction, shared: &Shared, buf: &mut [u8], record: usiz
             handshake_messages(rx, shared, &inner[..typed])?;
             Ok(Some(Opened { content: to..to, end }))
         }
-        ALERT => Err(alert(&inner[..typed])),
-        other => Err(BulkError::Protocol(format!("a record of content type {other} after the handshake"))),
+        ALERT => Err(alert_received(&inner[..typed])),
+        other => Err(bad(alert::UNEXPECTED_MESSAGE, format!("a record of content type {other} after the handshake"))),
     }
+}
+
+/// A record this end refuses, to be answered with `alert`.
+fn bad(alert: u8, reason: impl Into<String>) -> BulkError {
+    BulkError::BadRecord { alert, reason: reason.into() }
 }
 
 /// Act on post-handshake messages: a key update renews the receiving key (and, if asked, the
@@ -447,15 +487,15 @@ fn open_record(rx: &mut Direction, shared: &Shared, buf: &mut [u8], record: usiz
 fn handshake_messages(rx: &mut Direction, shared: &Shared, mut messages: &[u8]) -> Result<(), BulkError> {
     while !messages.is_empty() {
         let [kind, a, b, c, rest @ ..] = messages else {
-            return Err(BulkError::Protocol("a truncated handshake message".to_owned()));
+            return Err(bad(alert::DECODE_ERROR, "a truncated handshake message"));
         };
         let len = u32::from_be_bytes([0, *a, *b, *c]) as usize;
-        let body = rest.get(..len).ok_or_else(|| BulkError::Protocol("a truncated handshake message".to_owned()))?;
+        let body = rest.get(..len).ok_or_else(|| bad(alert::DECODE_ERROR, "a truncated handshake message"))?;
         match (*kind, body) {
             (KEY_UPDATE, [request]) if *request <= 1 => {
                 // Nothing else may share a record with a key update (RFC 8446 §5.1).
                 if rest.len() != len {
-                    return Err(BulkError::Protocol("data after a key update in its record".to_owned()));
+                    return Err(bad(alert::UNEXPECTED_MESSAGE, "data after a key update in its record"));
                 }
                 *rx = Direction::new(shared.next_secret(false)?, 0)?;
                 if *request == 1 {
@@ -463,31 +503,35 @@ fn handshake_messages(rx: &mut Direction, shared: &Shared, mut messages: &[u8]) 
                 }
             }
             (NEW_SESSION_TICKET, _) => {}
-            (kind, _) => return Err(BulkError::Protocol(format!("handshake message {kind} after the handshake"))),
+            (kind, _) => return Err(bad(alert::UNEXPECTED_MESSAGE, format!("handshake message {kind} after the handshake"))),
         }
         messages = &rest[len..];
     }
     Ok(())
 }
 
-/// The error an alert record stands for: `close_notify` is the peer closing.
-fn alert(body: &[u8]) -> BulkError {
+/// The error an alert record stands for: `close_notify` is the peer closing in order.
+fn alert_received(body: &[u8]) -> BulkError {
     match body {
-        [_, 0] => BulkError::Closed,
-        [_, description] => BulkError::Protocol(format!("the peer sent TLS alert {}", alert_name(*description))),
-        _ => BulkError::Protocol("a malformed alert".to_owned()),
+        [_, alert::CLOSE_NOTIFY] => BulkError::Closed,
+        [_, description] => BulkError::Alert(alert_name(*description)),
+        _ => bad(alert::DECODE_ERROR, "a malformed alert"),
     }
 }
 
 /// An alert's name (RFC 8446 §6), with what it most likely means here.
 fn alert_name(description: u8) -> String {
     let name = match description {
+        10 => "unexpected_message",
+        20 => "bad_record_mac (a record was tampered with on the way)",
+        22 => "record_overflow",
         40 => "handshake_failure",
         42 => "bad_certificate (this end's certificate was refused)",
         44 => "certificate_revoked (this end's certificate is on the peer's deny list)",
         45 => "certificate_expired (this end's certificate has expired)",
         46 => "certificate_unknown",
         48 => "unknown_ca (this end's certificate is not of the peer's cluster CA)",
+        49 => "access_denied (this end's certificate has a role that may not do this)",
         50 => "decode_error",
         51 => "decrypt_error",
         80 => "internal_error",
