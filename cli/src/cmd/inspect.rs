@@ -50,7 +50,11 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     if ObjectUri::is_object_uri(&given) {
         let (runtime, stores) = (super::remote::runtime()?, args.object_store.stores()?);
         let uri = ObjectUri::manifest(&given)?;
-        if uri.file_name().ends_with(".json") {
+        // `s3://b/shard-000` names a shard when an object has exactly that key, a prefix
+        // holding manifest.json otherwise (as a local path is a folder or a file).
+        let is_object = |text: &str| ObjectUri::parse(text).is_ok_and(|exact| runtime.block_on(stores.head(&exact)).is_ok());
+        let taken_for_prefix = uri.to_string() != given && !given.ends_with('/');
+        if uri.file_name().ends_with(".json") && !(taken_for_prefix && is_object(&given)) {
             return inspect_object_manifest(&uri, &runtime, &stores, &args);
         }
         let copy = download_shard(&runtime, &stores, &ObjectUri::parse(&given)?, true)?;

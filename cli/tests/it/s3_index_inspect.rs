@@ -77,6 +77,14 @@ fn index_and_inspect_read_shards_in_an_object_store() {
     assert_eq!(shard["samples"].as_u64(), Some(manifest.shards[0].samples));
     assert_eq!(shard["index"], "loaded", "the index beside it in the store");
 
+    // A shard whose key has no '.' is a shard, not a prefix holding manifest.json.
+    let dotless = dir.join("dotless");
+    std::fs::create_dir_all(&dotless).expect("folder");
+    std::fs::copy(bare.join(names[0]), dotless.join("shard-000")).expect("copy");
+    moto.upload_folder(&dotless, "s3://data/plain").expect("upload");
+    let plain = json(&stoker_ok(&["inspect", "s3://data/plain/shard-000", "--json"], &endpoint));
+    assert_eq!((plain["kind"].as_str(), plain["samples"].as_u64()), (Some("shard"), Some(manifest.shards[0].samples)), "{plain}");
+
     // What is missing is named.
     let missing = stoker(&["inspect", "s3://data/wds/not-there.tar", "--s3-endpoint", &endpoint]);
     assert!(!missing.status.success());

@@ -45,7 +45,8 @@ pub enum RaftCodecError {
 pub struct Network {
     endpoint: Endpoint,
     isolated: Arc<AtomicBool>,
-    connections: Arc<parking_lot::Mutex<HashMap<String, Connection>>>,
+    /// By (node id, address).
+    connections: Arc<parking_lot::Mutex<HashMap<(u64, String), Connection>>>,
     /// This node's TLS: a cached connection to a peer revoked since is closed, not used.
     tls: TlsConfigs,
 }
@@ -79,7 +80,7 @@ pub struct Peer {
     target: u64,
     addr: String,
     endpoint: Endpoint,
-    connections: Arc<parking_lot::Mutex<HashMap<String, Connection>>>,
+    connections: Arc<parking_lot::Mutex<HashMap<(u64, String), Connection>>>,
     isolated: Arc<AtomicBool>,
     tls: TlsConfigs,
 }
@@ -91,19 +92,26 @@ enum SendError {
 }
 
 impl Peer {
-    fn cached(&self) -> parking_lot::MutexGuard<'_, HashMap<String, Connection>> {
+    fn cached(&self) -> parking_lot::MutexGuard<'_, HashMap<(u64, String), Connection>> {
         self.connections.lock()
     }
 
     fn forget(&self, connection: &Connection) {
         let mut cached = self.cached();
-        if cached.get(&self.addr).is_some_and(|known| known.stable_id() == connection.stable_id()) {
-            cached.remove(&self.addr);
+        let key = self.key();
+        if cached.get(&key).is_some_and(|known| known.stable_id() == connection.stable_id()) {
+            cached.remove(&key);
         }
     }
 
+    /// A connection is cached by node id and address: one checked to be node A's is never
+    /// used for node B that a membership change puts at the same address.
+    fn key(&self) -> (u64, String) {
+        (self.target, self.addr.clone())
+    }
+
     async fn connection(&mut self, timeout: Duration) -> Result<Connection, SendError> {
-        let cached = self.cached().get(&self.addr).filter(|connection| connection.close_reason().is_none()).cloned();
+        let cached = self.cached().get(&self.key()).filter(|connection| connection.close_reason().is_none()).cloned();
         if let Some(connection) = cached {
             // Revoked since it was made (issue 31, item 3): closed, and a new one is refused
             // at its handshake.
@@ -130,7 +138,7 @@ impl Peer {
             connection.close(8u32.into(), b"not the node dialled");
             return Err(SendError::Unreachable(format!("{} presents the certificate of {peer}, not node {}'s", self.addr, self.target)));
         }
-        self.cached().insert(self.addr.clone(), connection.clone());
+        self.cached().insert(self.key(), connection.clone());
         Ok(connection)
     }
 
