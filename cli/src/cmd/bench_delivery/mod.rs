@@ -8,10 +8,13 @@
 //! kernel's receive work for a packet often runs on the sending thread.
 //!
 //! * [`tcp`]: plain TCP, rustls's stream, bulk connections.
+//! * [`unbuffered`]: rustls's unbuffered API as the record layer (what bulk connections could
+//!   use instead of their own).
 //! * [`quic`]: QUIC, from quinn's defaults to what Stoker ships.
 
 mod quic;
 mod tcp;
+mod unbuffered;
 
 use clap::Args;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -79,6 +82,8 @@ enum Transport {
     Tcp,
     /// rustls's own TLS stream over TCP (`rustls::StreamOwned`), mutual TLS.
     RustlsTcp,
+    /// rustls's unbuffered API over TCP, mutual TLS.
+    RustlsUnbuffered,
     /// A bulk connection (`stoker_net::bulk`): what workers and trainers use.
     Bulk,
     Quic {
@@ -216,6 +221,7 @@ fn variants(args: &BenchDeliveryArgs) -> Vec<Variant> {
     let mut list = vec![
         Variant { name: "tcp (baseline)".into(), transport: Transport::Tcp },
         Variant { name: "tls over tcp, rustls's stream".into(), transport: Transport::RustlsTcp },
+        Variant { name: "tls over tcp, rustls unbuffered".into(), transport: Transport::RustlsUnbuffered },
         Variant { name: "bulk: tls over tcp, own records (default)".into(), transport: Transport::Bulk },
         quic("quic, quinn defaults", quinn_defaults, true, 0),
         quic("  + batch windows", windows, true, 0),
@@ -311,6 +317,7 @@ fn measure(
     let (sender, receiver) = match variant.transport {
         Transport::Tcp => tcp::start_plain(header, payload, &progress, tid_tx, place)?,
         Transport::RustlsTcp => tcp::start_rustls(header, payload, &progress, tid_tx, place)?,
+        Transport::RustlsUnbuffered => unbuffered::start_unbuffered(header, payload, &progress, tid_tx, place)?,
         Transport::Bulk => tcp::start_bulk(header, payload, &progress, tid_tx, place)?,
         Transport::Quic { tuning, copy_send, pool_keep, mutual } => {
             let (sender_tls, receiver_tls) = if mutual { mutual_pair()? } else { (TlsConfigs::insecure()?, TlsConfigs::insecure()?) };

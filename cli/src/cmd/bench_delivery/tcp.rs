@@ -53,6 +53,26 @@ pub(super) fn start_rustls(
     tids: mpsc::Sender<TidReport>,
     place: &Arc<Place>,
 ) -> anyhow::Result<Sides> {
+    let server = |config, socket| Ok(rustls::StreamOwned::new(rustls::ServerConnection::new(config)?, socket));
+    let client = |config, socket, name| Ok(rustls::StreamOwned::new(rustls::ClientConnection::new(config, name)?, socket));
+    start_blocking_tls(header, payload, progress, tids, place, server, client)
+}
+
+/// A blocking TLS variant: the sender is the server that `server` makes of the accepted
+/// socket, the receiver the client that `client` makes of its socket, both mutual TLS.
+pub(super) fn start_blocking_tls<S, C>(
+    header: &BatchHeader,
+    payload: &Bytes,
+    progress: &Arc<Progress>,
+    tids: mpsc::Sender<TidReport>,
+    place: &Arc<Place>,
+    server: impl FnOnce(Arc<rustls::ServerConfig>, TcpStream) -> anyhow::Result<S> + Send + 'static,
+    client: impl FnOnce(Arc<rustls::ClientConfig>, TcpStream, rustls::pki_types::ServerName<'static>) -> anyhow::Result<C> + Send + 'static,
+) -> anyhow::Result<Sides>
+where
+    S: Write,
+    C: Read,
+{
     let (worker, trainer) = mutual_pair()?;
     let (server_config, client_config) = (worker.bulk_server(), trainer.bulk_client());
     let frame = wire::encode(header, BATCH_HEADER_LIMIT)?;
@@ -63,7 +83,7 @@ pub(super) fn start_rustls(
         let listener = TcpListener::bind((sender_place.sender_ip, 0)).context("cannot listen")?;
         let _ = addr_tx.send(listener.local_addr()?);
         let (socket, _) = listener.accept()?;
-        let mut stream = rustls::StreamOwned::new(rustls::ServerConnection::new(server_config)?, socket);
+        let mut stream = server(server_config, socket)?;
         let result = send_blocking(&mut stream, &frame, &payload, &sender_progress);
         sender_progress.finish(result)
     })?;
@@ -71,8 +91,7 @@ pub(super) fn start_rustls(
     let receiver = spawn_side("bench-recv", move || -> anyhow::Result<()> {
         let addr = receiver_place.enter_receiver(&tids, &addr_rx)?;
         let socket = TcpStream::connect(addr)?;
-        let name = rustls::pki_types::ServerName::try_from("stoker")?;
-        let mut stream = rustls::StreamOwned::new(rustls::ClientConnection::new(client_config, name)?, socket);
+        let mut stream = client(client_config, socket, rustls::pki_types::ServerName::try_from("stoker")?)?;
         let result = receive_blocking(&mut stream, &receiver_progress);
         receiver_progress.finish(result)
     })?;
