@@ -33,6 +33,8 @@ fn config() -> CoreConfig {
         max_prefetch: 16,
         max_jobs: 10,
         max_datasets: 10,
+        max_jobs_per_certificate: 10,
+        max_state_bytes: 256 << 20,
     }
 }
 
@@ -152,7 +154,7 @@ fn ids_come_from_the_injected_source_only() {
 fn the_timer_hands_out_checkpoints_once_and_takes_them_back_when_a_commit_fails() {
     let now = Instant::now();
     let mut core = Core::new(config(), "test".into(), ClusterState::new(), Box::new(SeededIds::new(1)), 1_000, now);
-    let job = match core.apply(Command::CreateJob { spec: crate::state::tests::spec("job") }) {
+    let job = match core.apply(Command::CreateJob { spec: crate::state::tests::spec("job"), creator: None }) {
         Applied::JobCreated(job) => job,
         other => panic!("{other:?}"),
     };
