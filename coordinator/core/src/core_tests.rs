@@ -330,3 +330,29 @@ fn an_attach_commits_only_when_its_session_is_new() {
     let other = core.step(Event::Request { request: attach(2), caller }, now);
     assert!(matches!(other, Outcome::Commit { command: Command::RecordSession { .. }, .. }), "{other:?}");
 }
+
+/// Issue 31, item 2: a trainer that detaches takes its rank's session record along; a detach
+/// of a session superseded since leaves the newer record.
+#[test]
+fn a_detached_session_leaves_no_record() {
+    let now = Instant::now();
+    let dataset = sample_dataset();
+    let caller = CertKey([1; 32]);
+    let mut core = leading(ClusterState::new(), 1, now);
+    let mut spec = crate::state::tests::spec("job");
+    spec.transforms = TransformSpec::imagenet_train(8);
+    let attach = |client| ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client };
+    let Ok(ControlResponse::Attached { job, session, .. }) = drive_as(&mut core, attach(1), caller, &dataset, now) else {
+        panic!("attach")
+    };
+    assert_eq!(core.state().sessions[&job].len(), 1);
+    let detach = ControlRequest::Detach { job, rank: Rank(0), session };
+    assert_eq!(drive_as(&mut core, detach, caller, &dataset, now), Ok(ControlResponse::Ack));
+    assert!(core.state().sessions.is_empty(), "{:?}", core.state().sessions);
+    // A late entry of that detach changes nothing once a newer session holds the rank.
+    let Ok(ControlResponse::Attached { session: newer, .. }) = drive_as(&mut core, attach(2), caller, &dataset, now) else {
+        panic!("attach")
+    };
+    core.apply(Command::ForgetSession { job, rank: Rank(0), session });
+    assert_eq!(core.state().sessions[&job].get(&Rank(0)), Some(&(newer, caller)));
+}

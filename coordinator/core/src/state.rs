@@ -95,6 +95,16 @@ pub enum Command {
         /// The certificate that attached.
         key: CertKey,
     },
+    /// The trainer of `session` detached: its rank's record goes, if it is still that
+    /// session's (a newer one's stays). Appended last.
+    ForgetSession {
+        /// The job.
+        job: JobId,
+        /// The rank.
+        rank: Rank,
+        /// The session that detached.
+        session: SessionId,
+    },
 }
 
 /// What a command did.
@@ -226,6 +236,17 @@ impl ClusterState {
                     // A late entry never takes the rank back from a newer session.
                     if ranks.get(&rank).is_none_or(|(recorded, _)| *recorded <= session) {
                         ranks.insert(rank, (session, key));
+                    }
+                }
+                Applied::Done
+            }
+            Command::ForgetSession { job, rank, session } => {
+                if let Some(ranks) = self.sessions.get_mut(&job) {
+                    if ranks.get(&rank).is_some_and(|(recorded, _)| *recorded == session) {
+                        ranks.remove(&rank);
+                    }
+                    if ranks.is_empty() {
+                        self.sessions.remove(&job);
                     }
                 }
                 Applied::Done
