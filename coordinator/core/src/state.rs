@@ -377,4 +377,23 @@ pub(crate) mod tests {
         let written_before = r#"{"command":"create_job","spec":{"name":"a","dataset":"train","plan":{"seed":1,"world_size":1,"batch_size":1,"shuffle":"full","tail":"partial"},"transforms":"{\"transforms\": []}","prefetch":4}}"#;
         assert_eq!(serde_json::from_str::<Command>(written_before).expect("parses"), command);
     }
+
+    /// Issue 31, item 2: the commands added for bounded state keep their form, and an entry
+    /// written before a job's creator was recorded reads as created by nobody.
+    #[test]
+    fn the_bounded_state_commands_are_pinned() {
+        let forget = Command::ForgetSession { job: JobId(2), rank: Rank(3), session: SessionId(4) };
+        let json = serde_json::to_string(&forget).expect("serialises");
+        assert_eq!(json, r#"{"command":"forget_session","job":2,"rank":3,"session":4}"#);
+        assert_eq!(serde_json::from_str::<Command>(&json).expect("parses"), forget);
+        let created = Command::CreateJob { spec: spec("a"), creator: Some(CertKey([7; 32])) };
+        let json = serde_json::to_string(&created).expect("serialises");
+        assert!(json.ends_with(r#""creator":[7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7]}"#), "{json}");
+        assert_eq!(serde_json::from_str::<Command>(&json).expect("parses"), created);
+        let mut state = ClusterState::new();
+        state.apply(created);
+        assert_eq!(state.jobs_created_by(CertKey([7; 32])), 1);
+        let snapshot = serde_json::to_string(&state).expect("serialises");
+        assert_eq!(serde_json::from_str::<ClusterState>(&snapshot).expect("parses"), state);
+    }
 }
