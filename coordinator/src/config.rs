@@ -58,6 +58,14 @@ pub struct CoordinatorConfig {
     pub max_jobs: usize,
     /// The most datasets it keeps (`--max-datasets`).
     pub max_datasets: usize,
+    /// The most jobs one trainer certificate's attaches may have created among those kept
+    /// (`--max-jobs-per-certificate`).
+    pub max_jobs_per_certificate: usize,
+    /// The most bytes the replicated state may hold (`--max-state-bytes`): every job is charged
+    /// 48 KiB, its dataset's record and 192 B per rank of its world size; every dataset its
+    /// record (`stoker_coordinator_core::state_budget`). A new job or dataset over it is
+    /// refused. At most half of the largest snapshot a follower takes.
+    pub max_state_bytes: u64,
     /// Folders datasets must be in (`--dataset-root`, after symlinks are resolved); empty:
     /// anywhere the coordinator can read.
     pub dataset_roots: Vec<PathBuf>,
@@ -89,6 +97,16 @@ pub const DEFAULT_MAX_PREFETCH: u32 = 1_024;
 pub const DEFAULT_MAX_JOBS: usize = 1_000;
 /// [`CoordinatorConfig::max_datasets`] by default.
 pub const DEFAULT_MAX_DATASETS: usize = 1_000;
+/// [`CoordinatorConfig::max_jobs_per_certificate`] by default: a quarter of the jobs kept.
+pub const DEFAULT_MAX_JOBS_PER_CERTIFICATE: usize = 250;
+/// [`CoordinatorConfig::max_state_bytes`] by default: 256 MiB, a quarter of the largest
+/// snapshot a follower takes (80 jobs of 16,384 ranks, or 1,000 jobs of 1,024).
+pub const DEFAULT_MAX_STATE_BYTES: u64 = 256 << 20;
+/// The most `--max-state-bytes` may be: half the largest snapshot a follower takes, so that a
+/// snapshot of a full state always reaches a lagging follower.
+pub const MAX_STATE_BYTES_LIMIT: u64 = crate::raft::MAX_SNAPSHOT_BYTES / 2;
+/// The least `--max-state-bytes` may be: room for a few jobs.
+pub const MIN_STATE_BYTES: u64 = 1 << 20;
 /// [`CoordinatorConfig::max_connections`] by default.
 pub const DEFAULT_MAX_CONNECTIONS: usize = stoker_net::DEFAULT_MAX_CONNECTIONS;
 /// [`CoordinatorConfig::max_connections_per_address`] by default.
@@ -121,6 +139,8 @@ impl CoordinatorConfig {
             max_prefetch: DEFAULT_MAX_PREFETCH,
             max_jobs: DEFAULT_MAX_JOBS,
             max_datasets: DEFAULT_MAX_DATASETS,
+            max_jobs_per_certificate: DEFAULT_MAX_JOBS_PER_CERTIFICATE,
+            max_state_bytes: DEFAULT_MAX_STATE_BYTES,
             dataset_roots: Vec::new(),
             store: StoreConfig::default(),
             object_roots: ObjectRoots::anywhere(),
@@ -145,6 +165,18 @@ impl CoordinatorConfig {
         if self.max_world_size == 0 || self.max_prefetch == 0 || self.max_jobs == 0 || self.max_datasets == 0 {
             return Err(CoordinatorError::Config {
                 message: "--max-world-size, --max-prefetch, --max-jobs and --max-datasets must be at least 1".to_owned(),
+            });
+        }
+        if self.max_jobs_per_certificate == 0 {
+            return Err(CoordinatorError::Config { message: "--max-jobs-per-certificate must be at least 1".to_owned() });
+        }
+        if !(MIN_STATE_BYTES..=MAX_STATE_BYTES_LIMIT).contains(&self.max_state_bytes) {
+            return Err(CoordinatorError::Config {
+                message: format!(
+                    "--max-state-bytes {} must be from {MIN_STATE_BYTES} to {MAX_STATE_BYTES_LIMIT} (half the largest snapshot \
+                     a lagging follower takes)",
+                    self.max_state_bytes
+                ),
             });
         }
         if self.max_connections == 0 || self.max_connections_per_address == 0 || self.max_streams_per_connection < 4 {
@@ -237,6 +269,8 @@ impl CoordinatorConfig {
             max_prefetch: self.max_prefetch,
             max_jobs: self.max_jobs,
             max_datasets: self.max_datasets,
+            max_jobs_per_certificate: self.max_jobs_per_certificate,
+            max_state_bytes: self.max_state_bytes,
         }
     }
 }

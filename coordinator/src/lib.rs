@@ -31,6 +31,8 @@ pub mod sources;
 pub use stoker_coordinator_core::scheduler;
 /// The durable state machine: datasets, jobs, checkpoints, changed by commands.
 pub use stoker_coordinator_core::state;
+/// What the replicated state may hold: the bytes each job and dataset is charged.
+pub use stoker_coordinator_core::state_budget;
 
 pub use self::config::CoordinatorConfig;
 pub use self::error::CoordinatorError;

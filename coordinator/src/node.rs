@@ -100,6 +100,7 @@ pub async fn start(
     // time this node leads, never from its clock.
     let core = Arc::new(Coordinator::new(&config, advertised.clone(), ClusterState::new(), Box::new(OsIds), 0, Instant::now()));
     let machine = StateMachine::open(file.clone(), core.clone())?;
+    let snapshot_requests = machine.snapshot_requests();
     // Requests only: small windows, no unidirectional streams; large sends (Raft) still go out.
     let tuning = Tuning { max_bidi_streams: config.max_streams_per_connection, receives_batches: false, ..Tuning::default() };
     let endpoint = server_endpoint(socket, tls, tuning)?;
@@ -163,8 +164,22 @@ pub async fn start(
     let limits = AcceptLimits { admission, serve };
     let accept = tokio::spawn(accept_loop(endpoint.clone(), Arc::clone(&driver), tls.clone(), handshakes, limits));
     let timer = tokio::spawn(timer_loop(Arc::clone(&driver)));
+    let snapshots = tokio::spawn(snapshot_loop(raft.clone(), snapshot_requests));
     info!(%addr, node = config.node_id, "coordinator listening");
-    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer], stopping: Mutex::new(None) })
+    Ok(CoordinatorHandle { addr, endpoint, driver, tasks: vec![accept, timer, snapshots], stopping: Mutex::new(None) })
+}
+
+/// Build a snapshot whenever the state machine says one is due (`raft::snapshot_due`): the
+/// state machine cannot call into Raft itself, as it runs inside it.
+async fn snapshot_loop(raft: Raft, requests: Arc<tokio::sync::Notify>) {
+    loop {
+        requests.notified().await;
+        // A snapshot already being built makes openraft ignore this; the next entry asks again.
+        if let Err(error) = raft.trigger().snapshot().await {
+            debug!(%error, "Raft stopped: no more snapshots");
+            return;
+        }
+    }
 }
 
 /// Refuse to start when `--peers` (or this node alone) disagrees with the membership the

@@ -93,6 +93,16 @@ pub(crate) struct CoordinatorArgs {
     /// The most datasets kept.
     #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_DATASETS as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub(crate) max_datasets: u64,
+    /// The most jobs one trainer certificate may have created among those kept: an attach
+    /// creating another is refused (`stoker job rm` removes finished ones).
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_JOBS_PER_CERTIFICATE as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub(crate) max_jobs_per_certificate: u64,
+    /// The most bytes the replicated state (and so a snapshot) may hold: each job counts
+    /// 48 KiB, its dataset's record and 192 B per rank of its world size; each dataset its
+    /// record (about 21 B a shard). A new job or dataset over it is refused. At most 512 MiB,
+    /// half the largest snapshot a lagging coordinator takes.
+    #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_STATE_BYTES, value_parser = clap::value_parser!(u64).range(stoker_coordinator::config::MIN_STATE_BYTES..=stoker_coordinator::config::MAX_STATE_BYTES_LIMIT), value_name = "BYTES")]
+    pub(crate) max_state_bytes: u64,
     /// The most connections open at once (handshakes in progress count); more are refused
     /// before their handshake, and their clients retry.
     #[arg(long, default_value_t = stoker_coordinator::config::DEFAULT_MAX_CONNECTIONS as u64, value_parser = clap::value_parser!(u64).range(1..))]
@@ -283,6 +293,8 @@ fn coordinator_config(args: &CoordinatorArgs) -> anyhow::Result<CoordinatorConfi
     config.max_prefetch = args.max_prefetch;
     config.max_jobs = usize::try_from(args.max_jobs).unwrap_or(usize::MAX);
     config.max_datasets = usize::try_from(args.max_datasets).unwrap_or(usize::MAX);
+    config.max_jobs_per_certificate = usize::try_from(args.max_jobs_per_certificate).unwrap_or(usize::MAX);
+    config.max_state_bytes = args.max_state_bytes;
     config.dataset_roots = args.dataset_roots.clone();
     config.store = args.object_store.config()?;
     config.object_roots = stoker_store::ObjectRoots::new(&args.object_roots)?;
@@ -422,6 +434,8 @@ mod tests {
         assert_eq!(parsed.max_prefetch, defaults.max_prefetch);
         assert_eq!(parsed.max_jobs, defaults.max_jobs);
         assert_eq!(parsed.max_datasets, defaults.max_datasets);
+        assert_eq!(parsed.max_jobs_per_certificate, defaults.max_jobs_per_certificate);
+        assert_eq!(parsed.max_state_bytes, defaults.max_state_bytes);
         assert_eq!(parsed.max_connections, defaults.max_connections);
         assert_eq!(parsed.max_connections_per_address, defaults.max_connections_per_address);
         assert_eq!(parsed.max_streams_per_connection, defaults.max_streams_per_connection);

@@ -24,4 +24,9 @@ pub struct CoreConfig {
     pub max_jobs: usize,
     /// The most datasets kept.
     pub max_datasets: usize,
+    /// The most jobs one certificate's attaches may have created among those kept.
+    pub max_jobs_per_certificate: usize,
+    /// The most bytes the replicated state may hold, as charged by `state_budget` (every job
+    /// with a session record for each of its ranks): what a snapshot may take.
+    pub max_state_bytes: u64,
 }

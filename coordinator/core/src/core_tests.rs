@@ -33,6 +33,8 @@ fn config() -> CoreConfig {
         max_prefetch: 16,
         max_jobs: 10,
         max_datasets: 10,
+        max_jobs_per_certificate: 10,
+        max_state_bytes: 256 << 20,
     }
 }
 
@@ -152,7 +154,7 @@ fn ids_come_from_the_injected_source_only() {
 fn the_timer_hands_out_checkpoints_once_and_takes_them_back_when_a_commit_fails() {
     let now = Instant::now();
     let mut core = Core::new(config(), "test".into(), ClusterState::new(), Box::new(SeededIds::new(1)), 1_000, now);
-    let job = match core.apply(Command::CreateJob { spec: crate::state::tests::spec("job") }) {
+    let job = match core.apply(Command::CreateJob { spec: crate::state::tests::spec("job"), creator: None }) {
         Applied::JobCreated(job) => job,
         other => panic!("{other:?}"),
     };
@@ -278,4 +280,79 @@ fn an_unknown_owner_refuses_under_mutual_tls() {
     assert_eq!(unrecorded.code, stoker_proto::ErrorCode::Forbidden, "{unrecorded}");
     // Under --insecure the seats alone decide, as before.
     assert!(drive_as(&mut core, open(session), CertKey::UNCHECKED, &dataset, now).is_ok());
+}
+
+/// Issue 31, item 2: one certificate creates at most `max_jobs_per_certificate` of the jobs
+/// kept (another still may create its own), and a removed job no longer counts against it.
+#[test]
+fn one_certificate_creates_at_most_its_share_of_the_jobs() {
+    let now = Instant::now();
+    let dataset = sample_dataset();
+    let (greedy, other) = (CertKey([1; 32]), CertKey([2; 32]));
+    let mut config = config();
+    config.max_jobs_per_certificate = 2;
+    let mut core = Core::new(config, "test".into(), ClusterState::new(), Box::new(SeededIds::new(1)), 0, now);
+    core.step(Event::Lead { term: 1 }, now);
+    drive(&mut core, ControlRequest::AddDataset { name: "train".into(), manifest: "/data".into() }, &dataset, now);
+    let attach = |name: &str| {
+        let mut spec = crate::state::tests::spec(name);
+        spec.transforms = TransformSpec::imagenet_train(8);
+        ControlRequest::Attach { spec, rank: Rank(0), client: 1 }
+    };
+    for name in ["a", "b"] {
+        assert!(drive_as(&mut core, attach(name), greedy, &dataset, now).is_ok(), "{name}");
+    }
+    let refused = drive_as(&mut core, attach("c"), greedy, &dataset, now).expect_err("over its share");
+    assert!(refused.message.contains("--max-jobs-per-certificate 2") && refused.message.contains("stoker job rm"), "{refused}");
+    assert!(drive_as(&mut core, attach("c"), other, &dataset, now).is_ok(), "another certificate has its own share");
+    core.apply(Command::RemoveJob { job: JobId(1) });
+    assert!(drive_as(&mut core, attach("d"), greedy, &dataset, now).is_ok(), "a removed job no longer counts");
+    assert_eq!(core.state().jobs_created_by(greedy), 2);
+}
+
+/// Issue 31, item 2: the same loader attaching again keeps its session and commits nothing;
+/// an attach that gives a new session commits one entry and replaces the rank's record.
+#[test]
+fn an_attach_commits_only_when_its_session_is_new() {
+    let now = Instant::now();
+    let dataset = sample_dataset();
+    let caller = CertKey([1; 32]);
+    let mut core = leading(ClusterState::new(), 1, now);
+    let mut spec = crate::state::tests::spec("job");
+    spec.transforms = TransformSpec::imagenet_train(8);
+    let attach = |client| ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client };
+    let Ok(ControlResponse::Attached { session, .. }) = drive_as(&mut core, attach(1), caller, &dataset, now) else { panic!("attach") };
+    let again = core.step(Event::Request { request: attach(1), caller }, now);
+    assert!(
+        matches!(&again, Outcome::Reply { answer: Ok(ControlResponse::Attached { session: same, .. }), .. } if *same == session),
+        "{again:?}"
+    );
+    let other = core.step(Event::Request { request: attach(2), caller }, now);
+    assert!(matches!(other, Outcome::Commit { command: Command::RecordSession { .. }, .. }), "{other:?}");
+}
+
+/// Issue 31, item 2: a trainer that detaches takes its rank's session record along; a detach
+/// of a session superseded since leaves the newer record.
+#[test]
+fn a_detached_session_leaves_no_record() {
+    let now = Instant::now();
+    let dataset = sample_dataset();
+    let caller = CertKey([1; 32]);
+    let mut core = leading(ClusterState::new(), 1, now);
+    let mut spec = crate::state::tests::spec("job");
+    spec.transforms = TransformSpec::imagenet_train(8);
+    let attach = |client| ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client };
+    let Ok(ControlResponse::Attached { job, session, .. }) = drive_as(&mut core, attach(1), caller, &dataset, now) else {
+        panic!("attach")
+    };
+    assert_eq!(core.state().sessions[&job].len(), 1);
+    let detach = ControlRequest::Detach { job, rank: Rank(0), session };
+    assert_eq!(drive_as(&mut core, detach, caller, &dataset, now), Ok(ControlResponse::Ack));
+    assert!(core.state().sessions.is_empty(), "{:?}", core.state().sessions);
+    // A late entry of that detach changes nothing once a newer session holds the rank.
+    let Ok(ControlResponse::Attached { session: newer, .. }) = drive_as(&mut core, attach(2), caller, &dataset, now) else {
+        panic!("attach")
+    };
+    core.apply(Command::ForgetSession { job, rank: Rank(0), session });
+    assert_eq!(core.state().sessions[&job].get(&Rank(0)), Some(&(newer, caller)));
 }

@@ -22,6 +22,8 @@ pub mod scheduler;
 mod shards;
 /// The durable, replicated state machine: datasets, jobs, checkpoints, changed by commands.
 pub mod state;
+/// What the replicated state may hold: the bytes each job and dataset is charged.
+pub mod state_budget;
 /// Checks of job specs, limits and list lengths.
 mod validate;
 

@@ -26,6 +26,11 @@ pub enum Command {
     CreateJob {
         /// Its spec.
         spec: JobSpec,
+        /// The certificate of the trainer whose attach created it (counted against
+        /// `--max-jobs-per-certificate`); absent in entries written before it was recorded,
+        /// and under `--insecure`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        creator: Option<CertKey>,
     },
     /// Record how far every rank of a job has consumed.
     RecordCheckpoint {
@@ -90,6 +95,16 @@ pub enum Command {
         /// The certificate that attached.
         key: CertKey,
     },
+    /// The trainer of `session` detached: its rank's record goes, if it is still that
+    /// session's (a newer one's stays). Appended last.
+    ForgetSession {
+        /// The job.
+        job: JobId,
+        /// The rank.
+        rank: Rank,
+        /// The session that detached.
+        session: SessionId,
+    },
 }
 
 /// What a command did.
@@ -134,6 +149,10 @@ pub struct ClusterState {
     /// Each rank's newest session and the certificate that attached for it (mutual TLS only).
     #[serde(default)]
     pub sessions: BTreeMap<JobId, BTreeMap<Rank, (SessionId, CertKey)>>,
+    /// The certificate whose attach created each job (mutual TLS only; jobs created before
+    /// this was recorded have no entry).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub job_creators: BTreeMap<JobId, CertKey>,
 }
 
 impl ClusterState {
@@ -149,7 +168,7 @@ impl ClusterState {
                 self.datasets.insert(dataset.name.clone(), dataset);
                 Applied::Done
             }
-            Command::CreateJob { spec } => {
+            Command::CreateJob { spec, creator } => {
                 // Two trainers may ask for the same new job at once: the first entry creates it.
                 if self.job_named(&spec.name).is_some() {
                     return Applied::Done;
@@ -161,6 +180,9 @@ impl ClusterState {
                     self.job_datasets.insert(id, dataset.clone());
                 }
                 self.jobs.insert(id, spec);
+                if let Some(creator) = creator {
+                    self.job_creators.insert(id, creator);
+                }
                 Applied::JobCreated(id)
             }
             Command::RecordCheckpoint { job, checkpoint } => {
@@ -176,6 +198,7 @@ impl ClusterState {
                 self.checkpoints.remove(&job);
                 self.failed.remove(&job);
                 self.sessions.remove(&job);
+                self.job_creators.remove(&job);
                 Applied::Done
             }
             Command::RecordCheckpoints { checkpoints } => {
@@ -217,6 +240,17 @@ impl ClusterState {
                 }
                 Applied::Done
             }
+            Command::ForgetSession { job, rank, session } => {
+                if let Some(ranks) = self.sessions.get_mut(&job) {
+                    if ranks.get(&rank).is_some_and(|(recorded, _)| *recorded == session) {
+                        ranks.remove(&rank);
+                    }
+                    if ranks.is_empty() {
+                        self.sessions.remove(&job);
+                    }
+                }
+                Applied::Done
+            }
         }
     }
 
@@ -224,6 +258,11 @@ impl ClusterState {
     pub fn job_dataset(&self, job: JobId) -> Option<&DatasetInfo> {
         let spec = self.jobs.get(&job)?;
         self.job_datasets.get(&job).or_else(|| self.datasets.get(&spec.dataset))
+    }
+
+    /// How many kept jobs `key`'s attaches created.
+    pub fn jobs_created_by(&self, key: CertKey) -> usize {
+        self.job_creators.values().filter(|creator| **creator == key).count()
     }
 
     /// The job named `name`, if any.
@@ -264,8 +303,8 @@ pub(crate) mod tests {
             Command::AddDataset {
                 dataset: DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3, 4], version: 11 },
             },
-            Command::CreateJob { spec: spec("a") },
-            Command::CreateJob { spec: spec("b") },
+            Command::CreateJob { spec: spec("a"), creator: None },
+            Command::CreateJob { spec: spec("b"), creator: None },
             Command::RecordCheckpoint {
                 job: JobId(2),
                 checkpoint: Checkpoint { version: 1, epoch: Epoch(3), position: Position(9), order_fingerprint: 7 },
@@ -294,13 +333,13 @@ pub(crate) mod tests {
         state.apply(Command::AddDataset {
             dataset: DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3], version: 1 },
         });
-        state.apply(Command::CreateJob { spec: spec("a") });
+        state.apply(Command::CreateJob { spec: spec("a"), creator: None });
         let checkpoint = Checkpoint { version: 1, epoch: Epoch(0), position: Position(2), order_fingerprint: 7 };
         state.apply(Command::RecordCheckpoint { job: JobId(1), checkpoint });
         state.apply(Command::RemoveJob { job: JobId(1) });
         state.apply(Command::RecordCheckpoint { job: JobId(1), checkpoint });
         assert!(state.jobs.is_empty() && state.checkpoints.is_empty() && state.job_datasets.is_empty(), "{state:?}");
-        assert_eq!(state.apply(Command::CreateJob { spec: spec("a") }), Applied::JobCreated(JobId(2)));
+        assert_eq!(state.apply(Command::CreateJob { spec: spec("a"), creator: None }), Applied::JobCreated(JobId(2)));
     }
 
     /// A job keeps the dataset it was created with when the name is registered again with
@@ -315,9 +354,9 @@ pub(crate) mod tests {
         };
         let mut state = ClusterState::new();
         state.apply(Command::AddDataset { dataset: info("/a.json", vec![3], 1) });
-        state.apply(Command::CreateJob { spec: spec("a") });
+        state.apply(Command::CreateJob { spec: spec("a"), creator: None });
         state.apply(Command::AddDataset { dataset: info("/b.json", vec![5, 5], 2) });
-        state.apply(Command::CreateJob { spec: spec("b") });
+        state.apply(Command::CreateJob { spec: spec("b"), creator: None });
         assert_eq!(state.job_dataset(JobId(1)), Some(&info("/a.json", vec![3], 1)));
         assert_eq!(state.job_dataset(JobId(2)), Some(&info("/b.json", vec![5, 5], 2)));
         let old_snapshot = r#"{"version":1,"datasets":{},"jobs":{},"checkpoints":{},"next_job":1}"#;
@@ -326,7 +365,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_persisted_form_is_pinned() {
-        let command = Command::CreateJob { spec: spec("a") };
+        let command = Command::CreateJob { spec: spec("a"), creator: None };
         let json = serde_json::to_string(&command).expect("serialises");
         assert_eq!(
             json,
@@ -337,5 +376,24 @@ pub(crate) mod tests {
         // written before the field was typed: they read the same.
         let written_before = r#"{"command":"create_job","spec":{"name":"a","dataset":"train","plan":{"seed":1,"world_size":1,"batch_size":1,"shuffle":"full","tail":"partial"},"transforms":"{\"transforms\": []}","prefetch":4}}"#;
         assert_eq!(serde_json::from_str::<Command>(written_before).expect("parses"), command);
+    }
+
+    /// Issue 31, item 2: the commands added for bounded state keep their form, and an entry
+    /// written before a job's creator was recorded reads as created by nobody.
+    #[test]
+    fn the_bounded_state_commands_are_pinned() {
+        let forget = Command::ForgetSession { job: JobId(2), rank: Rank(3), session: SessionId(4) };
+        let json = serde_json::to_string(&forget).expect("serialises");
+        assert_eq!(json, r#"{"command":"forget_session","job":2,"rank":3,"session":4}"#);
+        assert_eq!(serde_json::from_str::<Command>(&json).expect("parses"), forget);
+        let created = Command::CreateJob { spec: spec("a"), creator: Some(CertKey([7; 32])) };
+        let json = serde_json::to_string(&created).expect("serialises");
+        assert!(json.ends_with(r#""creator":[7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7]}"#), "{json}");
+        assert_eq!(serde_json::from_str::<Command>(&json).expect("parses"), created);
+        let mut state = ClusterState::new();
+        state.apply(created);
+        assert_eq!(state.jobs_created_by(CertKey([7; 32])), 1);
+        let snapshot = serde_json::to_string(&state).expect("serialises");
+        assert_eq!(serde_json::from_str::<ClusterState>(&snapshot).expect("parses"), state);
     }
 }

@@ -75,6 +75,8 @@ fn config() -> CoreConfig {
         max_prefetch: 16,
         max_jobs: 10,
         max_datasets: 10,
+        max_jobs_per_certificate: 10,
+        max_state_bytes: 256 << 20,
     }
 }
 

@@ -12,7 +12,7 @@ mod state_machine;
 mod store_file;
 
 pub use self::log_store::LogStore;
-pub use self::network::{Network, RaftCodecError, answer_raft_rpc};
+pub use self::network::{MAX_SNAPSHOT_BYTES, Network, RaftCodecError, answer_raft_rpc};
 pub use self::state_machine::StateMachine;
 pub use self::store_file::{STORE_FILE, StoreFile};
 
@@ -74,8 +74,10 @@ impl Replica for PlainReplica {
 
 /// Raft timing and log bounds. Heartbeats every 100 ms and an election timeout of 0.3–0.6 s:
 /// openraft 0.9's followers first wait out the leader's lease (the maximum timeout, 0.6 s), so
-/// a dead leader is replaced 0.9–1.2 s after its last heartbeat (measured: 0.93–1.13 s). A snapshot every 1,000 entries,
-/// keeping 200 behind it for slow followers: the log holds at most ~1,200 entries.
+/// a dead leader is replaced 0.9–1.2 s after its last heartbeat (measured: 0.93–1.13 s).
+/// Snapshots are not openraft's to time: the state machine asks for one when [`snapshot_due`]
+/// says so (`StateMachine::snapshot_requests`), keeping 200 entries behind it for slow
+/// followers.
 pub fn raft_config(cluster: &str) -> openraft::Config {
     openraft::Config {
         cluster_name: cluster.to_owned(),
@@ -84,7 +86,7 @@ pub fn raft_config(cluster: &str) -> openraft::Config {
         election_timeout_max: 600,
         install_snapshot_timeout: 2000,
         max_payload_entries: 64,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(SNAPSHOT_EVERY),
+        snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: KEEP_BEHIND_SNAPSHOT,
         purge_batch_size: 64,
         snapshot_max_chunk_size: 1 << 20,
@@ -92,10 +94,24 @@ pub fn raft_config(cluster: &str) -> openraft::Config {
     }
 }
 
-/// Entries between snapshots.
+/// The fewest entries between snapshots.
 pub const SNAPSHOT_EVERY: u64 = 1000;
 /// Entries kept in the log behind a snapshot.
 pub const KEEP_BEHIND_SNAPSHOT: u64 = 200;
+/// Snapshot bytes each entry since the last snapshot pays for: a state of S bytes is written
+/// again only after S / 128 entries.
+pub const SNAPSHOT_BYTES_PER_ENTRY: u64 = 128;
+
+/// Whether a snapshot is due after `entries` applied since the last one, which took
+/// `snapshot_bytes`: after `max(SNAPSHOT_EVERY, snapshot_bytes / SNAPSHOT_BYTES_PER_ENTRY)`
+/// entries. So the snapshots written over a history of N entries take at most
+/// `N × SNAPSHOT_BYTES_PER_ENTRY` bytes plus one state for every `SNAPSHOT_EVERY` entries while
+/// the state is under 128 KB: linear in N however large the state grew (a snapshot every 1,000
+/// entries of a state that grows with them costs N² / 1,000), and the log between two
+/// snapshots holds at most `max(1,000, S / 128)` entries.
+pub fn snapshot_due(entries: u64, snapshot_bytes: u64) -> bool {
+    entries >= SNAPSHOT_EVERY.max(snapshot_bytes / SNAPSHOT_BYTES_PER_ENTRY)
+}
 
 #[cfg(test)]
 mod tests;

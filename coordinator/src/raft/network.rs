@@ -24,8 +24,9 @@ use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RaftKind, RemoteE
 use super::{Raft, TypeConfig};
 use crate::authz::authorize_raft_sender;
 
-/// The largest snapshot a peer may send: the state of tens of thousands of jobs is a few MB.
-pub(crate) const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
+/// The largest snapshot a peer may send: twice the most `--max-state-bytes` lets the state
+/// hold (`config::MAX_STATE_BYTES_LIMIT`).
+pub const MAX_SNAPSHOT_BYTES: u64 = 1 << 30;
 
 /// A Raft message that could not be encoded or decoded.
 #[derive(Debug, thiserror::Error)]

@@ -1,10 +1,13 @@
 //! The Raft state machine: committed entries applied to the coordinator's state through
 //! [`Replica`], and snapshots of that state kept in the store file. The state itself is not
 //! written per entry: on start it is the last snapshot plus the committed entries after it,
-//! which openraft applies again.
+//! which openraft applies again. It also times snapshots ([`super::snapshot_due`]): it counts
+//! the entries applied since the last one and asks for the next through
+//! [`StateMachine::snapshot_requests`], which the node passes on to openraft.
 
 use std::io::Cursor;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use openraft::storage::{RaftStateMachine, Snapshot};
 use openraft::{
@@ -32,6 +35,12 @@ pub struct StateMachine {
     last_applied: Option<LogId<u64>>,
     membership: StoredMembership<u64, BasicNode>,
     snapshots_built: u64,
+    /// Entries applied since the last snapshot was built or installed.
+    entries_since_snapshot: u64,
+    /// The bytes of the last snapshot (its builder writes them when done).
+    snapshot_bytes: Arc<AtomicU64>,
+    /// Told when a snapshot is due.
+    snapshot_requests: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for StateMachine {
@@ -45,15 +54,30 @@ impl StateMachine {
     pub fn open(file: StoreFile, replica: Arc<dyn Replica>) -> Result<Self, CoordinatorError> {
         let corrupt = |message: String| CoordinatorError::CorruptState { path: file.path().to_path_buf(), message };
         let stored: Option<StoredSnapshot> = file.get_meta(SNAPSHOT).map_err(|error| corrupt(error.to_string()))?;
-        let mut machine =
-            Self { file: file.clone(), replica, last_applied: None, membership: StoredMembership::default(), snapshots_built: 0 };
+        let mut machine = Self {
+            file: file.clone(),
+            replica,
+            last_applied: None,
+            membership: StoredMembership::default(),
+            snapshots_built: 0,
+            entries_since_snapshot: 0,
+            snapshot_bytes: Arc::new(AtomicU64::new(0)),
+            snapshot_requests: Arc::new(tokio::sync::Notify::new()),
+        };
         if let Some(stored) = stored {
+            machine.snapshot_bytes.store(stored.data.len() as u64, Ordering::Relaxed);
             let state = decode_state(&stored.data).map_err(corrupt)?;
             machine.replica.restore(state);
             machine.last_applied = stored.meta.last_log_id;
             machine.membership = stored.meta.last_membership;
         }
         Ok(machine)
+    }
+
+    /// Notified whenever a snapshot is due: the node answers with `raft.trigger().snapshot()`
+    /// (openraft's own policy is `Never`).
+    pub fn snapshot_requests(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.snapshot_requests)
     }
 }
 
@@ -92,6 +116,8 @@ pub struct SnapshotBuilder {
     last_applied: Option<LogId<u64>>,
     membership: StoredMembership<u64, BasicNode>,
     seq: u64,
+    /// Where the snapshot's size goes once built.
+    snapshot_bytes: Arc<AtomicU64>,
 }
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
@@ -105,6 +131,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let stored = StoredSnapshot { meta: meta.clone(), data: data.clone() };
         let saved = self.file.blocking(move |file| file.put_meta(SNAPSHOT, &stored)).await;
         saved.map_err(|error| StorageIOError::write_snapshot(Some(meta.signature()), &error))?;
+        self.snapshot_bytes.store(data.len() as u64, Ordering::Relaxed);
         Ok(Snapshot { meta, snapshot: Box::new(Cursor::new(data)) })
     }
 }
@@ -141,18 +168,24 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     Applied::Done
                 }
             });
+            self.entries_since_snapshot += 1;
+        }
+        if super::snapshot_due(self.entries_since_snapshot, self.snapshot_bytes.load(Ordering::Relaxed)) {
+            self.snapshot_requests.notify_one();
         }
         Ok(applied)
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
         self.snapshots_built += 1;
+        self.entries_since_snapshot = 0;
         SnapshotBuilder {
             file: self.file.clone(),
             state: self.replica.snapshot(),
             last_applied: self.last_applied,
             membership: self.membership.clone(),
             seq: self.snapshots_built,
+            snapshot_bytes: Arc::clone(&self.snapshot_bytes),
         }
     }
 
@@ -168,9 +201,12 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let data = snapshot.into_inner();
         let state =
             decode_state(&data).map_err(|message| StorageIOError::read_snapshot(Some(meta.signature()), &FileError::new(message)))?;
+        let data_len = data.len() as u64;
         let stored = StoredSnapshot { meta: meta.clone(), data };
         let saved = self.file.blocking(move |file| file.put_meta(SNAPSHOT, &stored)).await;
         saved.map_err(|error| StorageIOError::write_snapshot(Some(meta.signature()), &error))?;
+        self.snapshot_bytes.store(data_len, Ordering::Relaxed);
+        self.entries_since_snapshot = 0;
         self.replica.restore(state);
         self.last_applied = meta.last_log_id;
         self.membership = meta.last_membership.clone();

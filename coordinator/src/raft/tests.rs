@@ -73,3 +73,32 @@ fn import_applies_only_on_a_single_node_at_first_start() {
     assert!(matches!(applied, Some(Applied::Refused(_))), "a second import: {applied:?}");
     assert_eq!(state.next_job, 42);
 }
+
+/// Issue 31, item 2: over a history of N entries each adding a session record (160 B) to the
+/// state, the snapshots written take bytes linear in N; a snapshot every 1,000 entries took
+/// N² / 1,000.
+#[test]
+fn snapshots_cost_bytes_linear_in_the_history() {
+    const ENTRIES: u64 = 200_000;
+    const GROWTH: u64 = 160;
+    let written = |due: &dyn Fn(u64, u64) -> bool| {
+        let (mut since, mut last, mut written, mut snapshots) = (0, 0, 0, 0u64);
+        for entry in 1..=ENTRIES {
+            since += 1;
+            if due(since, last) {
+                last = entry * GROWTH;
+                written += last;
+                since = 0;
+                snapshots += 1;
+            }
+        }
+        (written, snapshots)
+    };
+    let (ours, ours_count) = written(&snapshot_due);
+    let (every_1000, every_count) = written(&|since, _| since >= SNAPSHOT_EVERY);
+    eprintln!("{ENTRIES} entries: {ours} snapshot bytes in {ours_count} snapshots; every 1,000 entries: {every_1000} in {every_count}");
+    assert!(ours <= 2 * ENTRIES * GROWTH, "{ours} bytes of snapshots for {} bytes of state", ENTRIES * GROWTH);
+    assert!(every_1000 > 20 * ours, "the old policy wrote {every_1000}, this one {ours}");
+    assert!(snapshot_due(SNAPSHOT_EVERY, 0) && !snapshot_due(SNAPSHOT_EVERY - 1, 0), "at least 1,000 entries apart");
+    assert!(!snapshot_due(SNAPSHOT_EVERY, 1 << 30) && snapshot_due((1 << 30) / SNAPSHOT_BYTES_PER_ENTRY, 1 << 30));
+}

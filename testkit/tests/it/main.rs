@@ -23,5 +23,6 @@ mod raft_bench;
 mod restart;
 mod resume;
 mod security;
+mod state_bound;
 mod wedged;
 mod wire;

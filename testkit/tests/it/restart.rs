@@ -24,6 +24,10 @@ fn a_restarted_coordinator_keeps_datasets_jobs_and_checkpoints() {
             core.state().checkpoints.values().any(|checkpoint| checkpoint.position.0 == 20)
         })
         .expect("checkpoint");
+        // The trainer detaches as it goes, taking its session record along (a commit).
+        drop(loader);
+        stoker_testkit::wait_until(Duration::from_secs(10), "the detach is committed", || core.state().sessions.is_empty())
+            .expect("detached");
         core.state()
     };
     {

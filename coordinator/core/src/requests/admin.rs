@@ -10,6 +10,7 @@ use crate::core::Core;
 use crate::errors::{invalid, not_found};
 use crate::event::{Outcome, Then};
 use crate::state::Command;
+use crate::state_budget::check_new_dataset;
 
 impl Core {
     /// Check a dataset's name and the limit on datasets, then ask the driver to read its
@@ -26,7 +27,9 @@ impl Core {
         let checked = read.and_then(|dataset| {
             self.check_dataset_limits(&name)?;
             ShardTable::new(dataset.shard_counts.iter().copied()).map_err(|error| invalid(error.to_string()))?;
-            Ok(DatasetInfo { name, ..dataset })
+            let dataset = DatasetInfo { name, ..dataset };
+            check_new_dataset(&self.state, &dataset, self.state.datasets.get(&dataset.name), &self.config)?;
+            Ok(dataset)
         });
         match checked {
             Ok(dataset) => {

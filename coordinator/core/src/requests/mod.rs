@@ -13,7 +13,8 @@ use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 
 use crate::core::Core;
 use crate::errors::refused;
-use crate::event::Outcome;
+use crate::event::{Outcome, Then};
+use crate::state::Command;
 
 impl Core {
     /// Handle one request of `caller` as far as it goes without IO.
@@ -55,7 +56,14 @@ impl Core {
                 let after_flush = answer.is_ok() && self.pending.contains_key(&job);
                 Outcome::Reply { answer, lease_held_opt: None, after_flush }
             }
-            ControlRequest::Detach { job, rank, session } => Outcome::reply(self.detach(job, rank, session, caller)),
+            ControlRequest::Detach { job, rank, session } => match self.detach(job, rank, session, caller) {
+                // The rank's record goes too (issue 31, item 2: the state keeps the sessions
+                // of attached ranks, not of every rank that ever attached).
+                Ok(answer) if self.state.sessions.get(&job).is_some_and(|ranks| ranks.contains_key(&rank)) => {
+                    Outcome::Commit { command: Command::ForgetSession { job, rank, session }, then: Then::Reply(answer) }
+                }
+                answer => Outcome::reply(answer),
+            },
             ControlRequest::RegisterWorker { addr, threads, instance, attempt } => {
                 Outcome::reply(self.register_worker(addr, threads, instance, attempt, caller, now))
             }

@@ -14,6 +14,7 @@ use crate::event::{Outcome, Then};
 use crate::figures::RankTotals;
 use crate::scheduler::{Opening, Refusal, Reporting, RunKey, RunShape, SeatRefusal};
 use crate::state::Command;
+use crate::state_budget::check_new_job;
 use crate::validate::{check_batch_size, check_job_limits, check_list_len, describe_difference, validate_spec};
 
 /// A progress report, as the request gives it.
@@ -48,7 +49,11 @@ impl Core {
             // learns the session, so that a later leader adopts that session from that
             // certificate only (nobody can take a rank over by naming a session after a
             // fail-over).
-            Ok(Some(ControlResponse::Attached { job, dataset, workers, checkpoint, session })) if caller != CertKey::UNCHECKED => {
+            // The same loader asking again keeps its session, already recorded: nothing to
+            // commit (an attach storm of one loader writes nothing).
+            Ok(Some(ControlResponse::Attached { job, dataset, workers, checkpoint, session }))
+                if caller != CertKey::UNCHECKED && !self.recorded(job, rank, session, caller) =>
+            {
                 let answer = ControlResponse::Attached { job, dataset, workers, checkpoint, session };
                 Outcome::Commit { command: Command::RecordSession { job, rank, session, key: caller }, then: Then::Reply(answer) }
             }
@@ -103,8 +108,10 @@ impl Core {
                 // ranks that come back (its spec cannot change), whatever the limit says now.
                 check_batch_size(spec, self.config.max_batch_bytes).map_err(AttachNeeds::Refusal)?;
                 check_job_limits(spec, &self.config, self.state.jobs.len()).map_err(AttachNeeds::Refusal)?;
+                check_new_job(&self.state, spec, &current, caller, &self.config).map_err(AttachNeeds::Refusal)?;
                 tracing::info!(name = %spec.name, dataset = %spec.dataset, "creating job");
-                return Err(AttachNeeds::Commit(Command::CreateJob { spec: spec.clone() }));
+                let creator = (caller != CertKey::UNCHECKED).then_some(caller);
+                return Err(AttachNeeds::Commit(Command::CreateJob { spec: spec.clone(), creator }));
             }
         };
         if let Some(reason) = self.state.failed.get(&job) {
@@ -247,6 +254,11 @@ impl Core {
                 format!("{session} was never given to {rank} of {job} (its newest is {recorded}): attach to get a session"),
             )),
         }
+    }
+
+    /// Whether the state records `session` from `caller` as the newest of (job, rank).
+    fn recorded(&self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) -> bool {
+        self.state.sessions.get(&job).and_then(|ranks| ranks.get(&rank)) == Some(&(session, caller))
     }
 
     /// The certificate that owns `session` of (job, rank): as this leader saw it attach or

@@ -129,6 +129,8 @@ impl Core {
     pub(super) fn chunk_fatal(&mut self, worker: WorkerId, lease: LeaseId, reason: String) -> Outcome {
         let Some(job) = self.scheduler.chunk_fatal(worker, lease) else { return Outcome::reply(Ok(ControlResponse::Ack)) };
         tracing::error!(%job, %worker, %lease, %reason, "job failed: a chunk cannot be made");
+        // Kept in the replicated state: cut as a heartbeat's reason is (`state_budget::JOB_BYTES`).
+        let reason = StuckJob::new(job, &reason).reason;
         Outcome::Commit { command: Command::FailJob { job, reason }, then: Then::Reply(ControlResponse::Ack) }
     }
 }
