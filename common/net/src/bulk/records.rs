@@ -5,7 +5,10 @@
 //! (the deframer shifts its buffer, then plaintext goes to a queue and again to the caller);
 //! across hosts that made TLS over TCP cost 1.1 CPU-s per GB received, twice QUIC's. Here a
 //! record is decrypted in place in a fixed buffer and copied once, hot, into the batch, its
-//! checksum taken on the way (BENCHMARKS.md, "Delivery across hosts").
+//! checksum taken on the way (BENCHMARKS.md, "Delivery across hosts"). rustls's unbuffered API
+//! (0.23) is no better here: it decrypts in the caller's buffer but then copies each record into
+//! a `Vec` of its own, which the caller copies again (1.34× this layer's receive CPU per GB:
+//! BENCHMARKS.md, "Own records against rustls's unbuffered API").
 //!
 //! What is implemented of TLS 1.3 after the handshake: application data, alerts (RFC 8446 §6:
 //! an orderly close sends `close_notify`, and a reader tells it apart from a stream that just
