@@ -52,12 +52,15 @@ stage deps make --no-print-directory deps test-deps venv || { echo "test: cannot
 
 if cargo nextest --version >/dev/null 2>&1; then
     build=(cargo nextest run --build-jobs "$JOBS" --workspace --no-run)
+    # Benchmarks (tests in modules named `*_bench`, ignored for `cargo test`) are run by name for
+    # BENCHMARKS.md, never here: they measure, they do not check.
     run=(cargo nextest run --build-jobs "$JOBS" --workspace --no-fail-fast --run-ignored all --test-threads "$JOBS"
-        --failure-output final --success-output never --status-level fail --final-status-level slow)
+        --failure-output final --success-output never --status-level fail --final-status-level slow
+        -E 'not test(/^[a-z_]+_bench::/)')
 else
     echo "test: cargo-nextest not installed; running cargo test (slower: one binary at a time)"
     build=(cargo test -j"$JOBS" --workspace --no-run)
-    run=(cargo test -j"$JOBS" --workspace --no-fail-fast -- --include-ignored)
+    run=(cargo test -j"$JOBS" --workspace --no-fail-fast -- --include-ignored --skip _bench::)
 fi
 stage build "${build[@]}"
 
@@ -91,7 +94,7 @@ wheel() {
 pytest_run() {
     local wheel_file
     wheel_file=$(ls "$PWD"/target/wheels/stoker-*.whl 2>/dev/null | head -n 1)
-    (cd python && STOKER_BIN=$PWD/../target/debug/stoker STOKER_WHEEL=$wheel_file "$PYTHON" -m pytest -q -rs)
+    (cd python && STOKER_BIN=$PWD/../target/debug/stoker STOKER_WHEEL=$wheel_file "$PYTHON" -m pytest -q -rs --durations=15)
 }
 
 # The wheel's build takes the build folder's lock: it goes before the cargo tests, which would
