@@ -15,9 +15,10 @@ fn bench_delivery_measures_every_variant_and_refuses_an_empty_selection() {
     assert_eq!(report["batch_bytes"], 4 * 128 * 128 * 3);
     let variants = report["variants"].as_array().expect("variants");
     let names: Vec<&str> = variants.iter().filter_map(|variant| variant["name"].as_str()).collect();
-    assert_eq!(names.len(), 10, "{names:?}");
-    assert!(names[0].starts_with("tcp") && names[1].contains("rustls") && names[2].starts_with("bulk"), "{names:?}");
-    assert!(names[8].contains("mutual TLS") && names[9].contains("--max-udp-payload 65527"), "{names:?}");
+    assert_eq!(names.len(), 11, "{names:?}");
+    assert!(names[0].starts_with("tcp") && names[1].contains("rustls's stream") && names[2].contains("rustls unbuffered"), "{names:?}");
+    assert!(names[3].starts_with("bulk"), "{names:?}");
+    assert!(names[9].contains("mutual TLS") && names[10].contains("--max-udp-payload 65527"), "{names:?}");
     for variant in variants {
         for key in [
             "gigabytes_per_sec",
