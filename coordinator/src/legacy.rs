@@ -122,6 +122,7 @@ mod tests {
     fn line(name: &str) -> String {
         let command = Command::AddDataset {
             dataset: DatasetInfo { name: name.to_owned(), manifest: "/m.json".to_owned(), shard_counts: vec![1], version: 1 },
+            max_state_bytes: None,
         };
         let mut line = serde_json::to_string(&LogEntry { version: STATE_VERSION, command }).expect("serialises");
         line.push('\n');

@@ -51,8 +51,8 @@ fn the_log_stays_bounded_across_many_checkpoints() {
         let handle =
             start(CoordinatorConfig::new(dir.path().to_path_buf()), socket, &tls, &stoker_obs::Metrics::new()).await.expect("coordinator");
         let dataset = DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![10], version: 1 };
-        handle.commit(Command::AddDataset { dataset }).await.expect("dataset");
-        handle.commit(Command::CreateJob { spec: spec(), creator: None }).await.expect("job");
+        handle.commit(Command::AddDataset { dataset, max_state_bytes: None }).await.expect("dataset");
+        handle.commit(Command::CreateJob { spec: spec(), creator: None, bounds: None }).await.expect("job");
         let handle_ref = std::sync::Arc::new(handle);
         let mut most_in_log = 0;
         for wave in 0..records / CONCURRENT {

@@ -154,7 +154,7 @@ fn ids_come_from_the_injected_source_only() {
 fn the_timer_hands_out_checkpoints_once_and_takes_them_back_when_a_commit_fails() {
     let now = Instant::now();
     let mut core = Core::new(config(), "test".into(), ClusterState::new(), Box::new(SeededIds::new(1)), 1_000, now);
-    let job = match core.apply(Command::CreateJob { spec: crate::state::tests::spec("job"), creator: None }) {
+    let job = match core.apply(Command::CreateJob { spec: crate::state::tests::spec("job"), creator: None, bounds: None }) {
         Applied::JobCreated(job) => job,
         other => panic!("{other:?}"),
     };

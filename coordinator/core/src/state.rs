@@ -10,6 +10,8 @@ use stoker_plan::Checkpoint;
 use stoker_plan::ids::{CertKey, JobId, Rank, SessionId};
 use stoker_proto::{DatasetInfo, JobSpec};
 
+use crate::state_budget;
+
 /// Version of [`Command`] and [`ClusterState`] as persisted; bump when a field changes meaning.
 pub const STATE_VERSION: u32 = 1;
 
@@ -21,6 +23,10 @@ pub enum Command {
     AddDataset {
         /// The dataset.
         dataset: DatasetInfo,
+        /// `--max-state-bytes` as it was checked, checked again when the entry is applied (two
+        /// adds at once cannot both pass); absent in entries written before.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        max_state_bytes: Option<u64>,
     },
     /// Create a job with the next job id.
     CreateJob {
@@ -31,6 +37,11 @@ pub enum Command {
         /// and under `--insecure`.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         creator: Option<CertKey>,
+        /// The limits it was checked against, checked again when the entry is applied: two
+        /// creations checked against the same state (attaches at once) cannot both pass.
+        /// Absent in entries written before, which apply unchecked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bounds: Option<JobBounds>,
     },
     /// Record how far every rank of a job has consumed.
     RecordCheckpoint {
@@ -107,6 +118,18 @@ pub enum Command {
     },
 }
 
+/// The limits a new job is created under (`--max-jobs`, `--max-jobs-per-certificate`,
+/// `--max-state-bytes` of the leader that logged it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobBounds {
+    /// Jobs kept at most.
+    pub max_jobs: usize,
+    /// Jobs one certificate's attaches may have created among those kept.
+    pub max_jobs_per_certificate: usize,
+    /// What the state's charges may add up to ([`crate::state_budget`]).
+    pub max_state_bytes: u64,
+}
+
 /// What a command did.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Applied {
@@ -164,14 +187,25 @@ impl ClusterState {
     /// Apply one command. Never fails: commands are validated before they are logged.
     pub fn apply(&mut self, command: Command) -> Applied {
         match command {
-            Command::AddDataset { dataset } => {
+            Command::AddDataset { dataset, max_state_bytes } => {
+                let replacing = self.datasets.get(&dataset.name);
+                if let Some(limit) = max_state_bytes
+                    && let Err(reason) = state_budget::dataset_over(self, &dataset, replacing, limit)
+                {
+                    return Applied::Refused(reason);
+                }
                 self.datasets.insert(dataset.name.clone(), dataset);
                 Applied::Done
             }
-            Command::CreateJob { spec, creator } => {
+            Command::CreateJob { spec, creator, bounds } => {
                 // Two trainers may ask for the same new job at once: the first entry creates it.
                 if self.job_named(&spec.name).is_some() {
                     return Applied::Done;
+                }
+                if let Some(bounds) = bounds
+                    && let Err(reason) = state_budget::job_over(self, &spec, self.datasets.get(&spec.dataset), creator, &bounds)
+                {
+                    return Applied::Refused(reason);
                 }
                 let id = JobId(self.next_job);
                 self.next_job += 1;
@@ -302,9 +336,10 @@ pub(crate) mod tests {
         let commands = vec![
             Command::AddDataset {
                 dataset: DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3, 4], version: 11 },
+                max_state_bytes: None,
             },
-            Command::CreateJob { spec: spec("a"), creator: None },
-            Command::CreateJob { spec: spec("b"), creator: None },
+            Command::CreateJob { spec: spec("a"), creator: None, bounds: None },
+            Command::CreateJob { spec: spec("b"), creator: None, bounds: None },
             Command::RecordCheckpoint {
                 job: JobId(2),
                 checkpoint: Checkpoint { version: 1, epoch: Epoch(3), position: Position(9), order_fingerprint: 7 },
@@ -332,14 +367,15 @@ pub(crate) mod tests {
         let mut state = ClusterState::new();
         state.apply(Command::AddDataset {
             dataset: DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3], version: 1 },
+            max_state_bytes: None,
         });
-        state.apply(Command::CreateJob { spec: spec("a"), creator: None });
+        state.apply(Command::CreateJob { spec: spec("a"), creator: None, bounds: None });
         let checkpoint = Checkpoint { version: 1, epoch: Epoch(0), position: Position(2), order_fingerprint: 7 };
         state.apply(Command::RecordCheckpoint { job: JobId(1), checkpoint });
         state.apply(Command::RemoveJob { job: JobId(1) });
         state.apply(Command::RecordCheckpoint { job: JobId(1), checkpoint });
         assert!(state.jobs.is_empty() && state.checkpoints.is_empty() && state.job_datasets.is_empty(), "{state:?}");
-        assert_eq!(state.apply(Command::CreateJob { spec: spec("a"), creator: None }), Applied::JobCreated(JobId(2)));
+        assert_eq!(state.apply(Command::CreateJob { spec: spec("a"), creator: None, bounds: None }), Applied::JobCreated(JobId(2)));
     }
 
     /// A job keeps the dataset it was created with when the name is registered again with
@@ -353,10 +389,10 @@ pub(crate) mod tests {
             version,
         };
         let mut state = ClusterState::new();
-        state.apply(Command::AddDataset { dataset: info("/a.json", vec![3], 1) });
-        state.apply(Command::CreateJob { spec: spec("a"), creator: None });
-        state.apply(Command::AddDataset { dataset: info("/b.json", vec![5, 5], 2) });
-        state.apply(Command::CreateJob { spec: spec("b"), creator: None });
+        state.apply(Command::AddDataset { dataset: info("/a.json", vec![3], 1), max_state_bytes: None });
+        state.apply(Command::CreateJob { spec: spec("a"), creator: None, bounds: None });
+        state.apply(Command::AddDataset { dataset: info("/b.json", vec![5, 5], 2), max_state_bytes: None });
+        state.apply(Command::CreateJob { spec: spec("b"), creator: None, bounds: None });
         assert_eq!(state.job_dataset(JobId(1)), Some(&info("/a.json", vec![3], 1)));
         assert_eq!(state.job_dataset(JobId(2)), Some(&info("/b.json", vec![5, 5], 2)));
         let old_snapshot = r#"{"version":1,"datasets":{},"jobs":{},"checkpoints":{},"next_job":1}"#;
@@ -365,7 +401,7 @@ pub(crate) mod tests {
 
     #[test]
     fn the_persisted_form_is_pinned() {
-        let command = Command::CreateJob { spec: spec("a"), creator: None };
+        let command = Command::CreateJob { spec: spec("a"), creator: None, bounds: None };
         let json = serde_json::to_string(&command).expect("serialises");
         assert_eq!(
             json,
@@ -386,7 +422,7 @@ pub(crate) mod tests {
         let json = serde_json::to_string(&forget).expect("serialises");
         assert_eq!(json, r#"{"command":"forget_session","job":2,"rank":3,"session":4}"#);
         assert_eq!(serde_json::from_str::<Command>(&json).expect("parses"), forget);
-        let created = Command::CreateJob { spec: spec("a"), creator: Some(CertKey([7; 32])) };
+        let created = Command::CreateJob { spec: spec("a"), creator: Some(CertKey([7; 32])), bounds: None };
         let json = serde_json::to_string(&created).expect("serialises");
         assert!(json.ends_with(r#""creator":[7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7,7]}"#), "{json}");
         assert_eq!(serde_json::from_str::<Command>(&json).expect("parses"), created);
@@ -395,5 +431,39 @@ pub(crate) mod tests {
         assert_eq!(state.jobs_created_by(CertKey([7; 32])), 1);
         let snapshot = serde_json::to_string(&state).expect("serialises");
         assert_eq!(serde_json::from_str::<ClusterState>(&snapshot).expect("parses"), state);
+    }
+
+    /// Issue 31, item 2 (a review finding): attaches that arrive at once are all checked against
+    /// the same state before any creation applies; the limits travel in the entries, so every
+    /// replica refuses the creations past them, in log order.
+    #[test]
+    fn creations_checked_against_the_same_state_cannot_all_pass() {
+        let mut state = ClusterState::new();
+        let dataset = DatasetInfo { name: "train".into(), manifest: "/m.json".into(), shard_counts: vec![3], version: 1 };
+        state.apply(Command::AddDataset { dataset: dataset.clone(), max_state_bytes: None });
+        let key = CertKey([9; 32]);
+        let bounds = JobBounds { max_jobs: 100, max_jobs_per_certificate: 2, max_state_bytes: 1 << 30 };
+        let create = |name: &str| Command::CreateJob { spec: spec(name), creator: Some(key), bounds: Some(bounds) };
+        let applied: Vec<Applied> = ["a", "b", "c"].into_iter().map(|name| state.apply(create(name))).collect();
+        assert_eq!(applied[..2], [Applied::JobCreated(JobId(1)), Applied::JobCreated(JobId(2))]);
+        assert!(matches!(&applied[2], Applied::Refused(reason) if reason.contains("--max-jobs-per-certificate 2")), "{applied:?}");
+        assert_eq!(state.jobs.len(), 2);
+        // The state limit: the third job's charge does not fit.
+        let charged = state_budget::state_bytes(&state);
+        let tight = JobBounds { max_jobs: 100, max_jobs_per_certificate: 100, max_state_bytes: charged + 1 };
+        let refused = state.apply(Command::CreateJob { spec: spec("d"), creator: None, bounds: Some(tight) });
+        assert!(matches!(&refused, Applied::Refused(reason) if reason.contains("--max-state-bytes")), "{refused:?}");
+        let total = JobBounds { max_jobs: 2, ..tight };
+        assert!(matches!(state.apply(Command::CreateJob { spec: spec("e"), creator: None, bounds: Some(total) }), Applied::Refused(_)));
+        // A dataset add over the limit, too; one that replaces a record of its size fits.
+        let larger = DatasetInfo { name: "other".into(), shard_counts: vec![1; 1000], ..dataset.clone() };
+        let limit = state_budget::state_bytes(&state) + 100;
+        assert!(matches!(state.apply(Command::AddDataset { dataset: larger, max_state_bytes: Some(limit) }), Applied::Refused(_)));
+        let again = Command::AddDataset { dataset: DatasetInfo { version: 2, ..dataset }, max_state_bytes: Some(limit) };
+        assert_eq!(state.apply(again), Applied::Done);
+        assert!(!state.datasets.contains_key("other"));
+        // Entries written before the limits travelled in them apply as they always did.
+        let old = r#"{"command":"create_job","spec":{"name":"f","dataset":"train","plan":{"seed":1,"world_size":1,"batch_size":1,"shuffle":"full","tail":"partial"},"transforms":"{\"transforms\": []}","prefetch":4}}"#;
+        assert_eq!(state.apply(serde_json::from_str(old).expect("parses")), Applied::JobCreated(JobId(3)));
     }
 }

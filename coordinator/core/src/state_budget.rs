@@ -11,7 +11,7 @@ use stoker_proto::{DatasetInfo, JobSpec, RemoteError};
 
 use crate::config::CoreConfig;
 use crate::errors::invalid;
-use crate::state::ClusterState;
+use crate::state::{ClusterState, JobBounds};
 
 /// The most one rank's session record takes: `"16383":[u64,[32 bytes as numbers]]` is at most
 /// 163 bytes of JSON.
@@ -58,29 +58,60 @@ pub(crate) fn check_new_job(
     caller: CertKey,
     config: &CoreConfig,
 ) -> Result<(), RemoteError> {
-    // Under --insecure there is no certificate to count by: the total limits alone apply.
-    if caller != CertKey::UNCHECKED {
-        let created = state.jobs_created_by(caller);
-        if created >= config.max_jobs_per_certificate {
-            return Err(invalid(format!(
+    job_over(state, spec, Some(dataset), (caller != CertKey::UNCHECKED).then_some(caller), &JobBounds::of(config)).map_err(invalid)
+}
+
+impl JobBounds {
+    /// The limits `config` sets.
+    pub fn of(config: &CoreConfig) -> Self {
+        Self {
+            max_jobs: config.max_jobs,
+            max_jobs_per_certificate: config.max_jobs_per_certificate,
+            max_state_bytes: config.max_state_bytes,
+        }
+    }
+}
+
+/// Why a job of `spec` over `dataset`, created by `creator` (none under `--insecure`: there
+/// is no certificate to count by, and the total limits alone apply), would go over `bounds`,
+/// if it would. Pure: the leader checks it before logging the creation, and every replica
+/// again when it applies it.
+pub fn job_over(
+    state: &ClusterState,
+    spec: &JobSpec,
+    dataset: Option<&DatasetInfo>,
+    creator: Option<CertKey>,
+    bounds: &JobBounds,
+) -> Result<(), String> {
+    let jobs = state.jobs.len();
+    if jobs >= bounds.max_jobs {
+        return Err(format!(
+            "the coordinator keeps {jobs} jobs, its limit (--max-jobs {}): remove finished ones with `stoker job rm`, or raise it",
+            bounds.max_jobs
+        ));
+    }
+    if let Some(creator) = creator {
+        let created = state.jobs_created_by(creator);
+        if created >= bounds.max_jobs_per_certificate {
+            return Err(format!(
                 "this certificate created {created} of the jobs the coordinator keeps, its limit (--max-jobs-per-certificate {}): \
                  remove finished ones with `stoker job rm`, or raise the limit",
-                config.max_jobs_per_certificate
-            )));
+                bounds.max_jobs_per_certificate
+            ));
         }
     }
     let held = state_bytes(state);
-    let wanted = job_bytes(spec, Some(dataset));
-    if held.saturating_add(wanted) > config.max_state_bytes {
-        return Err(invalid(format!(
+    let wanted = job_bytes(spec, dataset);
+    if held.saturating_add(wanted) > bounds.max_state_bytes {
+        return Err(format!(
             "a job of world size {} takes up to {:.1} MiB of the replicated state (its sessions, {SESSION_RECORD_BYTES} B a \
              rank, and its dataset record), and the state holds up to {:.1} MiB of its limit of {:.1} MiB \
              (--max-state-bytes): remove finished jobs with `stoker job rm`, or raise the limit",
             spec.plan.world_size,
             mib(wanted),
             mib(held),
-            mib(config.max_state_bytes)
-        )));
+            mib(bounds.max_state_bytes)
+        ));
     }
     Ok(())
 }
@@ -93,18 +124,29 @@ pub(crate) fn check_new_dataset(
     replacing: Option<&DatasetInfo>,
     config: &CoreConfig,
 ) -> Result<(), RemoteError> {
-    let held = state_bytes(state) - replacing.map_or(0, dataset_bytes);
+    dataset_over(state, dataset, replacing, config.max_state_bytes).map_err(invalid)
+}
+
+/// Why `dataset` (replacing `replacing`) would take the state over `max_state_bytes`, if it
+/// would. Pure, as [`job_over`].
+pub fn dataset_over(
+    state: &ClusterState,
+    dataset: &DatasetInfo,
+    replacing: Option<&DatasetInfo>,
+    max_state_bytes: u64,
+) -> Result<(), String> {
+    let held = state_bytes(state).saturating_sub(replacing.map_or(0, dataset_bytes));
     let wanted = dataset_bytes(dataset);
-    if held.saturating_add(wanted) > config.max_state_bytes {
-        return Err(invalid(format!(
+    if held.saturating_add(wanted) > max_state_bytes {
+        return Err(format!(
             "dataset {:?} ({} shards) takes up to {:.1} MiB of the replicated state, and the state holds up to {:.1} MiB of \
              its limit of {:.1} MiB (--max-state-bytes): remove finished jobs with `stoker job rm`, or raise the limit",
             dataset.name,
             dataset.shard_counts.len(),
             mib(wanted),
             mib(held),
-            mib(config.max_state_bytes)
-        )));
+            mib(max_state_bytes)
+        ));
     }
     Ok(())
 }
@@ -127,7 +169,7 @@ mod tests {
         let long = |what: &str| format!("{what}\"\\{}", "é\u{1}".repeat(80));
         let dataset = DatasetInfo { name: long("d"), manifest: long("/m"), shard_counts: vec![u64::MAX; 300], version: u64::MAX };
         let mut state = ClusterState::new();
-        state.apply(Command::AddDataset { dataset: dataset.clone() });
+        state.apply(Command::AddDataset { dataset: dataset.clone(), max_state_bytes: None });
         let world_size = 300;
         for index in 0..3u32 {
             let mut spec = crate::state::tests::spec(&format!("{}{index}", long("j")));
@@ -140,7 +182,7 @@ mod tests {
                 TransformSpec::new(vec![Transform::Resize { shorter_side: u32::MAX, interpolation: Default::default() }; 200]);
             let transforms = serde_json::to_string(&spec.transforms).expect("json").len();
             assert!(transforms <= 16 << 10, "{transforms} bytes of transforms: a spec validation would refuse");
-            state.apply(Command::CreateJob { spec, creator: Some(CertKey([255; 32])) });
+            state.apply(Command::CreateJob { spec, creator: Some(CertKey([255; 32])), bounds: None });
             let job = JobId(u64::from(index) + 1);
             let checkpoint =
                 Checkpoint { version: u32::MAX, epoch: Epoch(u64::MAX), position: Position(u64::MAX), order_fingerprint: u64::MAX };

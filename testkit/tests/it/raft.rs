@@ -141,7 +141,7 @@ fn a_whole_cluster_restart_keeps_datasets_jobs_and_checkpoints_and_a_trainer_res
         let leader = cluster.coordinator_node(cluster.leader_index().expect("leader")).expect("running");
         let mut failing = config_for(&base_config(&cluster, "failing"), 0, 1).job_spec().expect("spec");
         failing.plan.seed = 99;
-        cluster.block_on(leader.commit(Command::CreateJob { spec: failing, creator: None })).expect("job");
+        cluster.block_on(leader.commit(Command::CreateJob { spec: failing, creator: None, bounds: None })).expect("job");
         let failed = *core.state().jobs.keys().max().expect("a job");
         let reason = "shard-000003.tar: sample 0042 cannot be decoded".to_owned();
         cluster.block_on(leader.commit(Command::FailJob { job: failed, reason: reason.clone() })).expect("failure");

@@ -271,7 +271,7 @@ mod tests {
     }
 
     /// A link at the worker's end of a loopback bulk connection, and the trainer's end.
-    async fn linked() -> (Arc<BulkLink>, bulk::BulkConnection) {
+    async fn linked() -> (Arc<BulkLink>, BulkConnection) {
         let tls = TlsConfigs::insecure().expect("tls");
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("listen");
         let addr = listener.local_addr().expect("address");

@@ -35,7 +35,7 @@ impl Core {
             Ok(dataset) => {
                 tracing::info!(dataset = %dataset.name, manifest = %dataset.manifest, "adding dataset");
                 let then = Then::Reply(ControlResponse::DatasetAdded { dataset: dataset.clone() });
-                Outcome::Commit { command: Command::AddDataset { dataset }, then }
+                Outcome::Commit { command: Command::AddDataset { dataset, max_state_bytes: Some(self.config.max_state_bytes) }, then }
             }
             Err(error) => Outcome::reply(Err(error)),
         }

@@ -13,7 +13,7 @@ use crate::errors::{invalid, not_found, refused};
 use crate::event::{Outcome, Then};
 use crate::figures::RankTotals;
 use crate::scheduler::{Opening, Refusal, Reporting, RunKey, RunShape, SeatRefusal};
-use crate::state::Command;
+use crate::state::{Command, JobBounds};
 use crate::state_budget::check_new_job;
 use crate::validate::{check_batch_size, check_job_limits, check_list_len, describe_difference, validate_spec};
 
@@ -111,7 +111,8 @@ impl Core {
                 check_new_job(&self.state, spec, &current, caller, &self.config).map_err(AttachNeeds::Refusal)?;
                 tracing::info!(name = %spec.name, dataset = %spec.dataset, "creating job");
                 let creator = (caller != CertKey::UNCHECKED).then_some(caller);
-                return Err(AttachNeeds::Commit(Command::CreateJob { spec: spec.clone(), creator }));
+                let bounds = Some(JobBounds::of(&self.config));
+                return Err(AttachNeeds::Commit(Command::CreateJob { spec: spec.clone(), creator, bounds }));
             }
         };
         if let Some(reason) = self.state.failed.get(&job) {
