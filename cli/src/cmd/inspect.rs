@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::json;
 use stoker_format::manifest::PackedOrder;
 use stoker_format::{IndexPolicy, IndexStatus, MANIFEST_FILE, Manifest, Shard, ShardLocation, resolve_uri};
-use stoker_store::{MAX_OBJECT_READ_BYTES, ObjectStores, ObjectUri};
+use stoker_store::{MAX_OBJECT_READ_BYTES, ObjectStores, ObjectUri, StoreError};
 use tokio::runtime::Runtime;
 
 use crate::cmd::object_files::{check_shard, download_shard};
@@ -51,10 +51,18 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
         let (runtime, stores) = (super::remote::runtime()?, args.object_store.stores()?);
         let uri = ObjectUri::manifest(&given)?;
         // `s3://b/shard-000` names a shard when an object has exactly that key, a prefix
-        // holding manifest.json otherwise (as a local path is a folder or a file).
-        let is_object = |text: &str| ObjectUri::parse(text).is_ok_and(|exact| runtime.block_on(stores.head(&exact)).is_ok());
+        // holding manifest.json when there is none (as a local path is a file or a folder);
+        // a trailing '/' always names a prefix. Any other failure of the check is the answer.
         let taken_for_prefix = uri.to_string() != given && !given.ends_with('/');
-        if uri.file_name().ends_with(".json") && !(taken_for_prefix && is_object(&given)) {
+        let is_object = || -> anyhow::Result<bool> {
+            match runtime.block_on(stores.head(&ObjectUri::parse(&given)?)) {
+                Ok(_) => Ok(true),
+                // S3 answers 403 for a missing key to a caller without s3:ListBucket.
+                Err(StoreError::NotFound { .. } | StoreError::Denied { .. }) => Ok(false),
+                Err(error) => Err(error.into()),
+            }
+        };
+        if uri.file_name().ends_with(".json") && !(taken_for_prefix && is_object()?) {
             return inspect_object_manifest(&uri, &runtime, &stores, &args);
         }
         let copy = download_shard(&runtime, &stores, &ObjectUri::parse(&given)?, true)?;

@@ -171,7 +171,7 @@ impl BulkLink {
         if let Some(task) = self.reading.lock().take() {
             task.abort();
         }
-        fail_owed(&self.owed, &BulkError::Closed);
+        fail_owed(&self.owed, &BulkError::Protocol(format!("closed by this worker: {why}")));
     }
 }
 

@@ -134,10 +134,14 @@ pub enum BulkError {
 
 impl BulkError {
     /// The alert this end answers the error with when it ends the connection: the one a bad
-    /// record names, `close_notify` otherwise (an orderly end of what this end sends).
+    /// record names, `decode_error` for a frame that does not decode, `unexpected_message` for
+    /// one that breaks the protocol, `close_notify` otherwise (an orderly end of what this end
+    /// sends).
     pub fn alert(&self) -> u8 {
         match self {
             Self::BadRecord { alert, .. } => *alert,
+            Self::Wire(_) => alert::DECODE_ERROR,
+            Self::Protocol(_) => alert::UNEXPECTED_MESSAGE,
             _ => alert::CLOSE_NOTIFY,
         }
     }

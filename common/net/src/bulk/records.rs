@@ -165,6 +165,9 @@ pub(crate) struct RecordWriter<W> {
     records: u64,
     /// Records per key, from the suite's confidentiality limit.
     per_key: u64,
+    /// A write of sealed records was dropped before it finished (its future cancelled): part
+    /// of them may be on the wire, so nothing more may be sent.
+    broken: bool,
 }
 
 impl<W> RecordWriter<W>
@@ -174,7 +177,7 @@ where
     pub(crate) fn new(io: W, tx: Direction, shared: Arc<Shared>) -> Self {
         let limit = shared.kernel.lock().confidentiality_limit();
         let per_key = RECORDS_PER_KEY.min(limit / 2).max(1);
-        Self { io, tx, shared, out: Vec::with_capacity(WRITE_BATCH + MAX_CIPHERTEXT + HEADER), records: 0, per_key }
+        Self { io, tx, shared, out: Vec::with_capacity(WRITE_BATCH + MAX_CIPHERTEXT + HEADER), records: 0, per_key, broken: false }
     }
 
     /// Renew the sending key after every `records` records (tests: to see key updates).
@@ -211,6 +214,9 @@ where
     /// Send the alert `description` (`close_notify` as a warning, anything else fatal) after
     /// what is sealed already, and shut the sending side down: nothing may follow it.
     pub(crate) async fn end(&mut self, description: u8) -> Result<(), BulkError> {
+        if self.broken {
+            return Err(BulkError::Protocol("a write was cut off half-way: no alert can follow it".to_owned()));
+        }
         let level = if description == alert::CLOSE_NOTIFY { WARNING } else { FATAL };
         self.seal(ALERT, &[level, description])?;
         self.flush().await?;
@@ -219,8 +225,11 @@ where
 
     async fn send_out(&mut self) -> Result<(), BulkError> {
         if !self.out.is_empty() {
+            // Set while the bytes go: a write dropped half-way leaves the stream out of step.
+            self.broken = true;
             self.io.write_all(&self.out).await.map_err(BulkError::Io)?;
             self.out.clear();
+            self.broken = false;
         }
         Ok(())
     }
