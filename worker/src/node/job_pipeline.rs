@@ -21,6 +21,9 @@ use crate::pipeline::{BatchRequest, Pipeline, PipelineConfig};
 /// The most shards [`JobPipeline::first_reads`] names.
 pub(crate) const MAX_FIRST_READS: usize = 4_096;
 
+/// An epoch, a byte budget, and the shards that epoch reads first within it.
+type FirstReads = (Epoch, u64, Arc<Vec<ShardId>>);
+
 /// Which lease a requested batch belongs to, and what its header must say.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Meta {
@@ -46,7 +49,7 @@ pub(crate) struct JobPipeline {
     submit: Mutex<(Sender<BatchRequest>, Sender<Meta>)>,
     plans: Mutex<HashMap<(Epoch, Position), Arc<EpochPlan>>>,
     /// The last [`JobPipeline::first_reads`] answer, by its epoch and byte budget.
-    first_reads: Mutex<Option<(Epoch, u64, Arc<Vec<ShardId>>)>>,
+    first_reads: Mutex<Option<FirstReads>>,
     dataset: Arc<Dataset>,
     spec: stoker_plan::PlanSpec,
     dead: Arc<AtomicBool>,
