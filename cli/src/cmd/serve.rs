@@ -215,9 +215,9 @@ pub(crate) struct WorkerArgs {
     /// size it needs.
     #[arg(long, env = "STOKER_CACHE_SIZE", value_name = "BYTES", value_parser = super::pack::parse_byte_size, requires = "cache_dir")]
     pub(crate) cache_size: Option<u64>,
-    /// Fetch from the plan: after each chunk it is granted, download the shards its rank's next
-    /// chunks read (the grant names them) and those every rank's next N steps read, so that the
-    /// next chunks find them there (evicting only shards the plan reads later); 0 turns it off.
+    /// Fetch from the plan: after each chunk it is granted, download the shards that the grant
+    /// names for its rank's next chunks, as far as the rank's next N steps read, so that the next
+    /// chunks find them there (evicting only shards the plan reads later); 0 turns it off.
     #[arg(long, default_value_t = 8, value_name = "N")]
     pub(crate) fetch_ahead_steps: u32,
     /// The most trainer connections open at once (handshakes in progress count); more are

@@ -270,9 +270,9 @@ pub enum ControlRequest {
         worker: WorkerId,
         /// Most chunks it wants.
         max: u32,
-        /// The shards its cache holds, by dataset, at most [`MAX_HELD_SHARDS`] in all: the
-        /// coordinator prefers granting it chunks that read them (locality). Empty for a worker
-        /// without a cache.
+        /// The shards its cache holds, is downloading or is about to fetch ahead, by dataset, at
+        /// most [`MAX_HELD_SHARDS`] in all: the coordinator prefers granting it chunks that read
+        /// them, and other workers other chunks (locality). Empty for a worker without a cache.
         held: Vec<HeldShards>,
     },
     /// Every batch of a lease's chunk was delivered and acknowledged.

@@ -16,6 +16,7 @@ use crate::event::{Event, Outcome};
 use crate::figures::RankTotals;
 use crate::ids::IdSource;
 use crate::scheduler::{RunKey, Scheduler};
+use crate::shards::Locality;
 use crate::state::{Applied, ClusterState, Command};
 
 /// Random low bits of trainer session ids. The high bits count up, so sessions still order
@@ -59,6 +60,8 @@ pub struct Core {
     pub(crate) state: ClusterState,
     pub(crate) scheduler: Scheduler,
     pub(crate) plans: BTreeMap<RunKey, Arc<EpochPlan>>,
+    /// Which shards each worker holds or was told to read (soft state, for locality).
+    pub(crate) locality: Locality,
     pub(crate) ranks: BTreeMap<(JobId, Rank), RankStatus>,
     /// What each rank's trainer reported it consumed in total (for metrics).
     pub(crate) totals: BTreeMap<(JobId, Rank), RankTotals>,
@@ -101,6 +104,7 @@ impl Core {
             advertised,
             state,
             plans: BTreeMap::new(),
+            locality: Locality::default(),
             ranks: BTreeMap::new(),
             totals: BTreeMap::new(),
             next_session: id_base,
@@ -225,6 +229,7 @@ impl Core {
         self.scheduler = Scheduler::new(self.config.scheduler, id_base);
         self.owners.clear();
         self.plans.clear();
+        self.locality = Locality::default();
         self.ranks.clear();
         self.totals.clear();
         self.pending.clear();

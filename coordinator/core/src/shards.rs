@@ -1,11 +1,12 @@
 //! Which shards a chunk, or the steps after it, read: from the run's epoch plan, pure. Grants
 //! carry the shards of the rank's next steps (so the worker fetches them ahead), and the
-//! scheduler prefers a worker that holds a chunk's shards.
+//! scheduler prefers a worker that holds or is fetching a chunk's shards, and passes over,
+//! for another, a chunk whose shards another worker holds or is fetching ([`Locality`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use stoker_plan::EpochPlan;
-use stoker_plan::ids::{Rank, ShardId, Step};
+use stoker_plan::ids::{Rank, ShardId, Step, WorkerId};
 use stoker_proto::{Chunk, HeldShards, MAX_HELD_DATASETS, MAX_HELD_SHARDS, MAX_NEXT_SHARDS, NEXT_CHUNKS, RemoteError};
 
 use crate::errors::invalid;
@@ -61,17 +62,124 @@ impl Holdings {
         Ok(Self { by_version })
     }
 
-    /// Whether nothing is held.
-    pub(crate) fn is_empty(&self) -> bool {
-        self.by_version.values().all(HashSet::is_empty)
+    /// Whether `shard` of the dataset of `version` is held.
+    fn holds(&self, version: u64, shard: ShardId) -> bool {
+        self.by_version.get(&version).is_some_and(|held| held.contains(&shard))
     }
 
-    /// How many of the shards `chunk` reads (by `plan`, of the dataset of `version`) are held.
-    pub(crate) fn count(&self, version: u64, plan: &EpochPlan, chunk: &Chunk) -> u32 {
-        let Some(held) = self.by_version.get(&version) else { return 0 };
-        let read = shards_read(plan, chunk.rank, chunk.first_step, u64::from(chunk.steps), usize::MAX);
-        read.iter().filter(|shard| held.contains(shard)).count() as u32
+    /// Add `shards` of the dataset of `version` (what a grant tells the worker to read), as
+    /// long as it holds fewer than twice [`MAX_HELD_SHARDS`] in all.
+    fn add(&mut self, version: u64, shards: impl IntoIterator<Item = ShardId>) {
+        let mut room = (2 * MAX_HELD_SHARDS).saturating_sub(self.len());
+        let held = self.by_version.entry(version).or_default();
+        for shard in shards {
+            if room == 0 {
+                return;
+            }
+            if held.insert(shard) {
+                room -= 1;
+            }
+        }
     }
+
+    fn len(&self) -> usize {
+        self.by_version.values().map(HashSet::len).sum()
+    }
+
+    fn each(&self) -> impl Iterator<Item = (u64, ShardId)> + '_ {
+        self.by_version.iter().flat_map(|(&version, shards)| shards.iter().map(move |&shard| (version, shard)))
+    }
+}
+
+/// What the coordinator knows of where shards are or are going, per worker: what the worker's
+/// last pull reported its cache holds (downloaded or downloading) and what that pull's grants
+/// told it to read (the chunks' shards, and the `next_shards` it fetches ahead). The leader's
+/// soft state, replaced at each pull; a worker the scheduler forgot is dropped at the next
+/// pull. It lets the scheduler grant a rank's next chunk to the worker already fetching its
+/// shards, and keep a second worker off shards the first is fetching, so that a cold epoch
+/// downloads each shard about once, not once per worker.
+#[derive(Debug, Default)]
+pub(crate) struct Locality {
+    by_worker: HashMap<WorkerId, Holdings>,
+    /// For each shard some worker holds or was told to read, how many workers.
+    claimed: HashMap<(u64, ShardId), u32>,
+}
+
+impl Locality {
+    /// `worker`'s pull reported `held`: it replaces what was known of `worker`.
+    pub(crate) fn report(&mut self, worker: WorkerId, held: Holdings) {
+        self.forget(worker);
+        for key in held.each() {
+            *self.claimed.entry(key).or_default() += 1;
+        }
+        self.by_worker.insert(worker, held);
+    }
+
+    /// `worker` was granted a chunk that reads, or told to fetch ahead, `shards` of the dataset
+    /// of `version`.
+    pub(crate) fn told(&mut self, worker: WorkerId, version: u64, shards: &[ShardId]) {
+        let holdings = self.by_worker.entry(worker).or_default();
+        let fresh: Vec<ShardId> = shards.iter().copied().filter(|&shard| !holdings.holds(version, shard)).collect();
+        let before = holdings.len();
+        holdings.add(version, fresh.iter().copied());
+        let added = holdings.len() - before;
+        for &shard in fresh.iter().take(added) {
+            *self.claimed.entry((version, shard)).or_default() += 1;
+        }
+    }
+
+    /// Drop what is known of `worker`.
+    pub(crate) fn forget(&mut self, worker: WorkerId) {
+        let Some(old) = self.by_worker.remove(&worker) else { return };
+        for key in old.each() {
+            if let Some(count) = self.claimed.get_mut(&key) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    self.claimed.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Keep only the workers `known` says are still registered.
+    pub(crate) fn retain(&mut self, known: impl Fn(WorkerId) -> bool) {
+        let gone: Vec<WorkerId> = self.by_worker.keys().copied().filter(|&worker| !known(worker)).collect();
+        for worker in gone {
+            self.forget(worker);
+        }
+    }
+
+    /// Whether no worker holds or was told anything.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.claimed.is_empty()
+    }
+
+    /// How much `worker` should get `chunk` (of the dataset of `version`, read by `plan`): first
+    /// by how many of its shards `worker` holds or is fetching, then by how few of the others
+    /// only other workers do (see [`affinity`]).
+    pub(crate) fn affinity(&self, worker: WorkerId, version: u64, plan: &EpochPlan, chunk: &Chunk) -> u32 {
+        let read = shards_read(plan, chunk.rank, chunk.first_step, u64::from(chunk.steps), usize::MAX);
+        let own = self.by_worker.get(&worker);
+        let (mut mine, mut others) = (0_u32, 0_u32);
+        for shard in read {
+            let is_mine = own.is_some_and(|holdings| holdings.holds(version, shard));
+            let claims = self.claimed.get(&(version, shard)).copied().unwrap_or(0);
+            if is_mine {
+                mine += 1;
+            } else if claims > 0 {
+                others += 1;
+            }
+        }
+        affinity(mine, others)
+    }
+}
+
+/// A chunk's score for a puller (higher is granted first): by `mine`, the shards it reads that
+/// the puller holds or is fetching, then by fewer `others`, those only other workers hold or
+/// are fetching. Below `u32::MAX`, which the scheduler keeps for chunks passed over once.
+pub(crate) fn affinity(mine: u32, others: u32) -> u32 {
+    const LOW: u32 = 0xFFFF;
+    (mine.min(0x7FFF) << 16) | (LOW - others.min(LOW))
 }
 
 #[cfg(test)]
@@ -112,15 +220,55 @@ mod tests {
     fn holdings_count_the_shards_a_chunk_reads_and_refuse_reports_over_the_bound() {
         let plan = plan(Shuffle::None);
         let held = [HeldShards { dataset_version: 7, shards: vec![ShardId(1), ShardId(2)] }];
-        let holdings = Holdings::of(&held).expect("within the bounds");
+        let mut locality = Locality::default();
+        locality.report(WorkerId(1), Holdings::of(&held).expect("within the bounds"));
         let chunk = Chunk { job: JobId(1), epoch: Epoch(0), start: Position(0), first_step: Step(1), rank: Rank(0), steps: 3 };
-        assert_eq!(holdings.count(7, &plan, &chunk), 2, "steps 1..4 read shards 1, 2 and 3");
-        assert_eq!(holdings.count(8, &plan, &chunk), 0, "another dataset version");
-        assert!(Holdings::of(&[]).expect("empty").is_empty());
+        assert_eq!(locality.affinity(WorkerId(1), 7, &plan, &chunk), affinity(2, 0), "steps 1..4 read shards 1, 2 and 3");
+        assert_eq!(locality.affinity(WorkerId(1), 8, &plan, &chunk), affinity(0, 0), "another dataset version");
+        locality.report(WorkerId(1), Holdings::of(&[]).expect("empty"));
+        assert!(locality.is_empty());
         let flood = [HeldShards { dataset_version: 7, shards: vec![ShardId(0); MAX_HELD_SHARDS + 1] }];
         assert!(Holdings::of(&flood).is_err());
         let many = vec![HeldShards { dataset_version: 7, shards: Vec::new() }; MAX_HELD_DATASETS + 1];
         assert!(Holdings::of(&many).is_err());
+    }
+
+    #[test]
+    fn a_puller_prefers_chunks_it_fetches_then_those_no_other_worker_fetches() {
+        // Manifest order, 2 ranks of 5: step s reads shard s.
+        let plan = plan(Shuffle::None);
+        let chunk =
+            |first: u64| Chunk { job: JobId(1), epoch: Epoch(0), start: Position(0), first_step: Step(first), rank: Rank(0), steps: 2 };
+        let (me, other) = (WorkerId(1), WorkerId(2));
+        let mut locality = Locality::default();
+        assert!(locality.is_empty());
+        locality.report(me, Holdings::of(&[HeldShards { dataset_version: 7, shards: vec![ShardId(0)] }]).expect("bounded"));
+        locality.told(other, 7, &[ShardId(2), ShardId(3)]);
+        let (mine, nobodys, others) = (chunk(0), chunk(4), chunk(2));
+        let score = |locality: &Locality, chunk: &Chunk| locality.affinity(me, 7, &plan, chunk);
+        assert!(score(&locality, &mine) > score(&locality, &nobodys), "held first");
+        assert!(score(&locality, &nobodys) > score(&locality, &others), "what another worker fetches last");
+        assert!(score(&locality, &mine) < u32::MAX, "below the score of a chunk passed over");
+        assert_eq!(locality.affinity(other, 7, &plan, &others), affinity(2, 0));
+        assert_eq!(locality.affinity(me, 8, &plan, &mine), affinity(0, 0), "another dataset version");
+        // A new report replaces what was known; a worker forgotten claims nothing.
+        locality.report(me, Holdings::default());
+        assert_eq!(score(&locality, &mine), affinity(0, 0));
+        locality.retain(|worker| worker != other);
+        assert_eq!(score(&locality, &others), affinity(0, 0));
+        assert!(locality.is_empty(), "{locality:?}");
+    }
+
+    #[test]
+    fn what_a_worker_is_told_is_bounded() {
+        let mut locality = Locality::default();
+        let many: Vec<ShardId> = (0..3 * MAX_HELD_SHARDS as u32).map(ShardId).collect();
+        locality.told(WorkerId(1), 7, &many);
+        locality.told(WorkerId(1), 7, &many);
+        assert_eq!(locality.claimed.len(), 2 * MAX_HELD_SHARDS);
+        assert!(locality.claimed.values().all(|&count| count == 1));
+        locality.forget(WorkerId(1));
+        assert!(locality.is_empty());
     }
 
     #[test]

@@ -1,14 +1,16 @@
 //! The object-store benchmark of BENCHMARKS.md (issue 30), `#[ignore]`d: run it by name.
 //!
 //! ```text
-//! STOKER_PYTHON=.venv/bin/python cargo test -p stoker-testkit --test it -- --ignored --nocapture \
-//!     object_store_bench
+//! STOKER_PYTHON=.venv/bin/python cargo test --release -p stoker-testkit --test it -- --ignored --nocapture \
+//!     --exact object_store_bench::object_store_bench
 //! ```
 //!
-//! One in-process cluster per row (2 workers, 2 ranks), the same dataset read from local disk
-//! and from moto behind a link of the fault proxy (a fixed latency per request and a bandwidth
-//! cap): images per second and the ranks' data stall (the share of the epoch a rank waited for
-//! batches) for a cold epoch (empty caches) and a warm one, with fetch-ahead on and off.
+//! One in-process cluster per row group (2 workers, 2 ranks), the same dataset read from local
+//! disk and from moto behind a link of the fault proxy (the delay line: a fixed latency per
+//! request and a bandwidth cap per connection): images per second, the ranks' data stall (the
+//! share of the epoch a rank waited for batches), the bytes both workers fetched and the hit
+//! rate of their caches, epoch by epoch: a cold epoch (empty caches) and warm ones, with
+//! fetch-ahead on and off, with a cache per worker that holds the dataset and one of half of it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -26,16 +28,39 @@ use crate::common::small_transforms;
 /// Per epoch: (seconds, images, the ranks' total wait seconds).
 type EpochFigures = Vec<(f64, u64, f64)>;
 
-/// Bytes the workers of `cluster` fetched from the store so far, both together.
-fn fetched_bytes(cluster: &TestCluster) -> u64 {
-    (0..2)
-        .map(|worker| cluster.worker_metrics_text(worker).expect("metrics"))
-        .flat_map(|text| {
-            text.lines()
-                .filter_map(|line| line.strip_prefix("stoker_worker_fetched_bytes_total ").and_then(|v| v.trim().parse::<u64>().ok()))
-                .collect::<Vec<_>>()
-        })
-        .sum()
+/// The cache counters of both workers of `cluster` so far: bytes fetched, hits, misses.
+#[derive(Clone, Copy, Debug, Default)]
+struct Counters {
+    fetched: u64,
+    hits: u64,
+    misses: u64,
+}
+
+impl Counters {
+    fn of(cluster: &TestCluster) -> Self {
+        let texts: Vec<String> = (0..2).map(|worker| cluster.worker_metrics_text(worker).expect("metrics")).collect();
+        let sum = |name: &str| -> u64 {
+            texts
+                .iter()
+                .flat_map(|text| text.lines())
+                .filter_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+                .map(|value| value as u64)
+                .sum()
+        };
+        Self {
+            fetched: sum("stoker_worker_fetched_bytes_total"),
+            hits: sum("stoker_worker_cache_hits_total"),
+            misses: sum("stoker_worker_cache_misses_total"),
+        }
+    }
+
+    fn since(self, before: Self) -> Self {
+        Self {
+            fetched: self.fetched.saturating_sub(before.fetched),
+            hits: self.hits.saturating_sub(before.hits),
+            misses: self.misses.saturating_sub(before.misses),
+        }
+    }
 }
 
 /// Run `epochs` epochs on `cluster`, calling `after_epoch` once both ranks finished each.
@@ -84,9 +109,18 @@ fn run_epochs(cluster: &TestCluster, dataset: &str, epochs: u64, after_epoch: &(
         .collect()
 }
 
-fn row(what: &str, (seconds, images, waited): (f64, u64, f64)) {
+/// One row of the table; `counters` (of that epoch) and `dataset` (bytes) for a remote one.
+fn row(what: &str, (seconds, images, waited): (f64, u64, f64), counters: Option<(Counters, u64)>) {
     let stall = waited / (2.0 * seconds);
-    eprintln!("| {what} | {:.0} | {:.0}% |", images as f64 / seconds, 100.0 * stall);
+    let (fetched, hit_rate) = match counters {
+        Some((counters, dataset)) => {
+            let claims = counters.hits + counters.misses;
+            let rate = if claims == 0 { 0.0 } else { 100.0 * counters.hits as f64 / claims as f64 };
+            (format!("{:.2}x", counters.fetched as f64 / dataset as f64), format!("{rate:.0}%"))
+        }
+        None => (String::new(), String::new()),
+    };
+    eprintln!("| {what} | {:.0} | {:.0}% | {fetched} | {hit_rate} |", images as f64 / seconds, 100.0 * stall);
 }
 
 #[test]
@@ -110,15 +144,18 @@ fn object_store_bench() {
         latency.as_millis(),
         bandwidth as f64 / 1e6
     );
-    eprintln!("| run | images/s | data stall (share of the epoch the ranks waited) |\n|---|---|---|");
-    let cluster_with = |fetch_ahead: u32| {
+    eprintln!(
+        "| run | images/s | data stall (share of the epoch the ranks waited) | fetched in the epoch, both workers (x the dataset) | cache hit rate |\n|---|---|---|---|---|"
+    );
+    let dataset_bytes = manifest.bytes();
+    let cluster_with = |fetch_ahead: u32, cache_bytes: u64| {
         let mut store = moto.store_config();
         store.endpoint_opt = Some(proxy.endpoint());
         let cache = stoker_testkit::unique_temp_dir("stoker-s3-bench-cache").expect("temp dir");
         let cluster = TestCluster::start(ClusterConfig {
             workers: 2,
             object_store: Some(store),
-            worker_cache: Some((cache, 1 << 30)),
+            worker_cache: Some((cache, cache_bytes)),
             fetch_ahead_steps: Some(fetch_ahead),
             chunk_steps: 2,
             ..ClusterConfig::default()
@@ -128,32 +165,27 @@ fn object_store_bench() {
         cluster
     };
     {
-        let cluster = cluster_with(0);
+        let cluster = cluster_with(0, 1 << 30);
         cluster.add_dataset("local", &manifest_path).expect("local");
         let figures = run_epochs(&cluster, "local", 2, &|_| {});
-        row("local disk, epoch 0", figures[0]);
-        row("local disk, epoch 1", figures[1]);
+        row("local disk, epoch 0", figures[0], None);
+        row("local disk, epoch 1", figures[1], None);
     }
-    for fetch_ahead in [0, 8] {
-        let cluster = cluster_with(fetch_ahead);
-        cluster.add_dataset("remote", Path::new("s3://data/train")).expect("remote");
-        let cold = std::sync::atomic::AtomicU64::new(0);
-        let figures = run_epochs(&cluster, "remote", 2, &|epoch| {
-            if epoch == 0 {
-                cold.store(fetched_bytes(&cluster), std::sync::atomic::Ordering::Relaxed);
+    let epochs = 3;
+    for (cache_name, cache_bytes) in [("the dataset", 1 << 30), ("half the dataset", dataset_bytes / 2)] {
+        for fetch_ahead in [0, 8] {
+            let cluster = cluster_with(fetch_ahead, cache_bytes);
+            cluster.add_dataset("remote", Path::new("s3://data/train")).expect("remote");
+            let counted = std::sync::Mutex::new(vec![Counters::default()]);
+            let figures = run_epochs(&cluster, "remote", epochs, &|_| counted.lock().expect("counters").push(Counters::of(&cluster)));
+            let counted = counted.into_inner().expect("counters");
+            let mode = if fetch_ahead == 0 { "off" } else { "8 steps" };
+            for (epoch, figures) in figures.into_iter().enumerate() {
+                let when = if epoch == 0 { "cold epoch".to_owned() } else { format!("warm epoch {epoch}") };
+                let counters = counted[epoch + 1].since(counted[epoch]);
+                row(&format!("S3, cache of {cache_name}, fetch-ahead {mode}, {when}"), figures, Some((counters, dataset_bytes)));
             }
-        });
-        let mode = if fetch_ahead == 0 { "off" } else { "8 steps" };
-        row(&format!("S3, fetch-ahead {mode}, cold epoch"), figures[0]);
-        row(&format!("S3, fetch-ahead {mode}, warm epoch"), figures[1]);
-        let (cold, total) = (cold.load(std::sync::atomic::Ordering::Relaxed), fetched_bytes(&cluster));
-        let dataset = manifest.bytes() as f64;
-        eprintln!(
-            "(fetch-ahead {mode}: {:.2}x the dataset fetched over both epochs, both workers: {:.2}x in the cold epoch, {:.2}x in the warm one)",
-            total as f64 / dataset,
-            cold as f64 / dataset,
-            total.saturating_sub(cold) as f64 / dataset
-        );
+        }
     }
     let _ = Path::new(&dir);
 }

@@ -1,7 +1,8 @@
 //! A pure simulation of the cache over real epoch plans: one worker makes every chunk of three
 //! epochs in the coordinator's grant order ((step, rank), `CHUNK_STEPS` steps of one rank a
-//! chunk), with a cache of half the dataset, evicting by the plan or least recently used. It
-//! prints the hit rates BENCHMARKS.md quotes:
+//! chunk), with a cache of half the dataset, evicting by the plan or least recently used, the
+//! plan knowing the next few chunks and, as the worker does, what the next epoch reads first
+//! (as much as the cache holds). It prints the hit rates BENCHMARKS.md quotes:
 //!
 //! ```text
 //! cargo nextest run -p stoker-worker plan_driven_eviction_against_lru --no-capture
@@ -28,8 +29,10 @@ const EPOCHS: u64 = 3;
 enum Policy {
     /// Nothing planned: least recently used.
     Lru,
-    /// The shards of the next `chunks` chunks planned (what grants and queued chunks tell).
-    Plan { chunks: usize },
+    /// The shards of the next `chunks` chunks planned (what grants and queued chunks tell),
+    /// and if `next_epoch`, the first shards the next epoch reads (as many as the cache holds)
+    /// planned after them (what the worker's own copy of the next epoch's plan tells).
+    Plan { chunks: usize, next_epoch: bool },
 }
 
 /// Shard reads and downloads of one epoch.
@@ -76,9 +79,9 @@ fn simulate(epochs: &[Vec<BTreeSet<ShardId>>], policy: Policy) -> Vec<Tally> {
     let mut table = CacheTable::new(u64::from(SHARDS / 2) * SHARD_BYTES);
     let all: Vec<&BTreeSet<ShardId>> = epochs.iter().flatten().collect();
     let name = |shard: &ShardId| format!("s{}", shard.0);
-    let horizon = match policy {
-        Policy::Lru => 0,
-        Policy::Plan { chunks } => chunks,
+    let (horizon, next_epoch) = match policy {
+        Policy::Lru => (0, false),
+        Policy::Plan { chunks, next_epoch } => (chunks, next_epoch),
     };
     for (turn, shards) in all.iter().enumerate().take(horizon) {
         shards.iter().for_each(|shard| table.plan(&name(shard), turn as u64));
@@ -86,6 +89,22 @@ fn simulate(epochs: &[Vec<BTreeSet<ShardId>>], policy: Policy) -> Vec<Tally> {
     let mut tallies = vec![Tally::default(); epochs.len()];
     let mut turn = 0_usize;
     for (epoch, chunks) in epochs.iter().enumerate() {
+        if let Some(next) = epochs.get(epoch + 1).filter(|_| next_epoch) {
+            // Each of the next epoch's first shards at the turn that first reads it (after every
+            // turn of this epoch), until the cache is full of them.
+            let base = turn + chunks.len();
+            let mut first = BTreeSet::new();
+            'reads: for (at, shards) in next.iter().enumerate() {
+                for shard in shards {
+                    if first.len() >= (SHARDS / 2) as usize {
+                        break 'reads;
+                    }
+                    if first.insert(*shard) {
+                        table.plan(&name(shard), (base + at) as u64);
+                    }
+                }
+            }
+        }
         for shards in chunks {
             if let Some(coming) = all.get(turn + horizon).filter(|_| horizon > 0) {
                 coming.iter().for_each(|shard| table.plan(&name(shard), (turn + horizon) as u64));
@@ -124,12 +143,22 @@ fn plan_driven_eviction_against_lru() {
         let epochs = chunks(shuffle);
         let lru = simulate(&epochs, Policy::Lru);
         eprintln!("| {shuffle} | LRU | {} |", row(&lru));
-        for chunks in [4, 16, usize::MAX / 2] {
-            let plan = simulate(&epochs, Policy::Plan { chunks });
-            let label = if chunks > 1 << 20 { "plan, whole future".to_owned() } else { format!("plan, next {chunks} chunks") };
+        for (chunks, next_epoch) in [(4, false), (16, false), (4, true), (16, true), (usize::MAX / 2, false)] {
+            let plan = simulate(&epochs, Policy::Plan { chunks, next_epoch });
+            let label = match (chunks > 1 << 20, next_epoch) {
+                (true, _) => "plan, whole future".to_owned(),
+                (false, false) => format!("plan, next {chunks} chunks"),
+                (false, true) => format!("plan, next {chunks} chunks + next epoch's first reads"),
+            };
             eprintln!("| {shuffle} | {label} | {} |", row(&plan));
             for (epoch, (plan, lru)) in plan.iter().zip(&lru).enumerate() {
                 assert!(plan.downloads <= lru.downloads, "{shuffle}, epoch {epoch}: plan {plan:?}, LRU {lru:?}");
+            }
+            if next_epoch {
+                // Knowing where the next epoch starts is what Belady's gain at the boundary needs.
+                let warm: u64 = plan.iter().skip(1).map(|tally| tally.downloads).sum();
+                let lru_warm: u64 = lru.iter().skip(1).map(|tally| tally.downloads).sum();
+                assert!(warm * 10 <= lru_warm * 9, "{shuffle}, {label}: {warm} warm downloads against LRU's {lru_warm}");
             }
         }
     }

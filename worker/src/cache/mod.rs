@@ -41,6 +41,10 @@ use self::table::{CacheTable, Claim};
 use crate::dataset::Dataset;
 use crate::metrics::CacheMetrics;
 
+/// How many turns after the chunks granted the next epoch's first reads are planned: after
+/// every read of this epoch (a worker is granted far fewer chunks in an epoch).
+const NEXT_EPOCH_TURNS: u64 = 1 << 32;
+
 /// Downloads of one chunk's shards at once.
 const PARALLEL_DOWNLOADS: usize = 4;
 
@@ -126,6 +130,8 @@ pub struct ShardCache {
     /// Which shard of which dataset version each file claimed or fetched ahead is (for the
     /// locality report; files adopted at start-up are not known until a chunk reads them).
     identities: Mutex<HashMap<String, (u64, ShardId)>>,
+    /// The files the running fetch ahead is to download (reported as held: they are coming).
+    to_fetch: Mutex<BTreeSet<String>>,
     metrics: CacheMetrics,
 }
 
@@ -155,6 +161,15 @@ impl Drop for Pins {
             }
         }
         self.cache.released_tx.send_modify(|generation| *generation += 1);
+    }
+}
+
+/// Clears the running fetch ahead's list when it ends.
+struct Fetched<'a>(&'a ShardCache);
+
+impl Drop for Fetched<'_> {
+    fn drop(&mut self) {
+        self.0.to_fetch.lock().clear();
     }
 }
 
@@ -242,6 +257,7 @@ impl ShardCache {
             turns: AtomicU64::new(0),
             ahead: Mutex::new(Vec::new()),
             identities: Mutex::new(HashMap::new()),
+            to_fetch: Mutex::new(BTreeSet::new()),
             metrics,
         }))
     }
@@ -251,20 +267,26 @@ impl ShardCache {
         &self.stores
     }
 
+    /// The bound, in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.table.lock().capacity()
+    }
+
     /// Bytes held now (files and reserved downloads).
     pub fn held(&self) -> u64 {
         self.table.lock().held()
     }
 
-    /// The shards the cache holds (downloaded), by dataset version, at most
-    /// [`MAX_HELD_SHARDS`]: what a pull reports, so that the coordinator prefers granting this
-    /// worker chunks that read them.
+    /// The shards the cache holds, is downloading or is about to fetch ahead, by dataset
+    /// version, at most [`MAX_HELD_SHARDS`]: what a pull reports, so that the coordinator
+    /// prefers granting this worker chunks that read them, and other workers other chunks.
     pub fn held_shards(&self) -> Vec<HeldShards> {
         let table = self.table.lock();
+        let to_fetch = self.to_fetch.lock();
         let mut identities = self.identities.lock();
-        identities.retain(|name, _| table.contains(name));
+        identities.retain(|name, _| table.contains(name) || to_fetch.contains(name));
         let mut by_version: BTreeMap<u64, Vec<ShardId>> = BTreeMap::new();
-        for (_, &(version, shard)) in identities.iter().filter(|(name, _)| table.is_ready(name)).take(MAX_HELD_SHARDS) {
+        for (_, &(version, shard)) in identities.iter().take(MAX_HELD_SHARDS) {
             by_version.entry(version).or_default().push(shard);
         }
         by_version.into_iter().take(MAX_HELD_DATASETS).map(|(dataset_version, shards)| HeldShards { dataset_version, shards }).collect()
@@ -282,14 +304,18 @@ impl ShardCache {
     }
 
     /// After the chunk of `turn`, the worker expects to read `shards` of `dataset`, in this
-    /// order: each is planned at a turn after `turn` (by its place), replacing what the last
-    /// call expected.
-    pub fn expect_ahead(&self, dataset: &Dataset, shards: &[ShardId], turn: u64) {
-        let expected: Vec<(String, u64)> = shards
+    /// order, and after every read of this epoch `next_epoch` (what the next epoch reads first,
+    /// in order): each is planned at a turn after `turn` (by its place), replacing what the last
+    /// call expected. So at the end of an epoch eviction keeps the shards the next one starts
+    /// with, and lets go first those it reads late or not at all.
+    pub fn expect_ahead(&self, dataset: &Dataset, shards: &[ShardId], next_epoch: &[ShardId], turn: u64) {
+        let name = |shard: ShardId| file_name(dataset.shard_uri(shard));
+        let soon = shards.iter().enumerate().map(|(place, &shard)| (name(shard), turn.saturating_add(1 + place as u64)));
+        let later = next_epoch
             .iter()
             .enumerate()
-            .map(|(place, &shard)| (file_name(dataset.shard_uri(shard)), turn.saturating_add(1 + place as u64)))
-            .collect();
+            .map(|(place, &shard)| (name(shard), turn.saturating_add(NEXT_EPOCH_TURNS).saturating_add(place as u64)));
+        let expected: Vec<(String, u64)> = soon.chain(later).collect();
         let mut table = self.table.lock();
         let mut ahead = self.ahead.lock();
         for (name, at) in ahead.drain(..) {
@@ -380,6 +406,16 @@ impl ShardCache {
     /// are left for that chunk to meet.
     pub async fn prefetch(self: &Arc<Self>, dataset: &Arc<Dataset>, shards: &[ShardId]) {
         let Ok(_ahead) = self.fetching_ahead.try_lock() else { return };
+        let names: Vec<String> = shards
+            .iter()
+            .map(|&shard| {
+                let name = file_name(dataset.shard_uri(shard));
+                self.identify(&name, dataset, shard);
+                name
+            })
+            .collect();
+        *self.to_fetch.lock() = names.into_iter().collect();
+        let _fetched = Fetched(self);
         let mut downloads = Vec::new();
         let mut evicted = Vec::new();
         {

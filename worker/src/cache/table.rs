@@ -212,11 +212,6 @@ impl CacheTable {
         self.entries.contains_key(name)
     }
 
-    /// Whether `name` is held, downloaded.
-    pub(crate) fn is_ready(&self, name: &str) -> bool {
-        self.entries.get(name).is_some_and(|entry| entry.ready)
-    }
-
     /// The download of `name` finished and its file is in place.
     pub(crate) fn downloaded(&mut self, name: &str) {
         if let Some(entry) = self.entries.get_mut(name) {

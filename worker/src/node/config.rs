@@ -56,9 +56,9 @@ pub struct WorkerConfig {
     pub object_roots: ObjectRoots,
     /// The shard cache for datasets in object stores; `None`: such jobs are refused here.
     pub cache_opt: Option<CacheConfig>,
-    /// Steps after each granted chunk whose shards (every rank's, by the epoch's plan) are
-    /// downloaded ahead, after those of the grant's rank's next chunks (`--fetch-ahead-steps`);
-    /// 0: nothing is fetched ahead.
+    /// Steps of the grant's rank after each granted chunk whose shards, of those the grant names
+    /// (`next_shards`), are downloaded ahead (`--fetch-ahead-steps`); 0: nothing is fetched
+    /// ahead.
     pub fetch_ahead_steps: u32,
     /// The most trainer connections open at once, handshakes included (`--max-connections`).
     pub max_connections: usize,

@@ -18,6 +18,12 @@ use crate::error::PipelineError;
 use crate::metrics::PipelineMetrics;
 use crate::pipeline::{BatchRequest, Pipeline, PipelineConfig};
 
+/// The most shards [`JobPipeline::first_reads`] names.
+pub(crate) const MAX_FIRST_READS: usize = 4_096;
+
+/// An epoch, a byte budget, and the shards that epoch reads first within it.
+type FirstReads = (Epoch, u64, Arc<Vec<ShardId>>);
+
 /// Which lease a requested batch belongs to, and what its header must say.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Meta {
@@ -42,6 +48,8 @@ pub(crate) struct JobPipeline {
     job: JobId,
     submit: Mutex<(Sender<BatchRequest>, Sender<Meta>)>,
     plans: Mutex<HashMap<(Epoch, Position), Arc<EpochPlan>>>,
+    /// The last [`JobPipeline::first_reads`] answer, by its epoch and byte budget.
+    first_reads: Mutex<Option<FirstReads>>,
     dataset: Arc<Dataset>,
     spec: stoker_plan::PlanSpec,
     dead: Arc<AtomicBool>,
@@ -85,6 +93,7 @@ impl JobPipeline {
             job: grant.chunk.job,
             submit: Mutex::new((request_tx, meta_tx)),
             plans: Mutex::new(HashMap::new()),
+            first_reads: Mutex::new(None),
             dataset,
             spec: grant.spec.plan,
             dead,
@@ -128,6 +137,40 @@ impl JobPipeline {
             .filter(|step| step.0 < plan.steps())
             .flat_map(|step| plan.batch(rank, step).map(|planned| planned.sample.shard).collect::<Vec<_>>())
             .collect()
+    }
+
+    /// The shards that `epoch` (from its start) reads first, every rank's steps in the order
+    /// chunks are granted ((step, rank)), each once, until they add up to `budget` bytes (or
+    /// [`MAX_FIRST_READS`] shards): what a cache of `budget` bytes should hold when the epoch
+    /// begins. Remembered for the last epoch asked (one computation per epoch, not per grant).
+    pub(crate) fn first_reads(&self, epoch: Epoch, budget: u64) -> Arc<Vec<ShardId>> {
+        if let Some((known, known_budget, reads)) = self.first_reads.lock().as_ref()
+            && (*known, *known_budget) == (epoch, budget)
+        {
+            return Arc::clone(reads);
+        }
+        let plan = self.plan(epoch, Position(0));
+        let ranks = plan.spec().world_size.get();
+        let mut seen = BTreeSet::new();
+        let mut reads = Vec::new();
+        let mut bytes = 0_u64;
+        'steps: for step in (0..plan.steps()).map(Step) {
+            for rank in (0..ranks).map(Rank) {
+                for planned in plan.batch(rank, step) {
+                    let shard = planned.sample.shard;
+                    if seen.insert(shard) {
+                        bytes = bytes.saturating_add(self.dataset.shard_bytes(shard));
+                        if bytes > budget || reads.len() >= MAX_FIRST_READS {
+                            break 'steps;
+                        }
+                        reads.push(shard);
+                    }
+                }
+            }
+        }
+        let reads = Arc::new(reads);
+        *self.first_reads.lock() = Some((epoch, budget, Arc::clone(&reads)));
+        reads
     }
 
     /// Queue the batches of steps `first..first+steps` of `rank` under `meta`'s lease. Returns

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use stoker_net::send_batch;
-use stoker_plan::ids::{LeaseId, Rank, ShardId, Step};
+use stoker_plan::ids::{Epoch, LeaseId, ShardId, Step};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
 use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, MAX_NEXT_SHARDS, StuckJob};
@@ -248,34 +248,33 @@ where
     }
 
     /// Fetch from the plan: download in the background the shards that the rank's next chunks
-    /// read (the grant names them), then those that every rank's next `fetch_ahead_steps` steps
-    /// after this chunk (of `turn`) read (the plan is the same on every worker), so that the
-    /// chunks granted next find them there; and tell the cache when they will be read, so that it
-    /// evicts them after the rest (`fetch_ahead_steps` 0: only that).
+    /// read (the grant names them; the coordinator counts them as this worker's and grants it
+    /// those chunks first), as far as the rank's next `fetch_ahead_steps` steps after this chunk
+    /// (of `turn`) go (0: nothing is fetched ahead). And tell the cache when it will read them,
+    /// and, after all of them, what the next epoch reads first, so that eviction keeps what is
+    /// read soonest, across the epoch's end too.
     fn fetch_ahead(&self, cache: &Arc<ShardCache>, pipeline: &JobPipeline, grant: &ChunkGrant, current: &BTreeSet<ShardId>, turn: u64) {
         let chunk = grant.chunk;
         let dataset = Arc::clone(pipeline.dataset());
         let shard_count = dataset.table().shards();
         let mut seen = current.clone();
         // From the wire: shards the dataset has, each once, a bounded number.
-        let mut ordered: Vec<ShardId> =
+        let next: Vec<ShardId> =
             grant.next_shards.iter().take(MAX_NEXT_SHARDS).copied().filter(|&shard| shard.0 < shard_count && seen.insert(shard)).collect();
+        let next_epoch = pipeline.first_reads(Epoch(chunk.epoch.0.saturating_add(1)), cache.capacity());
+        cache.expect_ahead(&dataset, &next, &next_epoch, turn);
         let ahead = self.config.fetch_ahead_steps;
-        let next = chunk.first_step.0 + u64::from(chunk.steps);
-        for step in (next..next + u64::from(ahead)).map(Step) {
-            for rank in (0..grant.spec.plan.world_size.get()).map(Rank) {
-                ordered.extend(pipeline.shards_of(chunk.epoch, chunk.start, rank, step, 1).into_iter().filter(|&shard| seen.insert(shard)));
-            }
-        }
-        if ordered.is_empty() {
+        if ahead == 0 || next.is_empty() {
             return;
         }
-        cache.expect_ahead(&dataset, &ordered, turn);
-        if ahead == 0 {
+        let after = Step(chunk.first_step.0 + u64::from(chunk.steps));
+        let own = pipeline.shards_of(chunk.epoch, chunk.start, chunk.rank, after, ahead);
+        let fetch: Vec<ShardId> = next.into_iter().filter(|shard| own.contains(shard)).collect();
+        if fetch.is_empty() {
             return;
         }
         let cache = Arc::clone(cache);
-        tokio::spawn(async move { cache.prefetch(&dataset, &ordered).await });
+        tokio::spawn(async move { cache.prefetch(&dataset, &fetch).await });
     }
 
     /// `count` batches of `lease` came out of the pipeline (or never will): once none is left,

@@ -4,13 +4,13 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use stoker_plan::ids::{CertKey, LeaseId, WorkerId};
-use stoker_proto::{Chunk, ChunkGrant, ControlResponse, HeldShards, LeaseProgress, RemoteError, StuckJob};
+use stoker_proto::{Chunk, ChunkGrant, ControlResponse, HeldShards, LeaseProgress, MAX_NEXT_SHARDS, RemoteError, StuckJob};
 
 use crate::core::Core;
 use crate::errors::{invalid, refused};
 use crate::event::{Outcome, Then};
 use crate::scheduler::{RunKey, WorkerProcess};
-use crate::shards::{Holdings, next_shards};
+use crate::shards::{Holdings, next_shards, shards_read};
 use crate::state::Command;
 use crate::validate::check_list_len;
 
@@ -71,15 +71,20 @@ impl Core {
         // whatever a worker asks for (found by review).
         let max = max.min(MAX_CHUNKS_PER_PULL);
         let holdings = Holdings::of(held)?;
-        let granted = if holdings.is_empty() {
+        // Locality: what this worker holds now, and what every worker holds or was told to
+        // read at its last pull; among the next chunks in grant order, those whose shards it
+        // holds or fetches go first, and those only other workers fetch last.
+        let scheduler = &self.scheduler;
+        self.locality.retain(|known| scheduler.is_registered(known));
+        self.locality.report(worker, holdings);
+        let granted = if self.locality.is_empty() {
             self.scheduler.pull(worker, max, now, &mut *self.ids)
         } else {
-            // Locality: among the next chunks in grant order, those whose shards it holds first.
-            let (state, plans) = (&self.state, &self.plans);
+            let (state, plans, locality) = (&self.state, &self.plans, &self.locality);
             let affinity = |chunk: &Chunk| {
                 let version_opt = state.job_dataset(chunk.job).map(|dataset| dataset.version);
                 match (version_opt, plans.get(&RunKey::of(chunk))) {
-                    (Some(version), Some(plan)) => holdings.count(version, plan, chunk),
+                    (Some(version), Some(plan)) => locality.affinity(worker, version, plan, chunk),
                     _ => 0,
                 }
             };
@@ -87,6 +92,7 @@ impl Core {
         }
         .map_err(refused)?;
         let mut withdrawn = Vec::new();
+        let mut told = Vec::new();
         let grants = granted
             .into_iter()
             .filter_map(|(lease, chunk)| {
@@ -101,11 +107,15 @@ impl Core {
                     withdrawn.push(lease);
                     return None;
                 };
-                let next_shards = self
+                let (read, next_shards) = self
                     .plans
                     .get(&RunKey::of(&chunk))
-                    .map(|plan| next_shards(plan, &chunk, self.config.scheduler.chunk_steps))
+                    .map(|plan| {
+                        let read = shards_read(plan, chunk.rank, chunk.first_step, u64::from(chunk.steps), MAX_NEXT_SHARDS);
+                        (read, next_shards(plan, &chunk, self.config.scheduler.chunk_steps))
+                    })
                     .unwrap_or_default();
+                told.push((dataset.version, read, next_shards.clone()));
                 Some(ChunkGrant {
                     lease,
                     chunk,
@@ -118,6 +128,10 @@ impl Core {
                 })
             })
             .collect();
+        for (version, read, next) in told {
+            self.locality.told(worker, version, &read);
+            self.locality.told(worker, version, &next);
+        }
         for lease in withdrawn {
             tracing::warn!(%worker, %lease, "a chunk's rank has no session with a known owner: not granted");
             self.scheduler.withdraw(worker, lease);

@@ -369,7 +369,8 @@ impl Scheduler {
 
     /// [`Scheduler::pull`], preferring within each run the chunks of higher `affinity` (how
     /// many of the chunk's shards the worker holds) among the next few in grant order; a chunk
-    /// passed over goes to the next puller first (see [`Run::grant`]). Leases are unchanged:
+    /// passed over goes first to the next other puller, or to this one after it passed it over
+    /// three times (see [`Run::grant_to`]). Leases are unchanged:
     /// every chunk is still leased to one worker at a time.
     pub fn pull_preferring(
         &mut self,
@@ -392,7 +393,7 @@ impl Scheduler {
                 continue;
             }
             let live = |rank: Rank| seats.is_live(key.job, rank, now, trainer_ttl);
-            let chunks = run.grant(room, now, live, affinity, || {
+            let chunks = run.grant_to(Some(worker), room, now, live, affinity, || {
                 // 2^64 ids: a clash with a live lease is a formality, but cheap to rule out.
                 let mut lease = LeaseId(ids.next_u64());
                 while lease.0 == 0 || leases.contains(lease) || granted.iter().any(|(taken, _): &(LeaseId, Chunk)| *taken == lease) {
@@ -439,6 +440,11 @@ impl Scheduler {
         let job = self.leases.take(worker, lease)?.chunk.job;
         self.runs.drop_runs_of(job);
         Some(job)
+    }
+
+    /// Whether `worker` is registered (not left, not forgotten).
+    pub fn is_registered(&self, worker: WorkerId) -> bool {
+        self.workers.contains(worker)
     }
 
     /// A worker leaves: its chunks are granted again at once.

@@ -12,7 +12,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use stoker_plan::ids::{Epoch, JobId, LeaseId, Position, Rank, Step};
+use stoker_plan::ids::{Epoch, JobId, LeaseId, Position, Rank, Step, WorkerId};
 use stoker_proto::Chunk;
 
 /// Which epoch run: a job's epoch from a start position (0, or a resumed checkpoint's).
@@ -81,9 +81,27 @@ pub struct Run {
     ranks: Vec<RankSteps>,
     /// The queued steps, as (step, rank): the grant order.
     queued: BTreeSet<(u64, u32)>,
-    /// Chunks (first step, rank) a puller passed over for chunks it holds the shards of: the
-    /// next puller gets them first.
-    passed_over: BTreeSet<(u64, u32)>,
+    /// Chunks (first step, rank) a puller passed over for chunks it holds the shards of, with
+    /// who passed them over and how often: any other puller gets them first, and so does the
+    /// one that passed them over once it has done so three times.
+    passed_over: BTreeMap<(u64, u32), PassedOver>,
+}
+
+/// How many times one puller may pass a chunk over before it goes first to that puller too.
+const PASSES: u32 = 3;
+
+/// Who passed a chunk over, and how many times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct PassedOver {
+    by: Option<WorkerId>,
+    times: u32,
+}
+
+impl PassedOver {
+    /// Whether `puller` gets the chunk before any other.
+    fn first_for(self, puller: Option<WorkerId>) -> bool {
+        self.times >= PASSES || puller.is_none() || self.by != puller
+    }
 }
 
 /// How many grantable chunks past the `max` a puller asks for it may prefer (locality).
@@ -108,7 +126,7 @@ impl Run {
             chunk_steps: chunk_steps.max(1),
             ranks,
             queued: BTreeSet::new(),
-            passed_over: BTreeSet::new(),
+            passed_over: BTreeMap::new(),
         }
     }
 
@@ -307,11 +325,26 @@ impl Run {
     /// live and that are not held back at `now`: runs of consecutive queued steps of one rank,
     /// at most the chunk size, in (step, rank) order, but for locality: among the first `max +`
     /// [`LOCALITY_LOOKAHEAD`] such chunks those of higher `affinity` (the puller holds more of
-    /// their shards) go first. A chunk passed over for another goes to the next puller whatever
-    /// its affinity, so a preference delays a chunk by one pull at most and never waits for a
-    /// worker. `next_lease` names each grant.
+    /// their shards) go first. `next_lease` names each grant. (No puller named: a chunk passed
+    /// over goes to the next puller whatever its affinity.)
     pub fn grant(
         &mut self,
+        max: usize,
+        now: Instant,
+        trainer_live: impl Fn(Rank) -> bool,
+        affinity: impl Fn(&Chunk) -> u32,
+        next_lease: impl FnMut() -> LeaseId,
+    ) -> Vec<(LeaseId, Chunk)> {
+        self.grant_to(None, max, now, trainer_live, affinity, next_lease)
+    }
+
+    /// [`Run::grant`] to `puller`. A chunk it passes over for another goes first to any other
+    /// puller whatever its affinity (the one fetching its shards, say), and to this one too once
+    /// it has passed it over three times: a preference delays a chunk by three pulls of one
+    /// worker at most and never waits for another worker.
+    pub fn grant_to(
+        &mut self,
+        puller: Option<WorkerId>,
         max: usize,
         now: Instant,
         trainer_live: impl Fn(Rank) -> bool,
@@ -325,11 +358,14 @@ impl Run {
         let window_end = slowest + self.prefetch;
         self.cut_chunks(window_end, &live);
         let queued = &self.queued;
-        self.passed_over.retain(|start| queued.contains(start));
+        self.passed_over.retain(|start, _| queued.contains(start));
         let candidates = self.grantable(window_end, max.saturating_add(LOCALITY_LOOKAHEAD), now, &live);
         let scores: Vec<u32> = candidates
             .iter()
-            .map(|chunk| if self.passed_over.contains(&(chunk.first_step.0, chunk.rank.0)) { u32::MAX } else { affinity(chunk) })
+            .map(|chunk| {
+                let first = self.passed_over.get(&(chunk.first_step.0, chunk.rank.0)).is_some_and(|passed| passed.first_for(puller));
+                if first { u32::MAX } else { affinity(chunk) }
+            })
             .collect();
         let mut order: Vec<usize> = (0..candidates.len()).collect();
         order.sort_by_key(|&at| (Reverse(scores.get(at).copied().unwrap_or(0)), at));
@@ -337,7 +373,9 @@ impl Run {
         let last_chosen = chosen.last().copied().unwrap_or(0);
         for (at, chunk) in candidates.iter().enumerate().take(last_chosen) {
             if !chosen.contains(&at) {
-                self.passed_over.insert((chunk.first_step.0, chunk.rank.0));
+                let passed = self.passed_over.entry((chunk.first_step.0, chunk.rank.0)).or_insert(PassedOver { by: puller, times: 0 });
+                // Passed over by another than the first: it goes first to everyone now.
+                passed.times = if passed.by == puller { passed.times + 1 } else { PASSES };
             }
         }
         let mut granted = Vec::new();

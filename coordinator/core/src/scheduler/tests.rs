@@ -665,6 +665,19 @@ fn a_chunk_passed_over_goes_to_the_next_puller_whatever_it_holds() {
 }
 
 #[test]
+fn a_chunk_one_worker_keeps_passing_over_is_its_own_after_three_pulls() {
+    // The worker that fetches the head chunk's shards never pulls (slow, or gone): the one
+    // that passes it over gets it at its fourth pull, so a preference never waits for a worker.
+    let now = Instant::now();
+    let mut scheduler = two_ranks_of_eight_steps(now);
+    let busy = scheduler.register_worker(addr(), 1, process(), now);
+    let elsewhere = |chunk: &Chunk| u32::from(chunk.first_step != Step(0));
+    let granted: Vec<(u64, u32)> =
+        (0..4).flat_map(|_| starts(&scheduler.pull_preferring(busy, 1, now, &mut TestIds, &elsewhere).expect("registered"))).collect();
+    assert_eq!(granted, vec![(2, 0), (2, 1), (4, 0), (0, 0)]);
+}
+
+#[test]
 fn with_preferences_every_step_is_still_granted_exactly_once() {
     let now = Instant::now();
     let mut scheduler = Scheduler::new(config(), 1);
@@ -684,4 +697,82 @@ fn with_preferences_every_step_is_still_granted_exactly_once() {
     }
     assert_eq!(counts.len(), 3 * 24, "every step of every rank granted");
     assert!(counts.values().all(|&count| count == 1), "{counts:?}");
+}
+
+/// Issue 30: two workers pulling a cold `window:4` epoch in turn, each told (as the core tells
+/// it) the shards of its chunks and of its rank's next two chunks, which it fetches (ahead) and
+/// reports held at its next pull. Every chunk of a step reads
+/// the same window of shards whichever its rank, so with grants in plain order each worker ends
+/// up reading every shard; with [`Locality`] steering each puller to the shards it was told and
+/// away from those the other was told, the two download less (the pulls strictly alternate
+/// and the trainers consume at once here, the worst case for it), and every step is still
+/// granted once.
+#[test]
+fn locality_keeps_two_cold_workers_off_each_others_shards() {
+    use std::collections::BTreeSet;
+    use std::num::NonZeroU32;
+    use std::sync::Arc;
+
+    use stoker_plan::ids::ShardId;
+    use stoker_plan::{EpochPlan, PlanSpec, ShardTable, Shuffle, Tail};
+
+    use stoker_proto::HeldShards;
+
+    use crate::shards::{Holdings, Locality, next_shards, shards_read};
+
+    const SHARDS: u32 = 64;
+    let table = ShardTable::new((0..SHARDS).map(|_| 8)).expect("a table");
+    let spec = PlanSpec {
+        seed: 3,
+        world_size: NonZeroU32::new(2).expect("2"),
+        batch_size: NonZeroU32::new(16).expect("16"),
+        shuffle: Shuffle::Window { shards: NonZeroU32::new(4).expect("4") },
+        tail: Tail::Drop,
+    };
+    let plan = EpochPlan::new(Arc::new(table), spec, Epoch(0));
+    let run = |steer: bool| {
+        let now = Instant::now();
+        let mut scheduler = Scheduler::new(config(), 1);
+        for rank in 0..2 {
+            open(&mut scheduler, key(), rank, 1, shape(plan.steps(), 2, 8), now);
+        }
+        let workers: Vec<WorkerId> = (0..2).map(|_| scheduler.register_worker(addr(), 1, process(), now)).collect();
+        let mut locality = Locality::default();
+        let mut read: BTreeMap<WorkerId, BTreeSet<ShardId>> = BTreeMap::new();
+        let mut counts = BTreeMap::new();
+        let mut consumed = [0_u64; 2];
+        for round in 0..200 {
+            let worker = workers[round % 2];
+            let held = HeldShards { dataset_version: 7, shards: read.get(&worker).into_iter().flatten().copied().collect() };
+            locality.report(worker, Holdings::of(&[held]).expect("within the bounds"));
+            let affinity = |chunk: &Chunk| if steer { locality.affinity(worker, 7, &plan, chunk) } else { 0 };
+            let granted = scheduler.pull_preferring(worker, 1, now, &mut TestIds, &affinity).expect("registered");
+            tally(&granted, &mut counts);
+            for (lease, chunk) in &granted {
+                let shards = shards_read(&plan, chunk.rank, chunk.first_step, u64::from(chunk.steps), usize::MAX);
+                let next = next_shards(&plan, chunk, 2);
+                read.entry(worker).or_default().extend(shards.iter().chain(&next).copied());
+                locality.told(worker, 7, &shards);
+                locality.told(worker, 7, &next);
+                assert!(scheduler.chunk_done(worker, *lease, now).is_some());
+            }
+            // The trainers consume what arrived, in order: the window moves on.
+            for rank in 0..2 {
+                while counts.contains_key(&(rank, consumed[rank as usize])) {
+                    consumed[rank as usize] += 1;
+                }
+                report(&mut scheduler, key(), rank, 1, consumed[rank as usize], now);
+            }
+            if !scheduler.has_run(key()) {
+                break;
+            }
+        }
+        assert_eq!(counts.len() as u64, 2 * plan.steps(), "every step of both ranks granted");
+        assert!(counts.values().all(|&count| count == 1), "exactly once: {counts:?}");
+        read.values().map(BTreeSet::len).sum::<usize>() as f64 / f64::from(SHARDS)
+    };
+    let (plain, steered) = (run(false), run(true));
+    eprintln!("shards read per shard of the dataset, both workers: in grant order {plain:.2}, with locality {steered:.2}");
+    assert!(plain > 1.9, "in grant order both workers read nearly everything: {plain}");
+    assert!(steered < 1.7, "with locality the workers read fewer of the same shards: {steered}");
 }

@@ -108,6 +108,11 @@ impl WorkerRegistry {
         self.keys.get(&worker).copied()
     }
 
+    /// Whether `worker` is registered.
+    pub(super) fn contains(&self, worker: WorkerId) -> bool {
+        self.workers.contains_key(&worker)
+    }
+
     /// A worker leaves.
     pub(super) fn remove(&mut self, worker: WorkerId) {
         self.workers.remove(&worker);
