@@ -122,12 +122,10 @@ impl TokenDataset {
             (None, Some(_)) => TokenFormat::Megatron,
             (None, None) => Self::sniff(path, options)?,
         };
-        if let Some(eos) = options.eos {
-            if format == TokenFormat::Megatron {
-                return Err(usage(format!(
-                    "--eos {eos}: a Megatron-LM dataset carries its documents (sequences) in its .idx; --eos is for llm.c and raw files"
-                )));
-            }
+        if let Some(eos) = options.eos.filter(|_| format == TokenFormat::Megatron) {
+            return Err(usage(format!(
+                "--eos {eos}: a Megatron-LM dataset carries its documents (sequences) in its .idx; --eos is for llm.c and raw files"
+            )));
         }
         match format {
             TokenFormat::Megatron => {

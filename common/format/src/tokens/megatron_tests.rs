@@ -109,8 +109,8 @@ fn hostile_indexes_are_refused_with_the_offset_and_never_panic() {
         std::fs::write(&idx_path, &good[..cut]).unwrap_or_else(|error| panic!("{error}"));
         assert!(open(&bin).is_err(), "cut at {cut}");
     }
-    for at in 0..good.len() {
-        std::fs::write(&idx_path, with(at, &[good[at] ^ 0xFF])).unwrap_or_else(|error| panic!("{error}"));
+    for (at, byte) in good.iter().enumerate() {
+        std::fs::write(&idx_path, with(at, &[byte ^ 0xFF])).unwrap_or_else(|error| panic!("{error}"));
         if let Ok(dataset) = open(&bin) {
             dataset.scan_into(&mut TokenScan::new());
         }
