@@ -47,9 +47,11 @@ pub(crate) enum Command {
     /// index beside each shard and a manifest.json. Output is deterministic.
     Pack(PackArgs),
     /// Index existing WebDataset shards (writes SHARD.tar.idx beside each) and optionally write
-    /// a manifest for them.
+    /// a manifest for them; or token datasets as they are (Megatron-LM .bin + .idx, llm.c
+    /// shards, nanoGPT's headerless arrays): checked in place, listed in tokens.json.
     Index(IndexArgs),
-    /// Show what a shard or a dataset manifest holds: samples, members by extension, sizes.
+    /// Show what a shard or a dataset manifest holds: samples, members by extension, sizes; of a
+    /// token dataset: documents, tokens, dtype, vocabulary seen, document lengths.
     Inspect(InspectArgs),
     /// Run a coordinator: datasets, jobs, checkpoints, and the work plan of every job.
     Coordinator(CoordinatorArgs),

@@ -84,3 +84,41 @@ impl ObjectStoreArgs {
         Ok(stoker_store::ObjectStores::new(self.config()?, stoker_store::ObjectRoots::anywhere()))
     }
 }
+
+/// What a token file does not say itself (`stoker index` and `stoker inspect` of token files).
+#[derive(Debug, Args)]
+pub(crate) struct TokenFileArgs {
+    /// Token files: their layout, when not told from the file. megatron: PREFIX.bin + PREFIX.idx
+    /// (found when the .idx is beside the .bin); llmc: llm.c / modded-nanogpt shards (found by
+    /// their magic, 20240520 or 20240801); raw: a headerless array of --dtype tokens (nanoGPT's
+    /// train.bin, taken when --dtype is given and nothing else fits).
+    #[arg(long, value_name = "megatron|llmc|raw", help_heading = "Token datasets")]
+    pub(crate) format: Option<stoker_format::tokens::TokenFormat>,
+    /// Token files: the token type of a headerless file (uint16 for nanoGPT; also uint8, int8,
+    /// int16, int32, uint32, int64). Megatron and llm.c files say theirs.
+    #[arg(long, value_name = "TYPE", help_heading = "Token datasets")]
+    pub(crate) dtype: Option<stoker_format::tokens::TokenDtype>,
+    /// Token files: the token that ends each document of llm.c and raw files (GPT-2's
+    /// <|endoftext|> is 50256); a document runs up to and including it. Without it each file is
+    /// one document. Megatron datasets carry their documents (sequences) in the .idx.
+    #[arg(long, value_name = "TOKEN", help_heading = "Token datasets")]
+    pub(crate) eos: Option<i64>,
+}
+
+impl TokenFileArgs {
+    /// The options of opening a token file.
+    pub(crate) fn options(&self) -> stoker_format::tokens::TokenOptions {
+        stoker_format::tokens::TokenOptions { format: self.format, dtype: self.dtype, eos: self.eos }
+    }
+
+    /// Whether any token option was given (then the paths are token files).
+    pub(crate) fn given(&self) -> bool {
+        self.format.is_some() || self.dtype.is_some() || self.eos.is_some()
+    }
+}
+
+/// Whether `path` names a token file: a `.bin` or `.idx`, or the prefix of a Megatron dataset.
+pub(crate) fn is_token_path(path: &std::path::Path) -> bool {
+    path.extension().is_some_and(|extension| extension == "bin" || extension == "idx")
+        || stoker_format::tokens::megatron_paths(path).is_some()
+}

@@ -12,17 +12,19 @@ use stoker_store::{ObjectStores, ObjectUri};
 use tokio::runtime::Runtime;
 
 use crate::cmd::object_files::download_shard;
-use crate::flags::ObjectStoreArgs;
+use crate::flags::{ObjectStoreArgs, TokenFileArgs, is_token_path};
 use crate::progress;
 
 #[derive(Debug, Args)]
 pub(crate) struct IndexArgs {
     /// Shard files, or shards in an object store (s3://bucket/key: each is downloaded into
     /// TMPDIR, indexed there, and its index uploaded beside it); WebDataset brace patterns
-    /// expand: 'train-{000000..000127}.tar'.
+    /// expand: 'train-{000000..000127}.tar'. Or token files (.bin, .idx, a Megatron prefix):
+    /// checked and counted in place, never rewritten, and listed in tokens.json.
     #[arg(required = true)]
     pub(crate) shards: Vec<String>,
-    /// Also write a manifest listing these shards (paths relative to the manifest's folder).
+    /// Also write a manifest listing these shards (paths relative to the manifest's folder). Of
+    /// token files: where to write their tokens.json (default: beside the first).
     /// Of shards in an object store: an s3:// URI, uploaded (shards under its prefix listed by
     /// relative name, others by s3:// URI).
     #[arg(long, value_name = "OUT.json")]
@@ -32,6 +34,8 @@ pub(crate) struct IndexArgs {
     pub(crate) force: bool,
     #[command(flatten)]
     pub(crate) object_store: ObjectStoreArgs,
+    #[command(flatten)]
+    pub(crate) tokens: TokenFileArgs,
 }
 
 /// What `stoker index` keeps of one shard once indexed.
@@ -42,6 +46,9 @@ struct Indexed {
 }
 
 pub(crate) fn run(args: IndexArgs) -> anyhow::Result<ExitCode> {
+    if args.tokens.given() || args.shards.iter().any(|pattern| is_token_path(Path::new(pattern))) {
+        return super::index_tokens::run(&args);
+    }
     let remote = args.shards.iter().filter(|pattern| ObjectUri::is_object_uri(pattern)).count();
     if remote == args.shards.len() {
         return index_objects(&args);

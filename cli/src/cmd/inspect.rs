@@ -11,13 +11,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use serde::Serialize;
 use serde_json::json;
-use stoker_format::manifest::PackedOrder;
+use stoker_format::manifest::{PackedOrder, read_manifest_text};
+use stoker_format::tokens::{TOKEN_MANIFEST_FILE, TokenManifest};
 use stoker_format::{IndexPolicy, IndexStatus, MANIFEST_FILE, Manifest, Shard, ShardLocation, resolve_uri};
 use stoker_store::{MAX_OBJECT_READ_BYTES, ObjectStores, ObjectUri, StoreError};
 use tokio::runtime::Runtime;
 
 use crate::cmd::object_files::{check_shard, download_shard};
-use crate::flags::ObjectStoreArgs;
+use crate::flags::{ObjectStoreArgs, TokenFileArgs, is_token_path};
 use stoker_plan::mixing::{LabelMixing, label_mixing};
 use stoker_plan::{SampleRef, ShardTable, Shuffle};
 
@@ -25,7 +26,9 @@ use stoker_plan::{SampleRef, ShardTable, Shuffle};
 pub(crate) struct InspectArgs {
     /// A shard (.tar), a manifest (.json), or a folder holding manifest.json; or the same in an
     /// object store (s3://bucket/key: a shard is downloaded into TMPDIR; a manifest's shards are
-    /// checked by size without downloading them).
+    /// checked by size without downloading them). Or a token dataset: a token file (.bin, .idx,
+    /// a Megatron prefix), a tokens.json, or a folder holding one: documents, tokens, dtype,
+    /// the vocabulary seen and document lengths.
     pub(crate) path: PathBuf,
     /// Print one JSON object (for scripts); for a shard it lists every member's offset and size.
     #[arg(long)]
@@ -43,6 +46,8 @@ pub(crate) struct InspectArgs {
     pub(crate) global_batch: NonZeroU32,
     #[command(flatten)]
     pub(crate) object_store: ObjectStoreArgs,
+    #[command(flatten)]
+    pub(crate) tokens: TokenFileArgs,
 }
 
 pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
@@ -68,13 +73,29 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
         let copy = download_shard(&runtime, &stores, &ObjectUri::parse(&given)?, true)?;
         return inspect_shard(&copy.shard, &given, args.json, args.show);
     }
+    if args.tokens.given() || is_token_path(&args.path) {
+        return super::inspect_tokens::inspect_file(&args.path, args.tokens.options(), args.json);
+    }
     let is_manifest = args.path.is_dir() || args.path.extension().is_some_and(|extension| extension == "json");
     if is_manifest {
-        let path = if args.path.is_dir() { args.path.join(MANIFEST_FILE) } else { args.path.clone() };
+        let mut path = if args.path.is_dir() { args.path.join(MANIFEST_FILE) } else { args.path.clone() };
+        let token_manifest = args.path.join(TOKEN_MANIFEST_FILE);
+        if args.path.is_dir() && !path.exists() && token_manifest.is_file() {
+            path = token_manifest;
+        }
+        if is_token_manifest(&path) {
+            return super::inspect_tokens::inspect_manifest(&path, args.json);
+        }
         inspect_manifest(&path, &args)
     } else {
         inspect_shard(&args.path, &args.path.display().to_string(), args.json, args.show)
     }
+}
+
+/// Whether the manifest at `path` is a token dataset's (an unreadable one is left to the image
+/// manifest's reader to report).
+fn is_token_manifest(path: &Path) -> bool {
+    read_manifest_text(path).is_ok_and(|text| TokenManifest::is_token_manifest(&text))
 }
 
 #[derive(Default, Serialize)]

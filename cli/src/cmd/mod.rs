@@ -12,7 +12,9 @@ pub(crate) mod dataset;
 #[cfg(feature = "demo")]
 pub(crate) mod demo;
 pub(crate) mod index;
+pub(crate) mod index_tokens;
 pub(crate) mod inspect;
+pub(crate) mod inspect_tokens;
 pub(crate) mod job;
 pub(crate) mod object_files;
 pub(crate) mod pack;
@@ -20,4 +22,5 @@ pub(crate) mod ranks;
 pub(crate) mod remote;
 pub(crate) mod serve;
 pub(crate) mod status;
+pub(crate) mod token_report;
 pub(crate) mod transform;

@@ -11,4 +11,5 @@ mod raft_processes;
 mod s3_index_inspect;
 mod s3_processes;
 mod support;
+mod token_index_inspect;
 mod worker_memory;

@@ -1,7 +1,7 @@
 #![doc = include_str!("../README.md")]
 //!
 //! WebDataset tar shards (DESIGN §3): reading, indexing, grouping into samples, manifests,
-//! brace patterns, and packing an ImageFolder into shards.
+//! brace patterns, and packing an ImageFolder into shards; token datasets (`tokens`).
 
 /// Errors of reading and writing shards, indexes and manifests.
 pub mod error;
@@ -17,6 +17,7 @@ pub mod sample_key;
 pub mod shard_file;
 pub mod tar_reader;
 pub mod tar_writer;
+pub mod tokens;
 
 pub use self::index::{ShardIndex, build_index};
 pub use self::manifest::{MANIFEST_FILE, Manifest, ManifestShard, ShardLocation, resolve_uri};

@@ -91,24 +91,7 @@ impl Manifest {
     /// which means "unversioned"). Coordinators bind jobs to it and workers compare it, so a
     /// manifest rewritten in place or differing between hosts is noticed.
     pub fn load_versioned(path: &Path) -> Result<(Self, u64), ShardError> {
-        let bad = |reason: String| ShardError::BadManifest { path: path.to_path_buf(), reason };
-        let metadata = std::fs::metadata(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
-        // Not opened unless it is a regular file: opening a FIFO would block, a device never end.
-        if !metadata.is_file() {
-            return Err(bad("not a regular file (a device, a FIFO or a folder): give a manifest.json".to_owned()));
-        }
-        if metadata.len() > MAX_MANIFEST_BYTES {
-            return Err(bad(format!("{} bytes, over the {MAX_MANIFEST_BYTES} bytes a manifest may have", metadata.len())));
-        }
-        let mut text = String::new();
-        // Checked again on the open file: it may have been swapped for a FIFO since.
-        let file = crate::regular_file::open_regular(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
-        // Bounded even if the file grows while it is read.
-        std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_MANIFEST_BYTES + 1), &mut text)
-            .map_err(|source| ShardError::io("failed to read manifest", path, source))?;
-        if text.len() as u64 > MAX_MANIFEST_BYTES {
-            return Err(bad(format!("over the {MAX_MANIFEST_BYTES} bytes a manifest may have (it grew while it was read)")));
-        }
+        let text = read_manifest_text(path)?;
         let version = xxhash_rust::xxh3::xxh3_64(text.as_bytes()).max(1);
         Ok((Self::parse(&text, path)?, version))
     }
@@ -117,7 +100,14 @@ impl Manifest {
     /// the file): its JSON, its version, and every shard URI. `path` names it in errors.
     pub fn parse(text: &str, path: &Path) -> Result<Self, ShardError> {
         let bad = |reason: String| ShardError::BadManifest { path: path.to_path_buf(), reason };
-        let manifest: Self = serde_json::from_str(text).map_err(|error| bad(format!("not a valid manifest: {error}")))?;
+        let manifest: Self = serde_json::from_str(text).map_err(|error| match manifest_kind(text).as_deref() {
+            Some(crate::tokens::TOKEN_MANIFEST_KIND) => {
+                bad("a token dataset's manifest (stoker index of token files): jobs do not read token datasets yet; stoker inspect shows \
+                 what it holds"
+                    .to_owned())
+            }
+            _ => bad(format!("not a valid manifest: {error}")),
+        })?;
         if manifest.version > MANIFEST_VERSION {
             return Err(bad(format!("version {} is newer than this build reads ({MANIFEST_VERSION}): upgrade stoker", manifest.version)));
         }
@@ -159,6 +149,39 @@ impl Manifest {
     pub fn shard_table(&self) -> Result<ShardTable, stoker_plan::error::PlanError> {
         ShardTable::new(self.shards.iter().map(|shard| shard.samples))
     }
+}
+
+/// The text of the manifest at `path`: a regular file of at most [`MAX_MANIFEST_BYTES`].
+pub fn read_manifest_text(path: &Path) -> Result<String, ShardError> {
+    let bad = |reason: String| ShardError::BadManifest { path: path.to_path_buf(), reason };
+    let metadata = std::fs::metadata(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+    // Not opened unless it is a regular file: opening a FIFO would block, a device never end.
+    if !metadata.is_file() {
+        return Err(bad("not a regular file (a device, a FIFO or a folder): give a manifest.json".to_owned()));
+    }
+    if metadata.len() > MAX_MANIFEST_BYTES {
+        return Err(bad(format!("{} bytes, over the {MAX_MANIFEST_BYTES} bytes a manifest may have", metadata.len())));
+    }
+    let mut text = String::new();
+    // Checked again on the open file: it may have been swapped for a FIFO since.
+    let file = crate::regular_file::open_regular(path).map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+    // Bounded even if the file grows while it is read.
+    std::io::Read::read_to_string(&mut std::io::Read::take(file, MAX_MANIFEST_BYTES + 1), &mut text)
+        .map_err(|source| ShardError::io("failed to read manifest", path, source))?;
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(bad(format!("over the {MAX_MANIFEST_BYTES} bytes a manifest may have (it grew while it was read)")));
+    }
+    Ok(text)
+}
+
+/// The `kind` a manifest's JSON declares (`"tokens"` for a token dataset's; image manifests
+/// have none), or `None` when it has none or is not a JSON object.
+pub fn manifest_kind(text: &str) -> Option<String> {
+    #[derive(Deserialize)]
+    struct Probe {
+        kind: Option<String>,
+    }
+    serde_json::from_str::<Probe>(text).ok()?.kind
 }
 
 /// Where `uri` points, relative paths resolved against `manifest_dir`.
