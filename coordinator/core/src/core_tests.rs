@@ -310,17 +310,20 @@ fn one_certificate_creates_at_most_its_share_of_the_jobs() {
     assert_eq!(core.state().jobs_created_by(greedy), 2);
 }
 
+/// An attach of rank 0 of a one-rank job, by the loader numbered `client`.
+fn rank_zero_attach() -> impl Fn(u64) -> ControlRequest {
+    let mut spec = crate::state::tests::spec("job");
+    spec.transforms = TransformSpec::imagenet_train(8);
+    move |client| ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client }
+}
+
 /// Issue 31, item 2: the same loader attaching again keeps its session and commits nothing;
 /// an attach that gives a new session commits one entry and replaces the rank's record.
 #[test]
 fn an_attach_commits_only_when_its_session_is_new() {
     let now = Instant::now();
-    let dataset = sample_dataset();
-    let caller = CertKey([1; 32]);
-    let mut core = leading(ClusterState::new(), 1, now);
-    let mut spec = crate::state::tests::spec("job");
-    spec.transforms = TransformSpec::imagenet_train(8);
-    let attach = |client| ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client };
+    let (dataset, caller, mut core) = (sample_dataset(), CertKey([1; 32]), leading(ClusterState::new(), 1, now));
+    let attach = rank_zero_attach();
     let Ok(ControlResponse::Attached { session, .. }) = drive_as(&mut core, attach(1), caller, &dataset, now) else { panic!("attach") };
     let again = core.step(Event::Request { request: attach(1), caller }, now);
     assert!(
@@ -336,12 +339,8 @@ fn an_attach_commits_only_when_its_session_is_new() {
 #[test]
 fn a_detached_session_leaves_no_record() {
     let now = Instant::now();
-    let dataset = sample_dataset();
-    let caller = CertKey([1; 32]);
-    let mut core = leading(ClusterState::new(), 1, now);
-    let mut spec = crate::state::tests::spec("job");
-    spec.transforms = TransformSpec::imagenet_train(8);
-    let attach = |client| ControlRequest::Attach { spec: spec.clone(), rank: Rank(0), client };
+    let (dataset, caller, mut core) = (sample_dataset(), CertKey([1; 32]), leading(ClusterState::new(), 1, now));
+    let attach = rank_zero_attach();
     let Ok(ControlResponse::Attached { job, session, .. }) = drive_as(&mut core, attach(1), caller, &dataset, now) else {
         panic!("attach")
     };

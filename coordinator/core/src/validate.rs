@@ -47,7 +47,7 @@ pub(crate) fn validate_spec(spec: &JobSpec, rank: Rank) -> Result<(), RemoteErro
 }
 
 /// Refuse a new job over the coordinator's limits on ranks, flow window and job count.
-pub(crate) fn check_job_limits(spec: &JobSpec, config: &CoreConfig, jobs: usize) -> Result<(), RemoteError> {
+pub(crate) fn check_job_limits(spec: &JobSpec, config: &CoreConfig) -> Result<(), RemoteError> {
     let world_size = spec.plan.world_size.get();
     if world_size > config.max_world_size {
         return Err(invalid(format!(
@@ -61,12 +61,7 @@ pub(crate) fn check_job_limits(spec: &JobSpec, config: &CoreConfig, jobs: usize)
             spec.prefetch, config.max_prefetch
         )));
     }
-    if jobs >= config.max_jobs {
-        return Err(invalid(format!(
-            "the coordinator keeps {jobs} jobs, its limit (--max-jobs {}): remove finished ones with `stoker job rm`, or raise it",
-            config.max_jobs
-        )));
-    }
+    // --max-jobs is one of the bounds a creation's entry carries (state_budget::job_over).
     Ok(())
 }
 

@@ -107,7 +107,7 @@ impl Core {
                 // Limits apply to new jobs only: a job that exists keeps being served to the
                 // ranks that come back (its spec cannot change), whatever the limit says now.
                 check_batch_size(spec, self.config.max_batch_bytes).map_err(AttachNeeds::Refusal)?;
-                check_job_limits(spec, &self.config, self.state.jobs.len()).map_err(AttachNeeds::Refusal)?;
+                check_job_limits(spec, &self.config).map_err(AttachNeeds::Refusal)?;
                 check_new_job(&self.state, spec, &current, caller, &self.config).map_err(AttachNeeds::Refusal)?;
                 tracing::info!(name = %spec.name, dataset = %spec.dataset, "creating job");
                 let creator = (caller != CertKey::UNCHECKED).then_some(caller);
