@@ -30,6 +30,23 @@ pub enum PlanError {
         /// The accepted forms.
         expected: &'static str,
     },
+    /// The token counts of a corpus add up to more than `u64::MAX`.
+    #[error("the corpus's token counts overflow a 64-bit total")]
+    TooManyTokens,
+    /// Document offsets that are not a corpus's (not starting at 0, or decreasing).
+    #[error("bad document offsets: {problem}")]
+    BadDocumentOffsets {
+        /// What is wrong.
+        problem: String,
+    },
+    /// A token checkpoint whose position is not a whole number of rows of this plan.
+    #[error("checkpoint position {tokens} tokens is not a whole number of rows of {seq_len} tokens: resume with the seq_len the checkpoint was taken with")]
+    TokensNotWholeRows {
+        /// Position in the checkpoint, in tokens.
+        tokens: u64,
+        /// This plan's row length.
+        seq_len: u32,
+    },
     /// A checkpoint of a format this build cannot read.
     #[error("checkpoint format version {found} is not supported (this build reads {supported})")]
     UnsupportedCheckpointVersion {

@@ -9,6 +9,8 @@
 //! * [`layout`] cuts the order into steps and ranks with a tail policy.
 //! * [`EpochPlan`] combines both, resumes from a [`Checkpoint`], and derives per-sample
 //!   augmentation seeds from (seed, epoch, position).
+//! * [`tokens`] plans token corpora: documents packed into rows of `seq_len` tokens, laid out
+//!   by the same [`Layout`], checkpoints counted in tokens.
 //!
 //! Memory: a plan holds one integer per window (`shards / k + 1`) beside the shard table (one
 //! integer per shard, i.e. the manifest), and for a windowed shuffle of at most 1,024 shards the
@@ -30,6 +32,7 @@ pub mod order;
 pub mod permutation;
 pub mod prng;
 pub mod shard_table;
+pub mod tokens;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
