@@ -48,11 +48,14 @@ pub(crate) struct InspectArgs {
     pub(crate) object_store: ObjectStoreArgs,
     #[command(flatten)]
     pub(crate) tokens: TokenFileArgs,
+    #[command(flatten)]
+    pub(crate) packing: super::token_packing::PackingArgs,
 }
 
 pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
     let given = args.path.to_string_lossy().into_owned();
     if ObjectUri::is_object_uri(&given) {
+        refuse_packing(&args)?;
         let (runtime, stores) = (super::remote::runtime()?, args.object_store.stores()?);
         let uri = ObjectUri::manifest(&given)?;
         // `s3://b/shard-000` names a shard when an object has exactly that key, a prefix
@@ -74,7 +77,7 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
         return inspect_shard(&copy.shard, &given, args.json, args.show);
     }
     if args.tokens.given() || is_token_path(&args.path) {
-        return super::inspect_tokens::inspect_file(&args.path, args.tokens.options(), args.json);
+        return super::inspect_tokens::inspect_file(&args.path, args.tokens.options(), &args.packing, args.json);
     }
     let is_manifest = args.path.is_dir() || args.path.extension().is_some_and(|extension| extension == "json");
     if is_manifest {
@@ -84,12 +87,26 @@ pub(crate) fn run(args: InspectArgs) -> anyhow::Result<ExitCode> {
             path = token_manifest;
         }
         if is_token_manifest(&path) {
-            return super::inspect_tokens::inspect_manifest(&path, args.json);
+            return super::inspect_tokens::inspect_manifest(&path, &args.packing, args.json);
         }
+        refuse_packing(&args)?;
         inspect_manifest(&path, &args)
     } else {
+        refuse_packing(&args)?;
         inspect_shard(&args.path, &args.path.display().to_string(), args.json, args.show)
     }
+}
+
+/// `--seq-len` packs token datasets; given with anything else it is a mistake worth saying.
+fn refuse_packing(args: &InspectArgs) -> anyhow::Result<()> {
+    if args.packing.seq_len.is_some() {
+        anyhow::bail!(
+            "--seq-len packs the documents of a token dataset into rows; {} is an image dataset or shard (token datasets are .bin/.idx \
+             files, a tokens.json, or a folder holding one)",
+            args.path.display()
+        );
+    }
+    Ok(())
 }
 
 /// Whether the manifest at `path` is a token dataset's (an unreadable one is left to the image

@@ -7,13 +7,15 @@ use std::process::ExitCode;
 use stoker_format::tokens::{TokenDataset, TokenManifest, TokenOptions, TokenScan};
 use stoker_format::{ShardLocation, resolve_uri};
 
+use crate::cmd::token_packing::PackingArgs;
 use crate::cmd::token_report::{TokenReport, scan_file};
 
 /// Inspect the token file at `path`.
-pub(crate) fn inspect_file(path: &Path, options: TokenOptions, json: bool) -> anyhow::Result<ExitCode> {
+pub(crate) fn inspect_file(path: &Path, options: TokenOptions, packing: &PackingArgs, json: bool) -> anyhow::Result<ExitCode> {
     let dataset = TokenDataset::open(path, options)?;
     let shown = |path: &Path| path.display().to_string();
     let (file, scan) = scan_file(&dataset, &shown);
+    let packing = packing.report(scan.document_lengths())?;
     let mut report = TokenReport {
         kind: "tokens",
         path: path.display().to_string(),
@@ -22,6 +24,7 @@ pub(crate) fn inspect_file(path: &Path, options: TokenOptions, json: bool) -> an
         eos: dataset.eos(),
         stats: scan.finish(),
         files: vec![file],
+        packing,
         problems: Vec::new(),
     };
     report.check_tokens();
@@ -31,7 +34,7 @@ pub(crate) fn inspect_file(path: &Path, options: TokenOptions, json: bool) -> an
 
 /// Inspect the token manifest at `path`: every file opened, scanned and compared with what the
 /// manifest says of it.
-pub(crate) fn inspect_manifest(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
+pub(crate) fn inspect_manifest(path: &Path, packing: &PackingArgs, json: bool) -> anyhow::Result<ExitCode> {
     let manifest = TokenManifest::load(path)?;
     let manifest_dir = path.parent().map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from("."));
     let options = TokenOptions { format: Some(manifest.format), dtype: Some(manifest.dtype), eos: manifest.eos };
@@ -66,6 +69,8 @@ pub(crate) fn inspect_manifest(path: &Path, json: bool) -> anyhow::Result<ExitCo
         total.merge(scan);
         files.push(file);
     }
+    // Packing is planned over the files read; with a file missing the figures would mislead.
+    let packing = if problems.is_empty() { packing.report(total.document_lengths())? } else { None };
     let mut report = TokenReport {
         kind: "tokens",
         path: path.display().to_string(),
@@ -74,6 +79,7 @@ pub(crate) fn inspect_manifest(path: &Path, json: bool) -> anyhow::Result<ExitCo
         eos: manifest.eos,
         stats: total.finish(),
         files,
+        packing,
         problems,
     };
     report.check_tokens();

@@ -22,5 +22,6 @@ pub(crate) mod ranks;
 pub(crate) mod remote;
 pub(crate) mod serve;
 pub(crate) mod status;
+pub(crate) mod token_packing;
 pub(crate) mod token_report;
 pub(crate) mod transform;

@@ -5,6 +5,8 @@ use std::path::Path;
 use serde::Serialize;
 use stoker_format::tokens::{TokenDataset, TokenDtype, TokenFormat, TokenScan, TokenStats};
 
+use crate::cmd::token_packing::PackingReport;
+
 /// One token file as found on disk.
 #[derive(Serialize)]
 pub(crate) struct FileReport {
@@ -33,6 +35,9 @@ pub(crate) struct TokenReport {
     #[serde(flatten)]
     pub(crate) stats: TokenStats,
     pub(crate) files: Vec<FileReport>,
+    /// What packing into rows gives (`--seq-len`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) packing: Option<PackingReport>,
     pub(crate) problems: Vec<String>,
 }
 
@@ -92,6 +97,9 @@ impl TokenReport {
                 "lengths    min {}, p50 {}, p90 {}, p99 {}, max {}, mean {:.1} tokens per document",
                 lengths.min, lengths.p50, lengths.p90, lengths.p99, lengths.max, lengths.mean
             );
+        }
+        if let Some(packing) = &self.packing {
+            packing.print();
         }
         for problem in &self.problems {
             println!("problem: {problem}");

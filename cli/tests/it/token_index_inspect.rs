@@ -137,3 +137,38 @@ with open(folder + "/fineweb_val_000000.bin", "wb") as f:
         assert_eq!((report["tokens"].as_u64(), report["documents"].as_u64(), report["max_token"].as_i64()), (Some(6), Some(3), Some(EOS)));
     }
 }
+
+/// `--seq-len` shows what packing gives, planned by the job's planner on the real document
+/// lengths: rows, steps, the tail's left-out tokens, documents per row.
+#[test]
+fn packing_into_rows_is_shown_with_seq_len_and_refused_for_images() {
+    let dir = tempfile::tempdir().unwrap_or_else(|error| panic!("{error}"));
+    let train = dir.path().join("train.bin");
+    // Documents of 3, 1, 5 and 2 tokens (each up to and including its EOS).
+    write_raw(&train, TokenDtype::Uint16, &[1, 2, EOS, EOS, 3, 4, 5, 6, EOS, 7, EOS]).unwrap_or_else(|error| panic!("{error}"));
+    let base = ["--dtype", "uint16", "--eos", "50256", "--seq-len", "4", "--token-shuffle", "none"];
+    let drop = inspect_json(&[&base[..], &[path_str(&train)]].concat());
+    let packing = &drop["packing"];
+    // Rows [3 + 1] and [4 of 5]; the last 3 tokens do not fill a row.
+    assert_eq!(
+        (packing["rows"].as_u64(), packing["steps"].as_u64(), packing["tokens_read"].as_u64(), packing["tokens_left_out"].as_u64()),
+        (Some(2), Some(2), Some(8), Some(3))
+    );
+    assert_eq!((packing["documents_per_row_mean"].as_f64(), packing["documents_per_row_max"].as_u64()), (Some(1.5), Some(2)));
+    assert_eq!(
+        (packing["rows_starting_inside_a_document"].as_f64(), packing["documents_longer_than_a_row"].as_u64()),
+        (Some(0.0), Some(1))
+    );
+    let partial = inspect_json(&[&base[..], &["--tail", "partial", path_str(&train)]].concat());
+    // A third, short row [the 5th token of the long document + the last document]: every token once.
+    assert_eq!((partial["packing"]["rows"].as_u64(), partial["packing"]["tokens_read"].as_u64()), (Some(3), Some(11)));
+    assert_eq!(partial["packing"]["tokens_left_out"].as_u64(), Some(0));
+    let two_ranks = inspect_json(&[&base[..], &["--world-size", "2", "--batch-size", "2", path_str(&train)]].concat());
+    assert_eq!((two_ranks["packing"]["steps"].as_u64(), two_ranks["packing"]["tokens_left_out"].as_u64()), (Some(0), Some(11)));
+    let shown = stoker(&[&["inspect"], &base[..], &[path_str(&train)]].concat());
+    assert!(text(&shown).contains("2 rows in 2 steps: 8 tokens read, 3 of the dataset's left out"), "{}", text(&shown));
+    let typo = stoker(&[&["inspect"], &base[..6], &["--token-shuffle", "document", path_str(&train)]].concat());
+    assert!(!typo.status.success() && text(&typo).contains("documents:K"), "{}", text(&typo));
+    let image = stoker(&["inspect", "--seq-len", "4", path_str(&dir.path().join("shard.tar"))]);
+    assert!(!image.status.success() && text(&image).contains("--seq-len packs the documents of a token dataset"), "{}", text(&image));
+}

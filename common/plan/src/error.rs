@@ -40,7 +40,9 @@ pub enum PlanError {
         problem: String,
     },
     /// A token checkpoint whose position is not a whole number of rows of this plan.
-    #[error("checkpoint position {tokens} tokens is not a whole number of rows of {seq_len} tokens: resume with the seq_len the checkpoint was taken with")]
+    #[error(
+        "checkpoint position {tokens} tokens is not a whole number of rows of {seq_len} tokens: resume with the seq_len the checkpoint was taken with"
+    )]
     TokensNotWholeRows {
         /// Position in the checkpoint, in tokens.
         tokens: u64,

@@ -75,6 +75,11 @@ impl TokenScan {
         self.lengths.push(length);
     }
 
+    /// The length of every document counted so far, in the order counted.
+    pub fn document_lengths(&self) -> &[u64] {
+        &self.lengths
+    }
+
     /// Documents counted so far.
     pub fn documents_seen(&self) -> u64 {
         self.lengths.len() as u64

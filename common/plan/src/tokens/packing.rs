@@ -169,7 +169,7 @@ impl TokenPlan {
             return Err(PlanError::UnsupportedCheckpointVersion { found: checkpoint.version, supported: CHECKPOINT_VERSION });
         }
         let seq_len = spec.seq_len.get();
-        if checkpoint.position.0 % u64::from(seq_len) != 0 {
+        if !checkpoint.position.0.is_multiple_of(u64::from(seq_len)) {
             return Err(PlanError::TokensNotWholeRows { tokens: checkpoint.position.0, seq_len });
         }
         let expected = token_fingerprint(corpus.as_ref(), &spec);
@@ -261,11 +261,8 @@ impl TokenPlan {
     /// The checkpoint that records every step up to and including `step` as consumed, its
     /// position in tokens. After the epoch's last step it is the next epoch's start.
     pub fn checkpoint_after(&self, step: Step) -> Checkpoint {
-        let (epoch, rows) = if step.0 + 1 >= self.steps() {
-            (Epoch(self.epoch.0 + 1), 0)
-        } else {
-            (self.epoch, self.layout.position_after(step))
-        };
+        let (epoch, rows) =
+            if step.0 + 1 >= self.steps() { (Epoch(self.epoch.0 + 1), 0) } else { (self.epoch, self.layout.position_after(step)) };
         self.checkpoint(epoch, rows)
     }
 

@@ -104,7 +104,11 @@ fn a_resume_at_any_step_and_another_world_reads_exactly_the_rest() {
         let total = corpus.tokens() as usize;
         for shuffle in SHUFFLES {
             let seq_len = 1 + cases.below(16) as u32;
-            let first = TokenPlan::new(corpus.clone(), spec(1 + cases.below(4) as u32, 1 + cases.below(4) as u32, seq_len, shuffle, Tail::Partial), Epoch(2));
+            let first = TokenPlan::new(
+                corpus.clone(),
+                spec(1 + cases.below(4) as u32, 1 + cases.below(4) as u32, seq_len, shuffle, Tail::Partial),
+                Epoch(2),
+            );
             for stop in 0..first.steps().saturating_sub(1) {
                 let checkpoint = first.checkpoint_after(Step(stop));
                 assert_eq!(checkpoint.position.0 % u64::from(seq_len), 0);
@@ -199,7 +203,10 @@ fn shuffles_depend_on_seed_and_epoch_only() {
     let by_rows = neighbours(TokenPlanSpec { shuffle: TokenShuffle::Rows, ..shuffled });
     assert!(by_rows.iter().all(|&(a, b)| b > a), "rows shuffled alone keep documents in stored order");
     let by_documents = neighbours(shuffled);
-    assert!(by_documents.iter().filter(|&&(a, b)| b < a).count() * 3 > by_documents.len(), "documents shuffled: a third of the neighbours go backwards");
+    assert!(
+        by_documents.iter().filter(|&&(a, b)| b < a).count() * 3 > by_documents.len(),
+        "documents shuffled: a third of the neighbours go backwards"
+    );
 }
 
 #[test]
