@@ -6,6 +6,7 @@ use clap::{Parser, Subcommand};
 
 #[cfg(feature = "demo")]
 use crate::cmd::bench_cluster::BenchClusterArgs;
+use crate::cmd::bench_control::BenchControlArgs;
 #[cfg(feature = "demo")]
 use crate::cmd::bench_delivery::BenchDeliveryArgs;
 use crate::cmd::bench_pipeline::BenchPipelineArgs;
@@ -123,6 +124,12 @@ pub(crate) enum BenchCommand {
     /// and QUIC from quinn's defaults to Stoker's settings.
     #[cfg(feature = "demo")]
     Delivery(BenchDeliveryArgs),
+    /// Drive the coordinator's core (request handling, scheduler, state machine) in this
+    /// process with simulated trainer ranks and workers through one epoch, every grant checked
+    /// for exactly-once, and report its cost per request kind (p50/p99/max), grants per
+    /// core-second, the replicated log's rate and memory per rank and per worker. No network,
+    /// no Raft: the core's own cost.
+    ControlPlane(BenchControlArgs),
 }
 
 #[derive(Debug, Subcommand)]

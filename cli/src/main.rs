@@ -39,6 +39,7 @@ fn main() -> std::process::ExitCode {
         Command::Bench(BenchCommand::Cluster(args)) => cmd::bench_cluster::run(args),
         #[cfg(feature = "demo")]
         Command::Bench(BenchCommand::Delivery(args)) => cmd::bench_delivery::run(args),
+        Command::Bench(BenchCommand::ControlPlane(args)) => cmd::bench_control::run(args),
     };
     match result {
         Ok(code) => code,

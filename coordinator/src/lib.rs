@@ -4,6 +4,8 @@
 mod authz;
 /// Configuration and its defaults.
 pub mod config;
+/// The control-plane benchmark: the core driven by simulated trainers and workers.
+pub mod control_bench;
 /// Serving a replicated coordinator: leader checks, commits through Raft, redirects.
 mod driver;
 /// Errors, and their wire codes.

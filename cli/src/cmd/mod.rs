@@ -2,6 +2,7 @@
 
 #[cfg(feature = "demo")]
 pub(crate) mod bench_cluster;
+pub(crate) mod bench_control;
 #[cfg(feature = "demo")]
 pub(crate) mod bench_delivery;
 pub(crate) mod bench_pipeline;
