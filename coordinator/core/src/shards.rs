@@ -103,6 +103,8 @@ pub(crate) struct Locality {
     by_worker: HashMap<WorkerId, Holdings>,
     /// For each shard some worker holds or was told to read, how many workers.
     claimed: HashMap<(u64, ShardId), u32>,
+    /// The worker registry's removals at the last [`Locality::retain`].
+    removals_seen: Option<u64>,
 }
 
 impl Locality {
@@ -141,8 +143,13 @@ impl Locality {
         }
     }
 
-    /// Keep only the workers `known` says are still registered.
-    pub(crate) fn retain(&mut self, known: impl Fn(WorkerId) -> bool) {
+    /// Keep only the workers `known` says are still registered, when the registry's count of
+    /// removals moved since the last look (a look visits every worker: not one per pull).
+    pub(crate) fn retain(&mut self, removals: u64, known: impl Fn(WorkerId) -> bool) {
+        if self.removals_seen == Some(removals) {
+            return;
+        }
+        self.removals_seen = Some(removals);
         let gone: Vec<WorkerId> = self.by_worker.keys().copied().filter(|&worker| !known(worker)).collect();
         for worker in gone {
             self.forget(worker);
@@ -254,8 +261,14 @@ mod tests {
         // A new report replaces what was known; a worker forgotten claims nothing.
         locality.report(me, Holdings::default());
         assert_eq!(score(&locality, &mine), affinity(0, 0));
-        locality.retain(|worker| worker != other);
+        locality.retain(1, |worker| worker != other);
         assert_eq!(score(&locality, &others), affinity(0, 0));
+        assert!(locality.is_empty(), "{locality:?}");
+        // Workers are looked at again only once the registry has removed one since.
+        locality.report(other, Holdings::of(&[HeldShards { dataset_version: 7, shards: vec![ShardId(4)] }]).expect("holdings"));
+        locality.retain(1, |worker| worker != other);
+        assert!(!locality.is_empty(), "no removal since the last look: nothing looked at");
+        locality.retain(2, |worker| worker != other);
         assert!(locality.is_empty(), "{locality:?}");
     }
 

@@ -75,8 +75,11 @@ impl Core {
         // read at its last pull; among the next chunks in grant order, those whose shards it
         // holds or fetches go first, and those only other workers fetch last.
         let scheduler = &self.scheduler;
-        self.locality.retain(|known| scheduler.is_registered(known));
-        self.locality.report(worker, holdings);
+        self.locality.retain(scheduler.worker_removals(), |known| scheduler.is_registered(known));
+        if scheduler.is_registered(worker) {
+            // (A pull of a worker not registered is refused below and leaves nothing here.)
+            self.locality.report(worker, holdings);
+        }
         let granted = if self.locality.is_empty() {
             self.scheduler.pull(worker, max, now, &mut *self.ids)
         } else {

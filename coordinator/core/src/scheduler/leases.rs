@@ -1,7 +1,7 @@
 //! The lease table: which worker holds which chunk, until when, with what progress; and which
 //! workers are stuck on which job (they get none of its work for a while).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{JobId, LeaseId, WorkerId};
@@ -35,6 +35,8 @@ pub(super) struct Renewal {
 #[derive(Debug, Default)]
 pub(super) struct Leases {
     held: BTreeMap<LeaseId, Lease>,
+    /// Every held lease by when it expires: expiry looks at the expired ones only (issue 35).
+    by_expiry: BTreeSet<(Instant, LeaseId)>,
     /// Workers stuck on a job (a hung open or decode), and until when they get none of its
     /// work: each heartbeat sets the jobs its worker reports stuck, for a lease TTL (a stall
     /// taken back here counts too, until the next heartbeat). A worker stuck on a job would
@@ -51,7 +53,18 @@ impl Leases {
 
     /// Grant `chunk` to `worker` under `lease` at `now`, expiring after `ttl`.
     pub(super) fn grant(&mut self, lease: LeaseId, chunk: Chunk, worker: WorkerId, now: Instant, ttl: Duration) {
-        self.held.insert(lease, Lease { chunk, worker, expires: now + ttl, finished: 0, progressed: now, granted: now });
+        let expires = now + ttl;
+        if let Some(earlier) = self.held.insert(lease, Lease { chunk, worker, expires, finished: 0, progressed: now, granted: now }) {
+            self.by_expiry.remove(&(earlier.expires, lease));
+        }
+        self.by_expiry.insert((expires, lease));
+    }
+
+    /// Remove `lease` from the table and the expiry index.
+    fn remove(&mut self, lease: LeaseId) -> Option<Lease> {
+        let held = self.held.remove(&lease)?;
+        self.by_expiry.remove(&(held.expires, lease));
+        Some(held)
     }
 
     /// Take `lease` back if `worker` holds it.
@@ -59,7 +72,7 @@ impl Leases {
         if self.held.get(&lease).is_none_or(|held| held.worker != worker) {
             return None;
         }
-        self.held.remove(&lease)
+        self.remove(lease)
     }
 
     /// `worker` reports `stuck_jobs` stuck at `now`: it gets none of their work until `until`
@@ -100,7 +113,9 @@ impl Leases {
                         held.progressed = now;
                     }
                     if now.saturating_duration_since(held.progressed) < stall {
+                        self.by_expiry.remove(&(held.expires, listed.lease));
                         held.expires = now + ttl;
+                        self.by_expiry.insert((held.expires, listed.lease));
                     } else {
                         stalled.push(listed.lease);
                     }
@@ -109,7 +124,7 @@ impl Leases {
             }
         }
         for lease in stalled {
-            if let Some(held) = self.held.remove(&lease) {
+            if let Some(held) = self.remove(lease) {
                 let reason = format!("a lease of the job made no progress for {} s: taken back by the coordinator", stall.as_secs());
                 self.stalled.insert((worker, held.chunk.job), (stuck_until, reason));
                 renewal.stalled.push((lease, held));
@@ -120,14 +135,24 @@ impl Leases {
 
     /// Take back every lease not renewed by `now`.
     pub(super) fn take_expired(&mut self, now: Instant) -> Vec<(LeaseId, Lease)> {
-        let expired: Vec<LeaseId> = self.held.iter().filter(|(_, held)| held.expires <= now).map(|(id, _)| *id).collect();
-        expired.into_iter().filter_map(|lease| self.held.remove(&lease).map(|held| (lease, held))).collect()
+        let mut expired = Vec::new();
+        while let Some(&(expires, lease)) = self.by_expiry.first()
+            && expires <= now
+        {
+            self.by_expiry.pop_first();
+            if let Some(held) = self.held.remove(&lease) {
+                expired.push((lease, held));
+            }
+        }
+        // In lease order, as the table lists them.
+        expired.sort_unstable_by_key(|(lease, _)| *lease);
+        expired
     }
 
     /// Take back every lease of `worker`.
     pub(super) fn take_all_of(&mut self, worker: WorkerId) -> Vec<(LeaseId, Lease)> {
         let handed_back: Vec<LeaseId> = self.held.iter().filter(|(_, held)| held.worker == worker).map(|(id, _)| *id).collect();
-        handed_back.into_iter().filter_map(|lease| self.held.remove(&lease).map(|held| (lease, held))).collect()
+        handed_back.into_iter().filter_map(|lease| self.remove(lease).map(|held| (lease, held))).collect()
     }
 
     /// Forget stuck marks that ran out by `now`.
@@ -138,6 +163,8 @@ impl Leases {
     /// Forget every lease and stuck mark of `job`.
     pub(super) fn forget_job(&mut self, job: JobId) {
         self.held.retain(|_, held| held.chunk.job != job);
+        let held = &self.held;
+        self.by_expiry.retain(|(_, lease)| held.contains_key(lease));
         self.stalled.retain(|(_, stalled_job), _| *stalled_job != job);
     }
 

@@ -188,6 +188,7 @@ impl Scheduler {
     /// on only it is served for that rank. Returns whether it replaced an earlier one.
     pub fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, client: u64, now: Instant) -> bool {
         let replaced = self.seats.attach(job, rank, session, client, now);
+        self.runs.forget_liveness(job);
         self.sessions_superseded += u64::from(replaced);
         replaced
     }
@@ -199,7 +200,13 @@ impl Scheduler {
 
     /// Refuse a request of a session that is not the rank's newest.
     pub fn check_session(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), Refusal> {
-        self.seats.check(job, rank, session).map_err(Refusal::Seat)
+        let before = self.seats.session_of(job, rank);
+        let checked = self.seats.check(job, rank, session).map_err(Refusal::Seat);
+        if self.seats.session_of(job, rank) != before {
+            // A seat adopted or replaced: its trainer is not live until heard from.
+            self.runs.forget_liveness(job);
+        }
+        checked
     }
 
     /// The newest session of `rank`, if any.
@@ -227,7 +234,10 @@ impl Scheduler {
                 self.runs.drop_run(idle);
             }
         }
-        let fresh = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat)?;
+        let opened = self.seats.open(key, rank, opening, now).map_err(Refusal::Seat);
+        // Even a refused open may have adopted a seat (`Seats::seat`).
+        self.runs.forget_liveness(key.job);
+        let fresh = opened?;
         self.runs.open(key, rank, opening, fresh, previous_opt, shape, &self.seats, now);
         Ok(())
     }
@@ -236,7 +246,15 @@ impl Scheduler {
     /// long for `reporting.missing` that they must be lost. A report of an older pass (late, or
     /// sent twice) or of a detached session changes nothing.
     pub fn record_progress(&mut self, key: RunKey, rank: Rank, reporting: &Reporting, now: Instant) -> Result<Recorded, Refusal> {
-        match self.seats.report(key, rank, reporting, now).map_err(Refusal::Seat)? {
+        let (live_before, session_before) =
+            (self.seats.is_live(key.job, rank, now, self.config.trainer_ttl), self.seats.session_of(key.job, rank));
+        let standing = self.seats.report(key, rank, reporting, now).map_err(Refusal::Seat);
+        if !live_before || self.seats.session_of(key.job, rank) != session_before {
+            // A report revives a trainer that was not live (or adopts its seat): runs that
+            // keep liveness must look again. A live one's report only extends its life.
+            self.runs.forget_liveness(key.job);
+        }
+        match standing? {
             Standing::Current => {}
             Standing::Stale => return Ok(Recorded { run_known: true, slowest_opt: None }),
             Standing::Unopened => return Ok(Recorded { run_known: false, slowest_opt: None }),
@@ -253,7 +271,9 @@ impl Scheduler {
     /// ranks that go on (its last progress report may never have gone out). A trainer that
     /// attaches as the rank again opens the run it needs and is counted in again.
     pub fn detach(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), Refusal> {
-        self.seats.detach(job, rank, session).map_err(Refusal::Seat)?;
+        let detached = self.seats.detach(job, rank, session).map_err(Refusal::Seat);
+        self.runs.forget_liveness(job);
+        detached?;
         self.runs.detach(job, rank);
         Ok(())
     }
@@ -392,7 +412,7 @@ impl Scheduler {
             if leases.is_stuck(worker, key.job, now) {
                 continue;
             }
-            let live = |rank: Rank| seats.is_live(key.job, rank, now, trainer_ttl);
+            let live = |rank: Rank| seats.live_until(key.job, rank, trainer_ttl);
             let chunks = run.grant_to(Some(worker), room, now, live, affinity, || {
                 // 2^64 ids: a clash with a live lease is a formality, but cheap to rule out.
                 let mut lease = LeaseId(ids.next_u64());
@@ -445,6 +465,12 @@ impl Scheduler {
     /// Whether `worker` is registered (not left, not forgotten).
     pub fn is_registered(&self, worker: WorkerId) -> bool {
         self.workers.contains(worker)
+    }
+
+    /// Workers removed so far (left, replaced, forgotten): while it stays the same, no worker
+    /// seen registered has gone.
+    pub fn worker_removals(&self) -> u64 {
+        self.workers.removals()
     }
 
     /// A worker leaves: its chunks are granted again at once.

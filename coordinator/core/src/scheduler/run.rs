@@ -85,6 +85,51 @@ pub struct Run {
     /// who passed them over and how often: any other puller gets them first, and so does the
     /// one that passed them over once it has done so three times.
     passed_over: BTreeMap<(u64, u32), PassedOver>,
+    /// How many ranks have consumed how many steps: the slowest is its first key (every rank
+    /// counted, live or not).
+    by_consumed: BTreeMap<u64, u32>,
+    /// Ranks whose position here is not known (`!accounted`).
+    unaccounted: u32,
+    /// Which ranks' trainers are live, kept between pulls (see [`LiveView`]).
+    view_opt: Option<LiveView>,
+}
+
+/// Which ranks' trainers are live, as of `at`, and what follows from it: kept between grants
+/// so that a pull costs no scan of every rank (issue 35). Exact, not a sample: it is dropped
+/// when a rank could become live (the scheduler calls [`Run::forget_liveness`] when a seat is
+/// made, replaced, opened, detached or revived by a report) or when a rank leaves or restarts
+/// here, and it expires at `until_opt`, when the first rank it holds live stops being so.
+/// Progress of a live rank is applied to it in place.
+#[derive(Debug)]
+struct LiveView {
+    at: Instant,
+    /// When the first live rank stops being live (`None`: no rank is live).
+    until_opt: Option<Instant>,
+    live: Vec<bool>,
+    /// How many live ranks have consumed how many steps: the window's base is the first key.
+    live_by_consumed: BTreeMap<u64, u32>,
+    /// The window end the last cut was made for, with this view's live ranks.
+    cut_for_opt: Option<u64>,
+}
+
+impl LiveView {
+    fn valid_at(&self, now: Instant) -> bool {
+        now >= self.at && self.until_opt.is_none_or(|until| now < until)
+    }
+}
+
+/// Move one rank's count in a consumed multiset from `from` to `to`.
+fn recount(counts: &mut BTreeMap<u64, u32>, from: u64, to: u64) {
+    if from == to {
+        return;
+    }
+    if let Some(count) = counts.get_mut(&from) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&from);
+        }
+    }
+    *counts.entry(to).or_default() += 1;
 }
 
 /// How many times one puller may pass a chunk over before it goes first to that puller too.
@@ -112,13 +157,18 @@ impl Run {
     /// may not come (ahead, absent) hold no window and get no work here unless they open the
     /// run themselves.
     pub fn new(key: RunKey, steps: u64, world_size: u32, prefetch: u32, chunk_steps: u32, counted: impl Fn(Rank) -> Counted) -> Self {
-        let ranks = (0..world_size)
+        let ranks: Vec<RankSteps> = (0..world_size)
             .map(|rank| {
                 let counted = counted(Rank(rank));
                 let consumed = if counted == Counted::MayCome { 0 } else { steps };
                 RankSteps { consumed, cut: 0, pending: BTreeMap::new(), accounted: counted != Counted::Absent }
             })
             .collect();
+        let mut by_consumed: BTreeMap<u64, u32> = BTreeMap::new();
+        for rank in &ranks {
+            *by_consumed.entry(rank.consumed).or_default() += 1;
+        }
+        let unaccounted = ranks.iter().filter(|rank| !rank.accounted).count() as u32;
         Self {
             key,
             steps,
@@ -127,7 +177,31 @@ impl Run {
             ranks,
             queued: BTreeSet::new(),
             passed_over: BTreeMap::new(),
+            by_consumed,
+            unaccounted,
+            view_opt: None,
         }
+    }
+
+    /// Forget which trainers are live: a seat changed in a way that may make one live.
+    pub fn forget_liveness(&mut self) {
+        self.view_opt = None;
+    }
+
+    /// Set `rank`'s consumed steps and `accounted`, keeping the counts.
+    fn set_position(&mut self, rank: usize, consumed: u64, accounted: bool) {
+        let Some(entry) = self.ranks.get_mut(rank) else { return };
+        recount(&mut self.by_consumed, entry.consumed, consumed);
+        if let Some(view) = self.view_opt.as_mut().filter(|view| view.live.get(rank).copied().unwrap_or(false)) {
+            recount(&mut view.live_by_consumed, entry.consumed, consumed);
+        }
+        match (entry.accounted, accounted) {
+            (true, false) => self.unaccounted += 1,
+            (false, true) => self.unaccounted -= 1,
+            _ => {}
+        }
+        entry.consumed = consumed;
+        entry.accounted = accounted;
     }
 
     /// Steps delivered ahead of what the ranks still consuming have consumed (batches waiting
@@ -162,7 +236,7 @@ impl Run {
 
     /// Steps every rank has consumed.
     pub fn slowest_consumed(&self) -> u64 {
-        self.ranks.iter().map(|rank| rank.consumed).min().unwrap_or(self.steps)
+        self.by_consumed.first_key_value().map_or(self.steps, |(&consumed, _)| consumed)
     }
 
     /// Steps `rank` has consumed.
@@ -186,7 +260,7 @@ impl Run {
     /// Steps every rank has consumed, if every rank's position is known (a checkpoint of the
     /// job): not while a rank that was absent when the run was made has not opened it.
     pub fn checkpointable_consumed(&self) -> Option<u64> {
-        self.ranks.iter().all(|rank| rank.accounted).then(|| self.slowest_consumed())
+        (self.unaccounted == 0).then(|| self.slowest_consumed())
     }
 
     /// Steps (of all ranks) waiting for a worker.
@@ -198,11 +272,13 @@ impl Run {
     /// pass only moves forward; a new pass goes through [`Run::restart_rank`]).
     pub fn set_consumed(&mut self, rank: Rank, consumed: u64) {
         let consumed = consumed.min(self.steps);
-        let Some(entry) = self.ranks.get_mut(rank.0 as usize) else { return };
+        let Some(entry) = self.ranks.get(rank.0 as usize) else { return };
         if consumed <= entry.consumed {
             return;
         }
-        entry.consumed = consumed;
+        let accounted = entry.accounted;
+        self.set_position(rank.0 as usize, consumed, accounted);
+        let Some(entry) = self.ranks.get_mut(rank.0 as usize) else { return };
         let still_pending = entry.pending.split_off(&consumed);
         for step in std::mem::replace(&mut entry.pending, still_pending).into_keys() {
             self.queued.remove(&(step, rank.0));
@@ -224,9 +300,9 @@ impl Run {
 
     fn leave(&mut self, rank: Rank, past: bool) {
         self.set_consumed(rank, self.steps);
-        if let Some(entry) = self.ranks.get_mut(rank.0 as usize) {
-            entry.accounted = past;
-        }
+        let steps = self.steps;
+        self.set_position(rank.0 as usize, steps, past);
+        self.view_opt = None;
     }
 
     /// `rank` (a new pass: a restarted trainer, a second iteration of the epoch, a resume)
@@ -236,14 +312,17 @@ impl Run {
     /// trainer drops the copy).
     pub fn restart_rank(&mut self, rank: Rank, consumed: u64, holding: &[Step], now: Instant) {
         let consumed = consumed.min(self.steps);
+        if rank.0 as usize >= self.ranks.len() {
+            return;
+        }
+        self.set_position(rank.0 as usize, consumed, true);
+        self.view_opt = None;
         let Some(entry) = self.ranks.get_mut(rank.0 as usize) else { return };
         let held: BTreeSet<u64> = holding.iter().map(|step| step.0).collect();
         let still_pending = entry.pending.split_off(&consumed);
         for step in std::mem::replace(&mut entry.pending, still_pending).into_keys() {
             self.queued.remove(&(step, rank.0));
         }
-        entry.consumed = consumed;
-        entry.accounted = true;
         for step in consumed..entry.cut {
             let state = entry.pending.get(&step).copied();
             match (state, held.contains(&step)) {
@@ -313,12 +392,34 @@ impl Run {
         }
     }
 
-    /// Steps every rank whose trainer is live has consumed: the flow window's base (`None`
-    /// when no trainer is live). A rank whose trainer is gone (crashed, detached, not heard
-    /// from since a restart of the coordinator) gets nothing made meanwhile, so it need not
-    /// hold back the ranks that are consuming; when its trainer is back, it counts again.
-    fn slowest_live(&self, live: &[bool]) -> Option<u64> {
-        self.ranks.iter().zip(live).filter(|(_, live)| **live).map(|(steps, _)| steps.consumed).min()
+    /// Which ranks are live at `now` (`live_until` says until when each is, `None`: not live),
+    /// from the kept view while it holds, else looked up afresh. With it, the steps every rank
+    /// whose trainer is live has consumed: the flow window's base (`None` when no trainer is
+    /// live). A rank whose trainer is gone (crashed, detached, not heard from since a restart of
+    /// the coordinator) gets nothing made meanwhile, so it need not hold back the ranks that are
+    /// consuming; when its trainer is back, it counts again.
+    fn live_view(&mut self, now: Instant, live_until: impl Fn(Rank) -> Option<Instant>) -> &mut LiveView {
+        if let Some(view) = self.view_opt.take().filter(|view| view.valid_at(now)) {
+            return self.view_opt.insert(view);
+        }
+        {
+            let mut view = LiveView {
+                at: now,
+                until_opt: None,
+                live: Vec::with_capacity(self.ranks.len()),
+                live_by_consumed: BTreeMap::new(),
+                cut_for_opt: None,
+            };
+            for (rank, entry) in self.ranks.iter().enumerate() {
+                let until_opt = live_until(Rank(u32::try_from(rank).unwrap_or(u32::MAX))).filter(|until| *until > now);
+                view.live.push(until_opt.is_some());
+                if let Some(until) = until_opt {
+                    view.until_opt = Some(view.until_opt.map_or(until, |first: Instant| first.min(until)));
+                    *view.live_by_consumed.entry(entry.consumed).or_default() += 1;
+                }
+            }
+            self.view_opt.insert(view)
+        }
     }
 
     /// Grant up to `max` chunks that start inside the flow window, whose rank's trainer is
@@ -326,7 +427,8 @@ impl Run {
     /// at most the chunk size, in (step, rank) order, but for locality: among the first `max +`
     /// [`LOCALITY_LOOKAHEAD`] such chunks those of higher `affinity` (the puller holds more of
     /// their shards) go first. `next_lease` names each grant. (No puller named: a chunk passed
-    /// over goes to the next puller whatever its affinity.)
+    /// over goes to the next puller whatever its affinity.) Liveness as `trainer_live` says
+    /// now, nothing of it kept.
     pub fn grant(
         &mut self,
         max: usize,
@@ -335,31 +437,47 @@ impl Run {
         affinity: impl Fn(&Chunk) -> u32,
         next_lease: impl FnMut() -> LeaseId,
     ) -> Vec<(LeaseId, Chunk)> {
-        self.grant_to(None, max, now, trainer_live, affinity, next_lease)
+        self.view_opt = None;
+        let until = now + Duration::from_secs(1);
+        let granted = self.grant_to(None, max, now, |rank| trainer_live(rank).then_some(until), affinity, next_lease);
+        self.view_opt = None;
+        granted
     }
 
-    /// [`Run::grant`] to `puller`. A chunk it passes over for another goes first to any other
-    /// puller whatever its affinity (the one fetching its shards, say), and to this one too once
-    /// it has passed it over three times: a preference delays a chunk by three pulls of one
-    /// worker at most and never waits for another worker.
+    /// [`Run::grant`] to `puller`, with liveness kept between calls: `live_until` says until
+    /// when a rank's trainer is live (`None`: it is not), and the scheduler calls
+    /// [`Run::forget_liveness`] whenever a rank could become live otherwise than by time. A
+    /// chunk the puller passes over for another goes first to any other puller whatever its
+    /// affinity (the one fetching its shards, say), and to this one too once it has passed it
+    /// over three times: a preference delays a chunk by three pulls of one worker at most and
+    /// never waits for another worker.
     pub fn grant_to(
         &mut self,
         puller: Option<WorkerId>,
         max: usize,
         now: Instant,
-        trainer_live: impl Fn(Rank) -> bool,
+        live_until: impl Fn(Rank) -> Option<Instant>,
         affinity: impl Fn(&Chunk) -> u32,
         mut next_lease: impl FnMut() -> LeaseId,
     ) -> Vec<(LeaseId, Chunk)> {
-        let live: Vec<bool> = (0..self.ranks.len()).map(|rank| trainer_live(Rank(u32::try_from(rank).unwrap_or(u32::MAX)))).collect();
+        let prefetch = self.prefetch;
+        let view = self.live_view(now, live_until);
         // No trainer live: nothing is made, and nothing more enters the window (a job whose
         // trainers all died costs no work at each pull).
-        let Some(slowest) = self.slowest_live(&live) else { return Vec::new() };
-        let window_end = slowest + self.prefetch;
-        self.cut_chunks(window_end, &live);
+        let Some(slowest) = view.live_by_consumed.first_key_value().map(|(&consumed, _)| consumed) else { return Vec::new() };
+        let window_end = slowest + prefetch;
+        let cut_already = view.cut_for_opt == Some(window_end);
+        view.cut_for_opt = Some(window_end);
+        let live = std::mem::take(&mut view.live);
+        if !cut_already {
+            self.cut_chunks(window_end, &live);
+        }
         let queued = &self.queued;
         self.passed_over.retain(|start, _| queued.contains(start));
         let candidates = self.grantable(window_end, max.saturating_add(LOCALITY_LOOKAHEAD), now, &live);
+        if let Some(view) = self.view_opt.as_mut() {
+            view.live = live;
+        }
         let scores: Vec<u32> = candidates
             .iter()
             .map(|chunk| {

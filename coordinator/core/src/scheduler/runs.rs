@@ -138,6 +138,14 @@ impl Runs {
         self.runs.retain(|_, run| !run.is_finished());
     }
 
+    /// A seat of `job` changed in a way that may make a rank's trainer live: every run of the
+    /// job forgets which are ([`Run::forget_liveness`]).
+    pub(super) fn forget_liveness(&mut self, job: JobId) {
+        for (_, run) in self.runs.iter_mut().filter(|(key, _)| key.job == job) {
+            run.forget_liveness();
+        }
+    }
+
     /// Whether the run exists.
     pub(super) fn has(&self, key: RunKey) -> bool {
         self.runs.contains_key(&key)

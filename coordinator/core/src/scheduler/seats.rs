@@ -94,6 +94,9 @@ pub(super) struct Seats {
     seats: BTreeMap<(JobId, Rank), Seat>,
     /// When a trainer of each job was last heard from (attach, open, report).
     heard: BTreeMap<JobId, Instant>,
+    /// The newest `seen_opt` of each job's seats that have one (not detached): which jobs have
+    /// a trainer heard from lately, without looking at every seat (issue 35).
+    newest_seen: BTreeMap<JobId, Instant>,
 }
 
 impl Seat {
@@ -114,6 +117,7 @@ impl Seats {
     pub(super) fn attach(&mut self, job: JobId, rank: Rank, session: SessionId, client: u64, now: Instant) -> bool {
         self.heard.insert(job, now);
         let seat = Seat { session, client, adopted: false, pass: Pass(0), run_opt: None, seen_opt: Some(now) };
+        self.saw(job, now);
         match self.seats.insert((job, rank), seat) {
             Some(earlier) => {
                 if let Some(seat) = self.seats.get_mut(&(job, rank)) {
@@ -132,22 +136,23 @@ impl Seats {
     }
 
     fn seat(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<&mut Seat, SeatRefusal> {
-        let seat = self.seats.entry((job, rank)).or_insert(Seat {
-            session,
-            client: 0,
-            adopted: true,
-            pass: Pass(0),
-            run_opt: None,
-            seen_opt: None,
-        });
-        if seat.session == session {
-            return Ok(seat);
+        let adopted = Seat { session, client: 0, adopted: true, pass: Pass(0), run_opt: None, seen_opt: None };
+        match self.seats.get(&(job, rank)) {
+            None => {
+                self.seats.insert((job, rank), adopted);
+            }
+            Some(seat) if seat.session == session => {}
+            Some(seat) if seat.adopted && session > seat.session => {
+                let lost_seen = seat.seen_opt.is_some();
+                let run_opt = seat.run_opt;
+                self.seats.insert((job, rank), Seat { run_opt, ..adopted });
+                if lost_seen {
+                    Self::recount_newest(&self.seats, &mut self.newest_seen, job);
+                }
+            }
+            Some(_) => return Err(SeatRefusal::Superseded { job, rank, session }),
         }
-        if seat.adopted && session > seat.session {
-            *seat = Seat { session, client: 0, adopted: true, pass: Pass(0), run_opt: seat.run_opt, seen_opt: None };
-            return Ok(seat);
-        }
-        Err(SeatRefusal::Superseded { job, rank, session })
+        self.seats.get_mut(&(job, rank)).ok_or(SeatRefusal::Superseded { job, rank, session })
     }
 
     /// An `OpenEpoch`: returns whether it starts a new pass (or moves the seat to another run)
@@ -162,6 +167,7 @@ impl Seats {
         seat.run_opt = Some(key);
         seat.seen_opt = Some(now);
         self.heard.insert(key.job, now);
+        self.saw(key.job, now);
         Ok(fresh)
     }
 
@@ -177,15 +183,25 @@ impl Seats {
         seat.seen_opt = Some(now);
         let standing = if reporting.pass > seat.pass || seat.run_opt != Some(key) { Standing::Unopened } else { Standing::Current };
         self.heard.insert(key.job, now);
+        self.saw(key.job, now);
         Ok(standing)
     }
 
     /// The trainer of the seat's session stopped.
     pub(super) fn detach(&mut self, job: JobId, rank: Rank, session: SessionId) -> Result<(), SeatRefusal> {
         let seat = self.seat(job, rank, session)?;
-        seat.seen_opt = None;
+        let lost_opt = seat.seen_opt.take();
         seat.pass = seat.pass.max(Pass(1));
+        if lost_opt.is_some() {
+            Self::recount_newest(&self.seats, &mut self.newest_seen, job);
+        }
         Ok(())
+    }
+
+    /// Until when the rank's trainer is live (heard from within `ttl`, not detached), if it is
+    /// live at all: `is_live` at `now` is `live_until > now`.
+    pub(super) fn live_until(&self, job: JobId, rank: Rank, ttl: Duration) -> Option<Instant> {
+        self.seats.get(&(job, rank)).and_then(|seat| seat.seen_opt).map(|seen| seen + ttl)
     }
 
     /// Whether the rank's trainer was heard from within `ttl` and has not detached.
@@ -234,14 +250,26 @@ impl Seats {
     pub(super) fn forget_job(&mut self, job: JobId) {
         self.seats.retain(|(seat_job, _), _| *seat_job != job);
         self.heard.remove(&job);
+        self.newest_seen.remove(&job);
+    }
+
+    /// A seat of `job` was seen at `now`.
+    fn saw(&mut self, job: JobId, now: Instant) {
+        let newest = self.newest_seen.entry(job).or_insert(now);
+        *newest = (*newest).max(now);
+    }
+
+    /// A seat of `job` lost its `seen_opt`: the newest is found again among the job's seats.
+    fn recount_newest(seats: &BTreeMap<(JobId, Rank), Seat>, newest_seen: &mut BTreeMap<JobId, Instant>, job: JobId) {
+        match seats.range((job, Rank(0))..=(job, Rank(u32::MAX))).filter_map(|(_, seat)| seat.seen_opt).max() {
+            Some(newest) => newest_seen.insert(job, newest),
+            None => newest_seen.remove(&job),
+        };
     }
 
     /// Jobs with a trainer heard from within `horizon` that has not detached.
     pub(super) fn attached_jobs(&self, now: Instant, horizon: Duration) -> impl Iterator<Item = JobId> + '_ {
-        self.seats
-            .iter()
-            .filter(move |(_, seat)| seat.seen_opt.is_some_and(|seen| now.saturating_duration_since(seen) < horizon))
-            .map(|((job, _), _)| *job)
+        self.newest_seen.iter().filter(move |(_, seen)| now.saturating_duration_since(**seen) < horizon).map(|(job, _)| *job)
     }
 }
 

@@ -377,6 +377,53 @@ fn a_rank_whose_trainer_went_silent_does_not_hold_back_the_others() {
     assert_eq!(scheduler.consumed(key(), Rank(1)), Some(0), "rank 1's place is kept for its return");
 }
 
+/// Liveness is kept between pulls (issue 35), and must never be stale: a silent rank's report
+/// makes it live for the very next pull, a detached rank stops holding the window at once,
+/// and the slowest rank's progress moves the window at once, all at one instant.
+#[test]
+fn kept_liveness_follows_reports_detaches_and_progress_at_the_same_instant() {
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(12, 2, 2), start);
+    open(&mut scheduler, key(), 1, 1, shape(12, 2, 2), start);
+    let worker = scheduler.register_worker(addr(), 1, process(), start);
+    let grants_of = |granted: &[(LeaseId, Chunk)], rank: u32| granted.iter().filter(|(_, chunk)| chunk.rank == Rank(rank)).count();
+    let first = scheduler.pull(worker, 10, start, &mut TestIds).expect("registered");
+    assert_eq!((grants_of(&first, 0), grants_of(&first, 1)), (1, 1), "each rank's window of 2 steps");
+    for (lease, _) in first {
+        scheduler.chunk_done(worker, lease, start);
+    }
+    // Past the trainer TTL only rank 0 speaks: rank 1 is not live, and holds nothing back.
+    let later = start + Duration::from_secs(6);
+    scheduler.heartbeat(worker, &[], 0, &[], later).expect("registered");
+    report(&mut scheduler, key(), 0, 1, 2, later);
+    let alone = scheduler.pull(worker, 10, later, &mut TestIds).expect("registered");
+    assert_eq!((grants_of(&alone, 0), grants_of(&alone, 1)), (1, 0), "rank 1 silent: {alone:?}");
+    for (lease, _) in alone {
+        scheduler.chunk_done(worker, lease, later);
+    }
+    // Rank 1 speaks again at the same instant: live for the very next pull.
+    report(&mut scheduler, key(), 1, 1, 2, later);
+    let back = scheduler.pull(worker, 10, later, &mut TestIds).expect("registered");
+    assert_eq!(grants_of(&back, 1), 1, "rank 1 revived by its report: {back:?}");
+    for (lease, _) in back {
+        scheduler.chunk_done(worker, lease, later);
+    }
+    // Rank 0 consumed its 4, rank 1 its 4: the window moves at once, for both.
+    report(&mut scheduler, key(), 0, 1, 4, later);
+    report(&mut scheduler, key(), 1, 1, 4, later);
+    let moved = scheduler.pull(worker, 10, later, &mut TestIds).expect("registered");
+    assert_eq!((grants_of(&moved, 0), grants_of(&moved, 1)), (1, 1), "{moved:?}");
+    // Rank 1 detaches: rank 0 goes on past it at once.
+    scheduler.detach(JobId(1), Rank(1), SessionId(101)).expect("its session");
+    for (lease, _) in moved {
+        scheduler.chunk_done(worker, lease, later);
+    }
+    report(&mut scheduler, key(), 0, 1, 6, later);
+    let on = scheduler.pull(worker, 10, later, &mut TestIds).expect("registered");
+    assert_eq!((grants_of(&on, 0), grants_of(&on, 1)), (1, 0), "{on:?}");
+}
+
 /// Found by review: a worker stuck on a job (its lease stalled) took the very steps it stalled
 /// on straight back at its next pull, and the job advanced a window per stall timeout. After a
 /// stall, that worker gets none of the job's work while it reports the job stuck; another

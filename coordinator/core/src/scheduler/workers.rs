@@ -29,6 +29,11 @@ pub(super) struct WorkerRegistry {
     /// The certificate each worker registered with: requests under its id must come with it.
     keys: BTreeMap<WorkerId, CertKey>,
     next_worker: u64,
+    /// No sweep for silent workers before this (a sweep looks at every worker; one per tenth
+    /// of the silence that forgets is enough, not one per request: issue 35).
+    next_sweep_opt: Option<Instant>,
+    /// Counts removals: who keeps something per worker looks again only when it moved.
+    removals: u64,
 }
 
 impl WorkerRegistry {
@@ -39,7 +44,7 @@ impl WorkerRegistry {
 
     /// No workers; ids count from `id_base`.
     pub(super) fn new(id_base: u64) -> Self {
-        Self { workers: BTreeMap::new(), keys: BTreeMap::new(), next_worker: id_base }
+        Self { workers: BTreeMap::new(), keys: BTreeMap::new(), next_worker: id_base, next_sweep_opt: None, removals: 0 }
     }
 
     /// The registrations a new one of `process` at `addr` with `key` replaces: the process's
@@ -115,12 +120,25 @@ impl WorkerRegistry {
 
     /// A worker leaves.
     pub(super) fn remove(&mut self, worker: WorkerId) {
-        self.workers.remove(&worker);
+        if self.workers.remove(&worker).is_some() {
+            self.removals += 1;
+        }
+    }
+
+    /// Removals so far: when it has not moved, every worker seen registered still is.
+    pub(super) fn removals(&self) -> u64 {
+        self.removals
     }
 
     /// Forget workers silent for `forget_after`.
     pub(super) fn forget_silent(&mut self, now: Instant, forget_after: Duration) {
+        if self.next_sweep_opt.is_some_and(|next| now < next) {
+            return;
+        }
+        self.next_sweep_opt = Some(now + forget_after / 10);
+        let before = self.workers.len();
         self.workers.retain(|_, worker| now.saturating_duration_since(worker.last_seen) < forget_after);
+        self.removals += (before - self.workers.len()) as u64;
     }
 
     /// Every registered worker.
