@@ -225,10 +225,16 @@ impl Scheduler {
         if !self.runs.has(key) {
             let open: Vec<RunKey> = self.runs.keys_of(key.job).filter(|open| Some(*open) != previous_opt).collect();
             if open.len() >= MAX_RUNS_PER_JOB {
-                // Room is made by dropping the oldest run no live trainer still needs (its
-                // ranks' trainers died without detaching); a rank that comes back re-opens it.
+                // Room is made by dropping the oldest run no live trainer is in (its ranks'
+                // trainers died without detaching, or went to other runs); a rank that comes
+                // back re-opens it. A rank that has not opened a run yet but is counted in to
+                // come (an earlier epoch's rank, for a run made early or left behind by another
+                // rank's resume) does not keep it: found by the protocol model (seed 14336), where
+                // four such runs of one epoch held the job's room and refused that very rank's
+                // open for ever.
                 let (seats, ttl) = (&self.seats, self.config.trainer_ttl);
-                let idle_opt = self.runs.oldest_idle(&open, |rank| seats.is_live(key.job, rank, now, ttl));
+                let in_run = |run: RunKey, rank: Rank| seats.is_live(key.job, rank, now, ttl) && seats.run_now(key.job, rank) == Some(run);
+                let idle_opt = self.runs.oldest_idle(&open, in_run);
                 let Some(idle) = idle_opt else { return Err(Refusal::TooManyRuns { job: key.job, open }) };
                 warn!(job = %key.job, epoch = %idle.epoch, start = %idle.start, "dropping an epoch run no live trainer needs: a job keeps at most {MAX_RUNS_PER_JOB}");
                 self.runs.drop_run(idle);

@@ -151,9 +151,10 @@ impl Runs {
         self.runs.contains_key(&key)
     }
 
-    /// The oldest of `candidates` that no rank `live` says is live still needs.
-    pub(super) fn oldest_idle(&self, candidates: &[RunKey], live: impl Fn(Rank) -> bool) -> Option<RunKey> {
-        let idle = |key: &&RunKey| self.runs.get(*key).is_some_and(|run| !run.needed_by_any(&live));
+    /// The oldest of `candidates` in which no rank that `in_run` says is in it (live, and the
+    /// run is the one its trainer opened last) has steps left.
+    pub(super) fn oldest_idle(&self, candidates: &[RunKey], in_run: impl Fn(RunKey, Rank) -> bool) -> Option<RunKey> {
+        let idle = |key: &&RunKey| self.runs.get(*key).is_some_and(|run| !run.needed_by_any(|rank| in_run(**key, rank)));
         candidates.iter().filter(idle).min_by_key(|key| (key.epoch, key.start)).copied()
     }
 

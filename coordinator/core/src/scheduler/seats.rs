@@ -236,6 +236,11 @@ impl Seats {
         self.seats.get(&(job, rank)).map(|seat| seat.session)
     }
 
+    /// The run the rank's trainer (whichever session holds the seat) last opened.
+    pub(super) fn run_now(&self, job: JobId, rank: Rank) -> Option<RunKey> {
+        self.seats.get(&(job, rank)).and_then(|seat| seat.run_opt)
+    }
+
     /// The run `session`'s trainer of `rank` last opened, if that session holds the seat.
     pub(super) fn run_of(&self, job: JobId, rank: Rank, session: SessionId) -> Option<RunKey> {
         self.seats.get(&(job, rank)).filter(|seat| seat.session == session).and_then(|seat| seat.run_opt)

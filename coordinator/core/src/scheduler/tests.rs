@@ -644,6 +644,27 @@ fn a_job_keeps_a_bounded_number_of_runs_and_drops_the_oldest_no_live_trainer_nee
     assert!(!scheduler.has_run(run(1)) && scheduler.has_run(run(2)));
 }
 
+/// Found by the protocol model (seed 14336): runs that one rank left behind (it resumed from
+/// several checkpoints of the next epoch, then moved on) counted in another rank that had not
+/// opened anything yet, as one that may still come; with the job's runs full, that rank's own
+/// open was refused for ever, since each run was "needed" by it. Runs nobody is in give way.
+#[test]
+fn runs_left_behind_give_way_to_a_rank_that_never_opened_them() {
+    let now = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    let run = |epoch: u64, start: u64| RunKey { job: JobId(1), epoch: Epoch(epoch), start: Position(start) };
+    scheduler.attach(JobId(1), Rank(1), SessionId(101), 7, now);
+    let starts = [(1, 0), (1, 2), (1, 4), (1, 6), (2, 0)];
+    for (pass, (epoch, start)) in starts.into_iter().enumerate() {
+        open(&mut scheduler, run(epoch, start), 0, pass as u64 + 1, shape(8, 2, 2), now);
+    }
+    assert!(starts.iter().all(|&(epoch, start)| scheduler.has_run(run(epoch, start))), "rank 1 may come to each");
+    open(&mut scheduler, run(0, 0), 1, 1, shape(8, 2, 2), now);
+    assert!(scheduler.has_run(run(0, 0)), "rank 1's own run opened");
+    assert!(!scheduler.has_run(run(1, 0)), "the oldest run nobody is in gave way");
+    assert!(scheduler.has_run(run(2, 0)), "rank 0 is in its run");
+}
+
 /// Issue 31, item 6: one worker certificate registers at most `MAX_WORKERS_PER_CERTIFICATE`
 /// workers at once (trainers dial every worker listed, so made-up registrations would make
 /// them a flood against any address); a process registering again still replaces its own.
