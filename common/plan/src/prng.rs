@@ -43,6 +43,10 @@ pub enum SeedDomain {
     PackOrder = 7,
     /// Where a block shuffle's block grid starts in an epoch: parts = (seed, epoch).
     BlockRotation = 8,
+    /// The per-pixel augmentations of one sample (`ColorJitter`, `RandomErasing`, ...), a
+    /// stream per augmentation, apart from the crop's so adding one leaves the crop as it was:
+    /// parts = (augment seed, index of the augmentation in the recipe).
+    PixelAugment = 9,
 }
 
 /// Derive a seed from a domain and a list of integers: `h = mix64(domain)`, then for each part
