@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::Transform;
+use super::{Transform, auto_augment};
 use crate::error::TransformError;
 use crate::prng::{SeedDomain, SplitMix64, derive_seed};
 
@@ -117,6 +117,20 @@ pub enum Augmentation {
         /// Standard deviation range.
         sigma: (f64, f64),
     },
+    /// `TrivialAugmentWide(num_magnitude_bins)`.
+    TrivialAugmentWide {
+        /// Magnitude bins.
+        bins: u32,
+    },
+    /// `RandAugment(num_ops, magnitude, num_magnitude_bins)`.
+    RandAugment {
+        /// Ops per image.
+        num_ops: u32,
+        /// Magnitude bin.
+        magnitude: u32,
+        /// Magnitude bins.
+        bins: u32,
+    },
 }
 
 /// One augmentation with the parameters drawn for one sample, applied as torchvision v2's
@@ -167,13 +181,48 @@ pub enum PixelOp {
         /// Standard deviation `[horizontal, vertical]`, positive.
         sigma: [f64; 2],
     },
+    /// `adjust_sharpness(factor)`: blend the inner pixels with a 3×3 smoothing.
+    Sharpness {
+        /// Non-negative factor; 1 leaves the image alone.
+        factor: f64,
+    },
+    /// `posterize(bits)`: keep the top `bits` bits of every value.
+    Posterize {
+        /// 0 to 8.
+        bits: u8,
+    },
+    /// `solarize(threshold)`: invert values at or above `threshold`.
+    Solarize {
+        /// In levels, at most 255.
+        threshold: f64,
+    },
+    /// `autocontrast`: stretch each channel to 0–255.
+    AutoContrast,
+    /// `equalize`: histogram equalisation per channel.
+    Equalize,
+    /// `affine(angle, translate, scale=1, shear, NEAREST, fill=0, center)`.
+    Affine {
+        /// Rotation, degrees, counter-clockwise.
+        angle: f64,
+        /// Translation `[x, y]`, pixels.
+        translate: [f64; 2],
+        /// Shear `[x, y]`, degrees.
+        shear: [f64; 2],
+        /// Centre in pixels from the top-left corner; `None`: the image centre.
+        center: Option<[f64; 2]>,
+    },
+    /// `rotate(angle, NEAREST, expand=False, fill=0)` about the centre.
+    Rotate {
+        /// Degrees, counter-clockwise.
+        angle: f64,
+    },
 }
 
 impl PixelOp {
     /// Check the explicit parameters (what torchvision's functionals refuse, refused here).
     pub fn check(&self) -> Result<(), TransformError> {
         let problem = match *self {
-            Self::Brightness { factor } | Self::Contrast { factor } | Self::Saturation { factor }
+            Self::Brightness { factor } | Self::Contrast { factor } | Self::Saturation { factor } | Self::Sharpness { factor }
                 if !(factor >= 0.0 && factor.is_finite()) =>
             {
                 format!("factor must be finite and non-negative, got {factor}")
@@ -184,6 +233,19 @@ impl PixelOp {
             {
                 format!("kernel sizes must be odd and at most {MAX_KERNEL}, sigmas positive; got {kernel_size:?}, {sigma:?}")
             }
+            Self::Posterize { bits } if bits > 8 => format!("bits must be at most 8, got {bits}"),
+            Self::Solarize { threshold } if !(threshold <= 255.0 && threshold.is_finite()) => {
+                format!("threshold must be finite and at most 255, got {threshold}")
+            }
+            Self::Affine { angle, translate, shear, center }
+                if ![angle, translate[0], translate[1], shear[0], shear[1]]
+                    .iter()
+                    .chain(center.iter().flatten())
+                    .all(|v| v.is_finite()) =>
+            {
+                "affine parameters must be finite".to_owned()
+            }
+            Self::Rotate { angle } if !angle.is_finite() => format!("angle must be finite, got {angle}"),
             _ => return Ok(()),
         };
         Err(TransformError::BadParameter { transform: "PixelOp", problem })
@@ -265,6 +327,19 @@ impl Augmentation {
                 }
                 Self::GaussianBlur { kernel_size, sigma }
             }
+            Transform::TrivialAugmentWide { num_magnitude_bins } => {
+                Self::TrivialAugmentWide { bins: check_bins("TrivialAugmentWide", num_magnitude_bins)? }
+            }
+            Transform::RandAugment { num_ops, magnitude, num_magnitude_bins } => {
+                let bins = check_bins("RandAugment", num_magnitude_bins)?;
+                if magnitude >= bins {
+                    return Err(bad("RandAugment", format!("magnitude must be below num_magnitude_bins ({bins}), got {magnitude}")));
+                }
+                if num_ops > MAX_AUTO_OPS {
+                    return Err(bad("RandAugment", format!("num_ops must be at most {MAX_AUTO_OPS}, got {num_ops}")));
+                }
+                Self::RandAugment { num_ops, magnitude, bins }
+            }
             _ => return Ok(None),
         };
         Ok(Some(augmentation))
@@ -306,6 +381,8 @@ impl Augmentation {
                     ops.push(op);
                 }
             }
+            Self::TrivialAugmentWide { bins } => auto_augment::trivial_augment_wide(rng, bins, width, height, ops),
+            Self::RandAugment { num_ops, magnitude, bins } => auto_augment::rand_augment(rng, num_ops, magnitude, bins, width, height, ops),
             Self::GaussianBlur { kernel_size, sigma } => {
                 let drawn = rng.uniform(sigma.0, sigma.1);
                 ops.push(PixelOp::GaussianBlur { kernel_size: [kernel_size.width, kernel_size.height], sigma: [drawn, drawn] });
@@ -338,6 +415,17 @@ fn erasing_box(rng: &mut SplitMix64, width: u32, height: u32, scale: (f64, f64),
 
 fn bad(transform: &'static str, problem: String) -> TransformError {
     TransformError::BadParameter { transform, problem }
+}
+
+/// Most magnitude bins and `RandAugment` ops accepted (sanity bounds).
+const MAX_BINS: u32 = 1_000;
+const MAX_AUTO_OPS: u32 = 16;
+
+fn check_bins(transform: &'static str, bins: u32) -> Result<u32, TransformError> {
+    if !(2..=MAX_BINS).contains(&bins) {
+        return Err(bad(transform, format!("num_magnitude_bins must be in 2..={MAX_BINS}, got {bins}")));
+    }
+    Ok(bins)
 }
 
 fn check_p(transform: &'static str, p: f64) -> Result<f64, TransformError> {

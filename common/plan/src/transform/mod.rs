@@ -13,6 +13,7 @@
 //!   are part of the determinism contract: a batch is a pure function of its inputs.
 
 pub mod augment;
+mod auto_augment;
 pub mod crop;
 pub mod json_text;
 mod recipe;
@@ -208,6 +209,39 @@ pub enum Transform {
         #[serde(default = "default_blur_sigma")]
         sigma: (f64, f64),
     },
+    /// torchvision v2's `TrivialAugmentWide`: one op per image of Identity, ShearX/Y,
+    /// TranslateX/Y, Rotate, Brightness, Color, Contrast, Sharpness, Posterize, Solarize,
+    /// AutoContrast, Equalize, at a random magnitude bin (nearest interpolation, fill 0).
+    TrivialAugmentWide {
+        /// Number of magnitude bins.
+        #[serde(default = "default_magnitude_bins")]
+        num_magnitude_bins: u32,
+    },
+    /// torchvision v2's `RandAugment`: `num_ops` ops per image of the same set, at magnitude
+    /// bin `magnitude` (nearest interpolation, fill 0).
+    RandAugment {
+        /// Ops per image.
+        #[serde(default = "default_rand_augment_ops")]
+        num_ops: u32,
+        /// Magnitude bin, below `num_magnitude_bins`.
+        #[serde(default = "default_rand_augment_magnitude")]
+        magnitude: u32,
+        /// Number of magnitude bins.
+        #[serde(default = "default_magnitude_bins")]
+        num_magnitude_bins: u32,
+    },
+}
+
+fn default_magnitude_bins() -> u32 {
+    31
+}
+
+fn default_rand_augment_ops() -> u32 {
+    2
+}
+
+fn default_rand_augment_magnitude() -> u32 {
+    9
 }
 
 fn default_grayscale_p() -> f64 {
@@ -265,6 +299,8 @@ impl Transform {
             Self::RandomGrayscale { .. } => "RandomGrayscale",
             Self::RandomErasing { .. } => "RandomErasing",
             Self::GaussianBlur { .. } => "GaussianBlur",
+            Self::TrivialAugmentWide { .. } => "TrivialAugmentWide",
+            Self::RandAugment { .. } => "RandAugment",
         }
     }
 }

@@ -109,7 +109,8 @@ impl Recipe {
     /// Check `spec` and reduce it. Accepted lists (a `RandomHorizontalFlip` may sit anywhere
     /// before `Normalize`, which must be last): `[RandomResizedCrop]`, `[CenterCrop]`,
     /// `[Resize, CenterCrop]`, each followed by up to [`super::MAX_AUGMENTATIONS`] per-pixel
-    /// augmentations (`ColorJitter`, `RandomGrayscale`, `RandomErasing`, `GaussianBlur`).
+    /// augmentations (`ColorJitter`, `RandomGrayscale`, `RandomErasing`, `GaussianBlur`,
+    /// `TrivialAugmentWide`, `RandAugment`).
     pub fn new(spec: &TransformSpec) -> Result<Self, TransformError> {
         let mut flip_p = 0.0;
         let mut augmentations = Augmentations::default();
@@ -144,7 +145,7 @@ impl Recipe {
                     None if !augmentations.is_empty() => {
                         return Err(TransformError::UnsupportedOrder {
                             found: list(),
-                            hint: "ColorJitter, RandomGrayscale, RandomErasing and GaussianBlur act on the cropped image: put them after the crop",
+                            hint: "the per-pixel augmentations (ColorJitter, RandAugment, ...) act on the cropped image: put them after the crop",
                         });
                     }
                     None => geometric.push(other),

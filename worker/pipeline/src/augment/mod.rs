@@ -6,6 +6,8 @@
 
 mod blur;
 mod color;
+mod geometry;
+mod tone;
 
 use stoker_plan::transform::PixelOp;
 
@@ -15,6 +17,7 @@ use self::blur::BlurScratch;
 #[derive(Debug, Default)]
 pub struct AugmentScratch {
     blur: BlurScratch,
+    copy: Vec<u8>,
 }
 
 /// Apply `ops`, in order, to the `width` × `height` packed RGB image `pixels` (exactly
@@ -35,6 +38,15 @@ pub fn apply(ops: &[PixelOp], pixels: &mut [u8], width: usize, height: usize, sc
             PixelOp::GaussianBlur { kernel_size, sigma } => {
                 blur::gaussian_blur(pixels, width, height, kernel_size, sigma, &mut scratch.blur)
             }
+            PixelOp::Sharpness { factor } => tone::sharpness(pixels, width, height, factor, &mut scratch.copy),
+            PixelOp::Posterize { bits } => tone::posterize(pixels, bits),
+            PixelOp::Solarize { threshold } => tone::solarize(pixels, threshold),
+            PixelOp::AutoContrast => tone::autocontrast(pixels),
+            PixelOp::Equalize => tone::equalize(pixels),
+            PixelOp::Affine { angle, translate, shear, center } => {
+                geometry::affine(pixels, width, height, angle, translate, shear, center, &mut scratch.copy);
+            }
+            PixelOp::Rotate { angle } => geometry::rotate(pixels, width, height, angle, &mut scratch.copy),
         }
     }
 }
