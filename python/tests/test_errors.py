@@ -54,6 +54,8 @@ def test_an_unreachable_coordinator_is_a_connection_error() -> None:
         (lambda: stoker.RandomErasing(scale=(0.5, 2.0)), "scale"),
         (lambda: stoker.GaussianBlur(4), "odd"),
         (lambda: stoker.GaussianBlur(3, sigma=0), "sigma"),
+        (lambda: stoker.RandAugment(magnitude=31), "magnitude"),
+        (lambda: stoker.TrivialAugmentWide(num_magnitude_bins=1), "num_magnitude_bins"),
     ],
 )
 def test_bad_transform_arguments_are_config_errors(make, message: str) -> None:
@@ -81,6 +83,8 @@ def test_augmentations_write_the_json_the_workers_read() -> None:
     }
     assert stoker.GaussianBlur((5, 3), sigma=1.5).to_dict() == {"type": "GaussianBlur", "kernel_size": [5, 3], "sigma": [1.5, 1.5]}
     assert stoker.RandomGrayscale().to_dict() == {"type": "RandomGrayscale", "p": 0.1}
+    assert stoker.RandAugment().to_dict() == {"type": "RandAugment", "num_ops": 2, "magnitude": 9, "num_magnitude_bins": 31}
+    assert stoker.TrivialAugmentWide().to_dict() == {"type": "TrivialAugmentWide", "num_magnitude_bins": 31}
 
 
 @pytest.mark.parametrize(

@@ -84,6 +84,12 @@ def test_torchvision_transforms_are_accepted_as_written(cluster, job_name) -> No
     assert [t.to_dict() for t in converted] == [t.to_dict() for t in expected]
     with pytest.raises(stoker.ConfigError, match="before Normalize"):
         stoker.transforms.as_stoker_transforms(T.RandomErasing())
+    policies = stoker.transforms.as_stoker_transforms([T.TrivialAugmentWide(), T.RandAugment(num_ops=3, magnitude=5)])
+    assert policies == [stoker.TrivialAugmentWide(), stoker.RandAugment(3, 5)]
+    with pytest.raises(stoker.ConfigError, match="NEAREST"):
+        stoker.transforms.as_stoker_transforms(T.RandAugment(interpolation=pytest.importorskip("torchvision.transforms").InterpolationMode.BILINEAR))
+    trivial = make(cluster, job_name + "-trivial", transforms=T.Compose([T.RandomResizedCrop(32), T.TrivialAugmentWide()]))
+    assert tuple(next(iter(trivial)).images.shape) == (8, 32, 32, 3)
     with pytest.raises(stoker.ConfigError, match="RandomRotation"):
         make(cluster, job_name + "-rotate", transforms=T.Compose([T.CenterCrop(32), T.RandomRotation(10)]))
     with pytest.raises(stoker.ConfigError, match="shorter side"):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Sequence, Tuple, Union
+from typing import Any, Dict, Sequence, Tuple, Union, get_args
 
 from stoker.errors import ConfigError
 
@@ -290,11 +290,50 @@ class GaussianBlur:
         return {"type": "GaussianBlur", "kernel_size": kernel, "sigma": [low, high]}
 
 
-Transform = Union[
-    RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, Normalize, ColorJitter, RandomGrayscale, RandomErasing, GaussianBlur
-]
+def _count(name: str, field: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
+        raise ConfigError(f"{name}: {field} must be an int in [{low}, {high}], got {value!r}")
+    return value
 
-STOKER_TRANSFORMS = (
+
+@dataclass(frozen=True)
+class TrivialAugmentWide:
+    """torchvision v2's ``TrivialAugmentWide``: one op per image, uniformly of Identity,
+    ShearX/Y, TranslateX/Y, Rotate, Brightness, Color, Contrast, Sharpness, Posterize, Solarize,
+    AutoContrast and Equalize, at a uniformly drawn magnitude bin (of ``num_magnitude_bins``),
+    negated half the time where signed. Geometric ops sample the nearest pixel and fill with 0
+    (torchvision's defaults, the only ones made). Runs after the crop, before ``Normalize``."""
+
+    num_magnitude_bins: int = 31
+
+    def __post_init__(self) -> None:
+        _count("TrivialAugmentWide", "num_magnitude_bins", self.num_magnitude_bins, 2, 1000)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "TrivialAugmentWide", "num_magnitude_bins": self.num_magnitude_bins}
+
+
+@dataclass(frozen=True)
+class RandAugment:
+    """torchvision v2's ``RandAugment``: ``num_ops`` ops per image, each uniformly of the same
+    set as :class:`TrivialAugmentWide`, at magnitude bin ``magnitude`` of
+    ``num_magnitude_bins`` (translations scale with the image, as torchvision's), negated half
+    the time where signed. Nearest pixel, fill 0."""
+
+    num_ops: int = 2
+    magnitude: int = 9
+    num_magnitude_bins: int = 31
+
+    def __post_init__(self) -> None:
+        _count("RandAugment", "num_ops", self.num_ops, 0, 16)
+        bins = _count("RandAugment", "num_magnitude_bins", self.num_magnitude_bins, 2, 1000)
+        _count("RandAugment", "magnitude", self.magnitude, 0, bins - 1)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "RandAugment", "num_ops": self.num_ops, "magnitude": self.magnitude, "num_magnitude_bins": self.num_magnitude_bins}
+
+
+Transform = Union[
     RandomResizedCrop,
     Resize,
     CenterCrop,
@@ -304,7 +343,12 @@ STOKER_TRANSFORMS = (
     RandomGrayscale,
     RandomErasing,
     GaussianBlur,
-)
+    TrivialAugmentWide,
+    RandAugment,
+]
+
+# The same classes, for isinstance checks.
+STOKER_TRANSFORMS = get_args(Transform)
 
 
 def _dtype_name(dtype: Any) -> Any:
@@ -364,6 +408,14 @@ def _from_torchvision(transform: Any) -> list:
         return [RandomGrayscale(float(transform.p))]
     if kind == "GaussianBlur":
         return [GaussianBlur(tuple(int(k) for k in transform.kernel_size), tuple(float(s) for s in transform.sigma))]
+    if kind in ("TrivialAugmentWide", "RandAugment"):
+        fill = getattr(transform, "fill", None)
+        fills = list(fill.values()) if isinstance(fill, dict) else [fill]
+        if _interpolation_name(kind, transform.interpolation) != "nearest" or any(f not in (None, 0, 0.0) for f in fills):
+            raise ConfigError(f"{kind}: the workers make it with torchvision's defaults only (interpolation=NEAREST, fill=None)")
+        if kind == "TrivialAugmentWide":
+            return [TrivialAugmentWide(int(transform.num_magnitude_bins))]
+        return [RandAugment(int(transform.num_ops), int(transform.magnitude), int(transform.num_magnitude_bins))]
     if kind == "RandomErasing":
         raise ConfigError(
             "torchvision's RandomErasing fills a normalised tensor, Stoker's the uint8 image before Normalize: write "
@@ -374,7 +426,8 @@ def _from_torchvision(transform: Any) -> list:
         return []
     raise ConfigError(
         f"transforms: torchvision's {kind} is not one the Stoker workers apply; they apply RandomResizedCrop, Resize, "
-        "CenterCrop, RandomHorizontalFlip, ColorJitter, RandomGrayscale, RandomErasing, GaussianBlur and Normalize "
+        "CenterCrop, RandomHorizontalFlip, ColorJitter, RandomGrayscale, RandomErasing, GaussianBlur, TrivialAugmentWide, "
+        "RandAugment and Normalize "
         "(torchvision's or stoker's). Apply others to the batch on the GPU"
     )
 
