@@ -10,6 +10,7 @@
 #[derive(Debug, Default)]
 pub(crate) struct BlurScratch {
     rows: Vec<f32>,
+    padded: Vec<f32>,
     kernel_x: Vec<f32>,
     kernel_y: Vec<f32>,
 }
@@ -55,19 +56,25 @@ pub(crate) fn gaussian_blur(
     let row_len = width * 3;
     scratch.rows.clear();
     scratch.rows.resize(row_len * height, 0.0);
-    let half_x = (kernel_x.len() / 2) as isize;
+    let half_x = kernel_x.len() / 2;
     let rows = &mut scratch.rows;
-    // Horizontal pass into float rows: taps inside the row go without reflection.
+    // Horizontal pass into float rows: each source row is copied once, as floats, with its
+    // reflected margins, so the taps read a plain slice (the same sums in the same order).
+    let padded = &mut scratch.padded;
+    padded.clear();
+    padded.resize((width + 2 * half_x) * 3, 0.0);
     for (src_row, dst_row) in pixels.chunks_exact(row_len).zip(rows.chunks_exact_mut(row_len)) {
-        for x in 0..width {
-            let mut sum = [0f32; 3];
-            for (tap, &weight) in kernel_x.iter().enumerate() {
-                let source = reflect(x as isize + tap as isize - half_x, width) * 3;
-                for c in 0..3 {
-                    sum[c] += weight * f32::from(src_row[source + c]);
-                }
+        for (x, slot) in padded.chunks_exact_mut(3).enumerate() {
+            let source = reflect(x as isize - half_x as isize, width) * 3;
+            for c in 0..3 {
+                slot[c] = f32::from(src_row[source + c]);
             }
-            dst_row[x * 3..x * 3 + 3].copy_from_slice(&sum);
+        }
+        dst_row.fill(0.0);
+        for (tap, &weight) in kernel_x.iter().enumerate() {
+            for (sum, &value) in dst_row.iter_mut().zip(&padded[tap * 3..tap * 3 + row_len]) {
+                *sum += weight * value;
+            }
         }
     }
     // Vertical pass: each output row is a weighted sum of whole float rows.

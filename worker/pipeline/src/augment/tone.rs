@@ -40,10 +40,10 @@ pub(crate) fn posterize(pixels: &mut [u8], bits: u8) {
 /// torch compares a uint8 tensor with a Python float).
 pub(crate) fn solarize(pixels: &mut [u8], threshold: f64) {
     let threshold = threshold as f32;
+    // A table: a branch per value mispredicts on photographs (8× slower).
+    let table: [u8; 256] = std::array::from_fn(|value| if value as f32 >= threshold { 255 - value as u8 } else { value as u8 });
     for value in pixels.iter_mut() {
-        if f32::from(*value) >= threshold {
-            *value = 255 - *value;
-        }
+        *value = table[usize::from(*value)];
     }
 }
 
@@ -102,17 +102,18 @@ pub(crate) fn sharpness(pixels: &mut [u8], width: usize, height: usize, factor: 
     let (edge, centre) = ((1.0f64 / 13.0) as f32, (5.0f64 / 13.0) as f32);
     let alpha = (1.0 - factor) as f32;
     let row_len = width * 3;
+    let weights = [[edge; 3], [edge, centre, edge], [edge; 3]];
     for y in 1..height - 1 {
+        let rows = [0, 1, 2].map(|dy| &source[(y + dy - 1) * row_len..(y + dy) * row_len]);
         for x in 1..width - 1 {
             for channel in 0..3 {
-                let at = |dy: usize, dx: usize| f32::from(source[(y + dy - 1) * row_len + (x + dx - 1) * 3 + channel]);
                 let mut smooth = 0f32;
-                for dy in 0..3 {
-                    for dx in 0..3 {
-                        smooth += at(dy, dx) * if dy == 1 && dx == 1 { centre } else { edge };
+                for (row, row_weights) in rows.iter().zip(&weights) {
+                    for (dx, &weight) in row_weights.iter().enumerate() {
+                        smooth += f32::from(row[(x + dx - 1) * 3 + channel]) * weight;
                     }
                 }
-                let original = at(1, 1);
+                let original = f32::from(rows[1][x * 3 + channel]);
                 let difference = smooth.round_ties_even() - original;
                 // `view.add_(blurred - view, alpha=1 - factor)`, one rounding (fused), then
                 // clamp and truncate.
