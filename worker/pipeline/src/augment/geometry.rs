@@ -68,18 +68,19 @@ fn warp(pixels: &mut [u8], width: usize, height: usize, matrix: [f64; 6], scratc
     }
 }
 
-/// `affine_image(angle, translate, scale=1, shear, NEAREST, fill=None, center)`: `center` in
-/// pixels from the top-left corner, `None` for the image centre.
-pub(crate) fn affine(
-    pixels: &mut [u8],
-    width: usize,
-    height: usize,
-    angle: f64,
-    translate: [f64; 2],
-    shear: [f64; 2],
-    center: Option<[f64; 2]>,
-    scratch: &mut Vec<u8>,
-) {
+/// The parameters of `affine_image(angle, translate, scale=1, shear, NEAREST, fill=None,
+/// center)`: `center` in pixels from the top-left corner, `None` for the image centre.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AffineParams {
+    pub(crate) angle: f64,
+    pub(crate) translate: [f64; 2],
+    pub(crate) shear: [f64; 2],
+    pub(crate) center: Option<[f64; 2]>,
+}
+
+/// `affine_image` with `params`.
+pub(crate) fn affine(pixels: &mut [u8], width: usize, height: usize, params: AffineParams, scratch: &mut Vec<u8>) {
+    let AffineParams { angle, translate, shear, center } = params;
     let center_from_middle = center.map_or([0.0, 0.0], |[x, y]| [x - width as f64 * 0.5, y - height as f64 * 0.5]);
     warp(pixels, width, height, inverse_affine_matrix(center_from_middle, angle, translate, shear), scratch);
 }
@@ -127,7 +128,8 @@ mod tests {
         let (width, height) = (6, 5);
         let original = numbered(width, height);
         let mut moved = original.clone();
-        affine(&mut moved, width, height, 0.0, [2.0, -1.0], [0.0, 0.0], None, &mut Vec::new());
+        let params = AffineParams { angle: 0.0, translate: [2.0, -1.0], shear: [0.0, 0.0], center: None };
+        affine(&mut moved, width, height, params, &mut Vec::new());
         for y in 0..height {
             for x in 0..width {
                 let at = (y * width + x) * 3;

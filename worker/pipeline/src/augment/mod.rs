@@ -44,7 +44,8 @@ pub fn apply(ops: &[PixelOp], pixels: &mut [u8], width: usize, height: usize, sc
             PixelOp::AutoContrast => tone::autocontrast(pixels),
             PixelOp::Equalize => tone::equalize(pixels),
             PixelOp::Affine { angle, translate, shear, center } => {
-                geometry::affine(pixels, width, height, angle, translate, shear, center, &mut scratch.copy);
+                let params = geometry::AffineParams { angle, translate, shear, center };
+                geometry::affine(pixels, width, height, params, &mut scratch.copy);
             }
             PixelOp::Rotate { angle } => geometry::rotate(pixels, width, height, angle, &mut scratch.copy),
         }
