@@ -107,7 +107,7 @@ pub struct SampleGeometry {
 
 impl Recipe {
     /// Check `spec` and reduce it. Accepted lists (a `RandomHorizontalFlip` may sit anywhere
-    /// before `Normalize`, which must be last): `[RandomResizedCrop]`, `[CenterCrop]`,
+    /// before the per-pixel augmentations, `Normalize` must be last): `[RandomResizedCrop]`, `[CenterCrop]`,
     /// `[Resize, CenterCrop]`, each followed by up to [`super::MAX_AUGMENTATIONS`] per-pixel
     /// augmentations (`ColorJitter`, `RandomGrayscale`, `RandomErasing`, `GaussianBlur`,
     /// `TrivialAugmentWide`, `RandAugment`).
@@ -125,6 +125,14 @@ impl Recipe {
                 Transform::RandomHorizontalFlip { p } => {
                     if spec.transforms[..i].iter().any(|t| matches!(t, Transform::RandomHorizontalFlip { .. })) {
                         return Err(TransformError::UnsupportedOrder { found: list(), hint: "give RandomHorizontalFlip once" });
+                    }
+                    if !augmentations.is_empty() {
+                        // The worker flips before the per-pixel augmentations; a flip written
+                        // after a shear or an erasing box would not commute with it.
+                        return Err(TransformError::UnsupportedOrder {
+                            found: list(),
+                            hint: "the flip runs before the per-pixel augmentations: put RandomHorizontalFlip before them",
+                        });
                     }
                     if !(0.0..=1.0).contains(&p) {
                         return Err(bad("RandomHorizontalFlip", format!("p must be in [0, 1], got {p}")));
@@ -370,6 +378,10 @@ mod tests {
         let before_crop = r#"{"transforms": [{"type": "GaussianBlur", "kernel_size": 3}, {"type": "CenterCrop", "size": 8}]}"#;
         let error = Recipe::new(&spec(before_crop)).expect_err("blur before the crop").to_string();
         assert!(error.contains("after the crop"), "{error}");
+        let flip_after =
+            r#"{"transforms": [{"type": "CenterCrop", "size": 8}, {"type": "RandAugment"}, {"type": "RandomHorizontalFlip"}]}"#;
+        let error = Recipe::new(&spec(flip_after)).expect_err("a flip after RandAugment").to_string();
+        assert!(error.contains("before them"), "{error}");
     }
 
     #[test]
