@@ -4,6 +4,7 @@
 
 use clap::{Parser, Subcommand};
 
+use crate::cmd::augment::AugmentArgs;
 #[cfg(feature = "demo")]
 use crate::cmd::bench_cluster::BenchClusterArgs;
 use crate::cmd::bench_control::BenchControlArgs;
@@ -77,6 +78,10 @@ pub(crate) enum Command {
     /// print what was drawn (crop box, flip, DCT scale) as JSON lines: preview an augmentation,
     /// or compare it with another library (python/tests/test_torchvision_parity.py does).
     Transform(TransformArgs),
+    /// Apply per-pixel augmentations with explicit parameters (JSON, as `transform` prints
+    /// them under "pixel_ops") to a raw RGB image read from stdin; the result goes to stdout.
+    /// For comparisons with torchvision (python/tests/test_augment_parity.py).
+    Augment(AugmentArgs),
     /// Generate a sample dataset and run a coordinator, 2 workers and 2 trainer ranks on
     /// loopback for 2 epochs; verify every sample arrives exactly once per epoch.
     #[cfg(feature = "demo")]

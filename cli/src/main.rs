@@ -34,6 +34,7 @@ fn main() -> std::process::ExitCode {
         Command::Certs(CertsCommand::Revoke(args)) => cmd::certs::revoke(args),
         Command::Certs(CertsCommand::Show(args)) => cmd::certs::show(args),
         Command::Transform(args) => cmd::transform::run(args),
+        Command::Augment(args) => cmd::augment::run(args),
         Command::Bench(BenchCommand::Pipeline(args)) => cmd::bench_pipeline::run(args),
         #[cfg(feature = "demo")]
         Command::Bench(BenchCommand::Cluster(args)) => cmd::bench_cluster::run(args),

@@ -1,10 +1,11 @@
 //! Transform specs from JSON (`TransformSpec`), checked into a `Recipe`, and the per-sample
-//! geometry it draws for an arbitrary source size and seed: never a panic or an overflow, and
-//! boxes inside the source and the output.
+//! geometry and per-pixel operations it draws for an arbitrary source size and seed: never a
+//! panic or an overflow, boxes inside the source and the output, and drawn operations whose
+//! parameters `PixelOp::check` accepts (what the worker applies without checking).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use stoker_plan::transform::{Recipe, TransformSpec};
+use stoker_plan::transform::{PixelOp, Recipe, TransformSpec};
 use stoker_fuzz::transform_input;
 
 fuzz_target!(|data: &[u8]| {
@@ -33,4 +34,16 @@ fuzz_target!(|data: &[u8]| {
     assert!(p.src_left + p.src_width <= w + eps && p.src_top + p.src_height <= h + eps, "{p:?} outside {width}x{height}");
     assert!(u64::from(p.dst_left) + u64::from(p.dst_width) <= u64::from(size.width), "{p:?} outside {size:?}");
     assert!(u64::from(p.dst_top) + u64::from(p.dst_height) <= u64::from(size.height), "{p:?} outside {size:?}");
+
+    let mut ops = Vec::new();
+    recipe.augmentations.draw(seed, size.width, size.height, &mut ops);
+    let mut again = Vec::new();
+    recipe.augmentations.draw(seed, size.width, size.height, &mut again);
+    assert_eq!(ops, again, "not a pure function of the seed");
+    for op in &ops {
+        op.check().unwrap_or_else(|error| panic!("drawn {op:?}: {error}"));
+        if let PixelOp::Erase { top, left, height, width, .. } = *op {
+            assert!(top + height <= size.height && left + width <= size.width, "{op:?} outside {size:?}");
+        }
+    }
 });

@@ -47,11 +47,44 @@ def test_an_unreachable_coordinator_is_a_connection_error() -> None:
         (lambda: stoker.Normalize(std=(0.2, 0.0, 0.2)), "positive"),
         (lambda: stoker.Normalize(dtype="float64"), "float32"),
         (lambda: stoker.CenterCrop((1, 2, 3)), "height, width"),
+        (lambda: stoker.ColorJitter(hue=0.7), "hue"),
+        (lambda: stoker.ColorJitter(brightness=(1.5, 0.5)), "low <= high"),
+        (lambda: stoker.RandomGrayscale(p=-1), "probability"),
+        (lambda: stoker.RandomErasing(value=300), "levels"),
+        (lambda: stoker.RandomErasing(scale=(0.5, 2.0)), "scale"),
+        (lambda: stoker.GaussianBlur(4), "odd"),
+        (lambda: stoker.GaussianBlur(3, sigma=0), "sigma"),
+        (lambda: stoker.RandAugment(magnitude=31), "magnitude"),
+        (lambda: stoker.TrivialAugmentWide(num_magnitude_bins=1), "num_magnitude_bins"),
     ],
 )
 def test_bad_transform_arguments_are_config_errors(make, message: str) -> None:
     with pytest.raises(stoker.ConfigError, match=message):
         make()
+
+
+def test_augmentations_write_the_json_the_workers_read() -> None:
+    """torchvision's argument forms become the ranges of the Rust spec (common/plan's
+    `Transform`); a spec with them is accepted by a worker in test_augment_parity.py."""
+    assert stoker.ColorJitter(0.4, contrast=(0.5, 1.0), hue=0.1).to_dict() == {
+        "type": "ColorJitter",
+        "brightness": [0.6, 1.4],
+        "contrast": [0.5, 1.0],
+        "saturation": None,
+        "hue": [-0.1, 0.1],
+    }
+    assert stoker.ColorJitter(brightness=1.5).to_dict()["brightness"] == [0.0, 2.5]
+    assert stoker.RandomErasing.imagenet_mean().to_dict() == {
+        "type": "RandomErasing",
+        "p": 0.5,
+        "scale": [0.02, 0.33],
+        "ratio": [0.3, 3.3],
+        "value": [124, 116, 104],
+    }
+    assert stoker.GaussianBlur((5, 3), sigma=1.5).to_dict() == {"type": "GaussianBlur", "kernel_size": [5, 3], "sigma": [1.5, 1.5]}
+    assert stoker.RandomGrayscale().to_dict() == {"type": "RandomGrayscale", "p": 0.1}
+    assert stoker.RandAugment().to_dict() == {"type": "RandAugment", "num_ops": 2, "magnitude": 9, "num_magnitude_bins": 31}
+    assert stoker.TrivialAugmentWide().to_dict() == {"type": "TrivialAugmentWide", "num_magnitude_bins": 31}
 
 
 @pytest.mark.parametrize(

@@ -77,8 +77,21 @@ def test_torchvision_transforms_are_accepted_as_written(cluster, job_name) -> No
     assert tuple(next(iter(single)).images.shape) == (8, 32, 32, 3)
     half = make(cluster, job_name + "-half", transforms=[stoker.CenterCrop(32), stoker.Normalize(dtype=torch.float16)])
     assert next(iter(half)).images.dtype == torch.float16
-    with pytest.raises(stoker.ConfigError, match="ColorJitter"):
-        make(cluster, job_name + "-jitter", transforms=T.Compose([T.CenterCrop(32), T.ColorJitter(0.4)]))
+    jitter = make(cluster, job_name + "-jitter", transforms=T.Compose([T.CenterCrop(32), T.ColorJitter(0.4), T.GaussianBlur(3)]))
+    assert tuple(next(iter(jitter)).images.shape) == (8, 32, 32, 3)
+    converted = stoker.transforms.as_stoker_transforms([T.ColorJitter(0.4, hue=0.1), T.RandomGrayscale(), T.GaussianBlur((5, 3), (0.5, 1.0))])
+    expected = [stoker.ColorJitter(0.4, hue=0.1), stoker.RandomGrayscale(0.1), stoker.GaussianBlur((5, 3), (0.5, 1.0))]
+    assert [t.to_dict() for t in converted] == [t.to_dict() for t in expected]
+    with pytest.raises(stoker.ConfigError, match="before Normalize"):
+        stoker.transforms.as_stoker_transforms(T.RandomErasing())
+    policies = stoker.transforms.as_stoker_transforms([T.TrivialAugmentWide(), T.RandAugment(num_ops=3, magnitude=5)])
+    assert policies == [stoker.TrivialAugmentWide(), stoker.RandAugment(3, 5)]
+    with pytest.raises(stoker.ConfigError, match="NEAREST"):
+        stoker.transforms.as_stoker_transforms(T.RandAugment(interpolation=pytest.importorskip("torchvision.transforms").InterpolationMode.BILINEAR))
+    trivial = make(cluster, job_name + "-trivial", transforms=T.Compose([T.RandomResizedCrop(32), T.TrivialAugmentWide()]))
+    assert tuple(next(iter(trivial)).images.shape) == (8, 32, 32, 3)
+    with pytest.raises(stoker.ConfigError, match="RandomRotation"):
+        make(cluster, job_name + "-rotate", transforms=T.Compose([T.CenterCrop(32), T.RandomRotation(10)]))
     with pytest.raises(stoker.ConfigError, match="shorter side"):
         make(cluster, job_name + "-fixed", transforms=T.Resize((32, 48)))
 

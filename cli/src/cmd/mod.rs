@@ -1,5 +1,6 @@
 //! One module per subcommand; each is a thin call into the libraries.
 
+pub(crate) mod augment;
 #[cfg(feature = "demo")]
 pub(crate) mod bench_cluster;
 pub(crate) mod bench_control;

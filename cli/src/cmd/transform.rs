@@ -105,6 +105,7 @@ pub(crate) fn run(args: TransformArgs) -> anyhow::Result<ExitCode> {
             "dct_scale": report.scale_num,
             "decoded_pixels": report.decoded_pixels,
             "warned": report.warned,
+            "pixel_ops": maker.last_pixel_ops(),
             "shape": &shape[1..],
             "dtype": recipe.dtype().name(),
         });

@@ -43,12 +43,16 @@ pub enum SeedDomain {
     PackOrder = 7,
     /// Where a block shuffle's block grid starts in an epoch: parts = (seed, epoch).
     BlockRotation = 8,
+    /// The per-pixel augmentations of one sample (`ColorJitter`, `RandomErasing`, ...), a
+    /// stream per augmentation, apart from the crop's so adding one leaves the crop as it was:
+    /// parts = (augment seed, index of the augmentation in the recipe).
+    PixelAugment = 9,
     /// Permutation of the blocks of documents of a token corpus: parts = (seed, epoch).
-    TokenBlockOrder = 9,
+    TokenBlockOrder = 10,
     /// Permutation of the documents inside one block of a token corpus: parts = (seed, epoch, block).
-    TokenBlockDocuments = 10,
+    TokenBlockDocuments = 11,
     /// Permutation of the packed rows of an epoch of tokens: parts = (seed, epoch).
-    TokenRows = 11,
+    TokenRows = 12,
 }
 
 /// Derive a seed from a domain and a list of integers: `h = mix64(domain)`, then for each part

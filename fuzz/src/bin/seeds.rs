@@ -425,6 +425,15 @@ fn transform_specs() -> Fallible<Vec<(String, Vec<u8>)>> {
 "ratio":[0.75,1.3333333333333333],"interpolation":"nearest"}],"dct_scaling":false,"max_image_pixels":1000000}"#,
         ),
         ("center-crop-pads", 100, 50, r#"{"transforms":[{"type":"CenterCrop","size":120}]}"#),
+        (
+            "augmentations",
+            640,
+            427,
+            r#"{"transforms":[{"type":"RandomResizedCrop","size":96},{"type":"ColorJitter","brightness":[0.6,1.4],"contrast":[0.6,1.4],
+"saturation":[0.6,1.4],"hue":[-0.1,0.1]},{"type":"RandomGrayscale","p":0.2},{"type":"GaussianBlur","kernel_size":[5,3],"sigma":[0.1,2.0]},
+{"type":"RandAugment","num_ops":2,"magnitude":9,"num_magnitude_bins":31},{"type":"TrivialAugmentWide"},
+{"type":"RandomErasing","p":0.5,"scale":[0.02,0.33],"ratio":[0.3,3.3],"value":[124,116,104]}]}"#,
+        ),
     ];
     let mut seeds = Vec::new();
     for (i, (name, width, height, json)) in specs.into_iter().enumerate() {

@@ -1,4 +1,6 @@
-"""PyTorch helpers: the GPU transform stage, and an adapter for ``torch.utils.data``.
+"""PyTorch helpers: the GPU transform stage, the batch-level augmentations (``MixUp``,
+``CutMix``, drawn per batch from its epoch, step and rank), and an adapter for
+``torch.utils.data``.
 
 Importing this module needs PyTorch; ``import stoker`` alone does not.
 """
@@ -14,10 +16,11 @@ import torch.utils.data
 from stoker.batch import Batch
 from stoker.errors import ConfigError
 from stoker.loader import Loader
+from stoker.mix import CutMix, MixUp
 from stoker.stream import BatchStream
 from stoker.transforms import IMAGENET_MEAN, IMAGENET_STD
 
-__all__ = ["to_device", "normalize_images", "normalize_batch", "StokerIterableDataset"]
+__all__ = ["to_device", "normalize_images", "normalize_batch", "StokerIterableDataset", "MixUp", "CutMix"]
 
 
 def to_device(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Sequence, Tuple, Union
+from typing import Any, Dict, Sequence, Tuple, Union, get_args
 
 from stoker.errors import ConfigError
 
@@ -152,9 +152,203 @@ class Normalize:
         }
 
 
-Transform = Union[RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, Normalize]
+def _factor_range(name: str, field: str, value: Any, center: float, low_bound: float, high_bound: float) -> Any:
+    """torchvision's ``ColorJitter._check_input``: ``x`` means ``[center - x, center + x]``
+    (the low end clipped at 0 for factors), a pair is taken as given; ``None`` where nothing
+    would change."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: {field} must be a number or a (low, high) pair, got {value!r}")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ConfigError(f"{name}: {field} as a single number must be non-negative, got {value!r}")
+        low, high = center - float(value), center + float(value)
+        if field != "hue":
+            low = max(low, 0.0)
+    elif isinstance(value, (tuple, list)) and len(value) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        low, high = float(value[0]), float(value[1])
+    else:
+        raise ConfigError(f"{name}: {field} must be a number or a (low, high) pair, got {value!r}")
+    if not (low_bound <= low <= high <= high_bound) or not math.isfinite(high):
+        raise ConfigError(f"{name}: {field} must lie in [{low_bound}, {high_bound}] with low <= high, got {value!r}")
+    return None if low == high == center else [low, high]
 
-STOKER_TRANSFORMS = (RandomResizedCrop, Resize, CenterCrop, RandomHorizontalFlip, Normalize)
+
+def _probability(name: str, p: Any) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 <= p <= 1.0):
+        raise ConfigError(f"{name}: p must be a probability in [0, 1], got {p!r}")
+    return float(p)
+
+
+@dataclass(frozen=True)
+class ColorJitter:
+    """torchvision v2's ``ColorJitter``: change brightness, contrast, saturation and hue by
+    factors drawn from the sample's seed, the four in a random order (as torchvision draws it).
+    Each argument is a number ``x`` (factors in ``[max(0, 1 - x), 1 + x]``, hue shifts in
+    ``[-x, x]`` turns, ``x <= 0.5``) or a ``(low, high)`` pair. Runs on the uint8 image after
+    the crop and the flip, before ``Normalize``."""
+
+    brightness: Any = None
+    contrast: Any = None
+    saturation: Any = None
+    hue: Any = None
+
+    def __post_init__(self) -> None:
+        self.to_dict()
+
+    def to_dict(self) -> Dict[str, Any]:
+        result: Dict[str, Any] = {"type": "ColorJitter"}
+        for field in ("brightness", "contrast", "saturation"):
+            result[field] = _factor_range("ColorJitter", field, getattr(self, field), 1.0, 0.0, math.inf)
+        result["hue"] = _factor_range("ColorJitter", "hue", self.hue, 0.0, -0.5, 0.5)
+        return result
+
+
+@dataclass(frozen=True)
+class RandomGrayscale:
+    """Make the image gray (torchvision's weights 0.2989, 0.587, 0.114 in all three channels)
+    with probability ``p``."""
+
+    p: float = 0.1
+
+    def __post_init__(self) -> None:
+        _probability("RandomGrayscale", self.p)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "RandomGrayscale", "p": float(self.p)}
+
+
+@dataclass(frozen=True)
+class RandomErasing:
+    """torchvision's ``RandomErasing``: with probability ``p``, fill a box of random area
+    (``scale``, a fraction of the image) and aspect ratio (``ratio``, height / width) with
+    ``value``.
+
+    Unlike torchvision's usual place (after ``Normalize``, where ``value=0`` is the mean
+    colour), Stoker erases the uint8 image before ``Normalize``: ``value`` is in pixel levels
+    0-255, one number or ``(r, g, b)``. ``value=0`` writes black. To get torchvision's
+    post-normalisation ``value=0``, write the mean in levels: ``round(mean * 255)``, e.g.
+    ``(124, 116, 104)`` for ImageNet (``RandomErasing.imagenet_mean()``). Random-noise fills
+    (torchvision's ``value="random"``) are not made."""
+
+    p: float = 0.5
+    scale: Tuple[float, float] = (0.02, 0.33)
+    ratio: Tuple[float, float] = (0.3, 3.3)
+    value: Any = 0
+
+    def __post_init__(self) -> None:
+        self.to_dict()
+
+    @staticmethod
+    def imagenet_mean(p: float = 0.5, scale: Tuple[float, float] = (0.02, 0.33), ratio: Tuple[float, float] = (0.3, 3.3)) -> "RandomErasing":
+        """Erase with ImageNet's mean colour, what ``value=0`` after ``Normalize`` fills."""
+        return RandomErasing(p, scale, ratio, tuple(round(m * 255) for m in IMAGENET_MEAN))
+
+    def to_dict(self) -> Dict[str, Any]:
+        p = _probability("RandomErasing", self.p)
+        try:
+            scale = (float(self.scale[0]), float(self.scale[1]))
+        except (TypeError, ValueError, IndexError):
+            raise ConfigError(f"RandomErasing: scale must be a (low, high) pair, got {self.scale!r}") from None
+        if len(self.scale) != 2 or not (0.0 <= scale[0] <= scale[1] <= 1.0):
+            raise ConfigError(f"RandomErasing: scale must satisfy 0 <= low <= high <= 1, got {self.scale!r}")
+        ratio = _range("RandomErasing", "ratio", self.ratio)
+        levels = [self.value] if isinstance(self.value, (int, float)) and not isinstance(self.value, bool) else self.value
+        if (
+            not isinstance(levels, (list, tuple))
+            or len(levels) not in (1, 3)
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in levels)
+        ):
+            raise ConfigError(f"RandomErasing: value must be a level 0-255 or (r, g, b) levels (uint8, before Normalize), got {self.value!r}")
+        return {"type": "RandomErasing", "p": p, "scale": list(scale), "ratio": list(ratio), "value": int(levels[0]) if len(levels) == 1 else [int(v) for v in levels]}
+
+
+@dataclass(frozen=True)
+class GaussianBlur:
+    """torchvision's ``GaussianBlur``: a Gaussian kernel of ``kernel_size`` (odd; a number or
+    ``(width, height)``, torchvision's order) with a standard deviation drawn uniformly from
+    ``sigma`` (a number or ``(low, high)``), edges reflected."""
+
+    kernel_size: Any
+    sigma: Any = (0.1, 2.0)
+
+    def __post_init__(self) -> None:
+        self.to_dict()
+
+    def to_dict(self) -> Dict[str, Any]:
+        sides = [self.kernel_size] if isinstance(self.kernel_size, int) else self.kernel_size
+        if (
+            not isinstance(sides, (list, tuple))
+            or len(sides) not in (1, 2)
+            or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 and k % 2 == 1 and k <= 255 for k in sides)
+        ):
+            raise ConfigError(f"GaussianBlur: kernel_size must be odd positive ints (at most 255), one or (width, height), got {self.kernel_size!r}")
+        sigma = (self.sigma, self.sigma) if isinstance(self.sigma, (int, float)) and not isinstance(self.sigma, bool) else self.sigma
+        low, high = _range("GaussianBlur", "sigma", sigma)
+        kernel = int(sides[0]) if len(sides) == 1 or sides[0] == sides[1] else [int(sides[0]), int(sides[1])]
+        return {"type": "GaussianBlur", "kernel_size": kernel, "sigma": [low, high]}
+
+
+def _count(name: str, field: str, value: Any, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not (low <= value <= high):
+        raise ConfigError(f"{name}: {field} must be an int in [{low}, {high}], got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class TrivialAugmentWide:
+    """torchvision v2's ``TrivialAugmentWide``: one op per image, uniformly of Identity,
+    ShearX/Y, TranslateX/Y, Rotate, Brightness, Color, Contrast, Sharpness, Posterize, Solarize,
+    AutoContrast and Equalize, at a uniformly drawn magnitude bin (of ``num_magnitude_bins``),
+    negated half the time where signed. Geometric ops sample the nearest pixel and fill with 0
+    (torchvision's defaults, the only ones made). Runs after the crop, before ``Normalize``."""
+
+    num_magnitude_bins: int = 31
+
+    def __post_init__(self) -> None:
+        _count("TrivialAugmentWide", "num_magnitude_bins", self.num_magnitude_bins, 2, 1000)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "TrivialAugmentWide", "num_magnitude_bins": self.num_magnitude_bins}
+
+
+@dataclass(frozen=True)
+class RandAugment:
+    """torchvision v2's ``RandAugment``: ``num_ops`` ops per image, each uniformly of the same
+    set as :class:`TrivialAugmentWide`, at magnitude bin ``magnitude`` of
+    ``num_magnitude_bins`` (translations scale with the image, as torchvision's), negated half
+    the time where signed. Nearest pixel, fill 0."""
+
+    num_ops: int = 2
+    magnitude: int = 9
+    num_magnitude_bins: int = 31
+
+    def __post_init__(self) -> None:
+        _count("RandAugment", "num_ops", self.num_ops, 0, 16)
+        bins = _count("RandAugment", "num_magnitude_bins", self.num_magnitude_bins, 2, 1000)
+        _count("RandAugment", "magnitude", self.magnitude, 0, bins - 1)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "RandAugment", "num_ops": self.num_ops, "magnitude": self.magnitude, "num_magnitude_bins": self.num_magnitude_bins}
+
+
+Transform = Union[
+    RandomResizedCrop,
+    Resize,
+    CenterCrop,
+    RandomHorizontalFlip,
+    Normalize,
+    ColorJitter,
+    RandomGrayscale,
+    RandomErasing,
+    GaussianBlur,
+    TrivialAugmentWide,
+    RandAugment,
+]
+
+# The same classes, for isinstance checks.
+STOKER_TRANSFORMS = get_args(Transform)
 
 
 def _dtype_name(dtype: Any) -> Any:
@@ -207,11 +401,34 @@ def _from_torchvision(transform: Any) -> list:
         return [RandomHorizontalFlip(float(transform.p))]
     if kind == "Normalize":
         return [Normalize(tuple(float(v) for v in transform.mean), tuple(float(v) for v in transform.std))]
+    if kind == "ColorJitter":
+        # torchvision stores the checked (low, high) ranges, None where nothing changes.
+        return [ColorJitter(*(None if r is None else tuple(r) for r in (transform.brightness, transform.contrast, transform.saturation, transform.hue)))]
+    if kind == "RandomGrayscale":
+        return [RandomGrayscale(float(transform.p))]
+    if kind == "GaussianBlur":
+        return [GaussianBlur(tuple(int(k) for k in transform.kernel_size), tuple(float(s) for s in transform.sigma))]
+    if kind in ("TrivialAugmentWide", "RandAugment"):
+        fill = getattr(transform, "fill", None)
+        fills = list(fill.values()) if isinstance(fill, dict) else [fill]
+        if _interpolation_name(kind, transform.interpolation) != "nearest" or any(f not in (None, 0, 0.0) for f in fills):
+            raise ConfigError(f"{kind}: the workers make it with torchvision's defaults only (interpolation=NEAREST, fill=None)")
+        if kind == "TrivialAugmentWide":
+            return [TrivialAugmentWide(int(transform.num_magnitude_bins))]
+        return [RandAugment(int(transform.num_ops), int(transform.magnitude), int(transform.num_magnitude_bins))]
+    if kind == "RandomErasing":
+        raise ConfigError(
+            "torchvision's RandomErasing fills a normalised tensor, Stoker's the uint8 image before Normalize: write "
+            "stoker.RandomErasing(p, scale, ratio, value=LEVELS) with value in pixel levels (stoker.RandomErasing.imagenet_mean() "
+            "for what value=0 after Normalize fills)"
+        )
     if kind in ("ToTensor", "ToImage", "PILToTensor", "ToImageTensor", "ToPureTensor", "ConvertImageDtype", "ToDtype"):
         return []
     raise ConfigError(
         f"transforms: torchvision's {kind} is not one the Stoker workers apply; they apply RandomResizedCrop, Resize, "
-        "CenterCrop, RandomHorizontalFlip and Normalize (torchvision's or stoker's). Apply others to the batch on the GPU"
+        "CenterCrop, RandomHorizontalFlip, ColorJitter, RandomGrayscale, RandomErasing, GaussianBlur, TrivialAugmentWide, "
+        "RandAugment and Normalize "
+        "(torchvision's or stoker's). Apply others to the batch on the GPU"
     )
 
 

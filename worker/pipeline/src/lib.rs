@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+pub mod augment;
 pub mod batch;
 pub mod dataset;
 mod decode;

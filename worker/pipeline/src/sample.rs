@@ -1,9 +1,10 @@
 //! One sample, start to finish: header → geometry from the augmentation seed → region decode →
-//! resize into the batch slot → flip → normalise. A [`SampleMaker`] is one thread's state; its
+//! resize into the batch slot → flip → per-pixel augmentations → normalise. A [`SampleMaker`] is one thread's state; its
 //! buffers grow to the largest image seen and are reused, so steady state allocates nothing.
 
-use stoker_plan::transform::{Geometry, Recipe, SampleGeometry};
+use stoker_plan::transform::{Geometry, PixelOp, Recipe, SampleGeometry};
 
+use crate::augment::{self, AugmentScratch};
 use crate::decode::{Decoded, Decoder, Edges, SourceBox};
 use crate::error::DecodeError;
 use crate::pixel_ops::{OutputWriter, flip_rows};
@@ -35,6 +36,8 @@ pub struct SampleMaker {
     decoded: Vec<u8>,
     staging: Vec<u8>,
     patch: Vec<u8>,
+    pixel_ops: Vec<PixelOp>,
+    augment_scratch: AugmentScratch,
 }
 
 impl SampleMaker {
@@ -48,12 +51,19 @@ impl SampleMaker {
             decoded: Vec::new(),
             staging: Vec::new(),
             patch: Vec::new(),
+            pixel_ops: Vec::new(),
+            augment_scratch: AugmentScratch::default(),
         })
     }
 
     /// libjpeg's warning for the last sample made with [`SampleReport::warned`].
     pub fn last_warning(&self) -> &str {
         self.decoder.last_warning()
+    }
+
+    /// The per-pixel operations drawn for the last sample made (empty without augmentations).
+    pub fn last_pixel_ops(&self) -> &[PixelOp] {
+        &self.pixel_ops
     }
 
     /// The recipe this maker runs.
@@ -87,11 +97,13 @@ impl SampleMaker {
         let out = self.recipe.output_size();
         let (out_w, out_h) = (out.width as usize, out.height as usize);
         let covers_output = p.dst_left == 0 && p.dst_top == 0 && p.dst_width == out.width && p.dst_height == out.height;
+        self.recipe.augmentations.draw(seed, out.width, out.height, &mut self.pixel_ops);
         if covers_output && self.writer.is_direct() {
             self.resize_into_slot(&decoded, p.dst_width, p.dst_height, slot)?;
             if geometry.flip {
                 flip_rows(slot, out_w);
             }
+            augment::apply(&self.pixel_ops, &mut slot[..out_w * out_h * 3], out_w, out_h, &mut self.augment_scratch);
         } else {
             let mut staging = std::mem::take(&mut self.staging);
             staging.resize(out_w * out_h * 3, 0);
@@ -113,6 +125,7 @@ impl SampleMaker {
             if geometry.flip {
                 flip_rows(&mut staging, out_w);
             }
+            augment::apply(&self.pixel_ops, &mut staging, out_w, out_h, &mut self.augment_scratch);
             self.writer.write(&staging, out_w, out_h, slot);
             self.staging = staging;
         }

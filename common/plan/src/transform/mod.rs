@@ -5,16 +5,22 @@
 //!   the wire).
 //! * [`Recipe`] is a validated spec: one geometric stage, an optional flip, an optional
 //!   normalisation, and the output layout. The worker runs recipes, never raw lists.
+//! * [`augment`] holds the per-pixel augmentations that follow the geometry (`ColorJitter`,
+//!   `RandomGrayscale`, `RandomErasing`, `GaussianBlur`): their checked form and the draw of
+//!   each sample's explicit parameters ([`PixelOp`]s) from its own seed stream.
 //! * [`crop`] draws a sample's crop box from its augmentation seed exactly as torchvision's
 //!   `RandomResizedCrop.get_params` does, and computes `Resize` + `CenterCrop` boxes. Those boxes
 //!   are part of the determinism contract: a batch is a pure function of its inputs.
 
+pub mod augment;
+mod auto_augment;
 pub mod crop;
 pub mod json_text;
 mod recipe;
 
 use serde::{Deserialize, Serialize};
 
+pub use self::augment::{Augmentation, Augmentations, ErasingValue, KernelSize, MAX_AUGMENTATIONS, PixelOp};
 pub use self::crop::{CropBox, Placement};
 pub use self::recipe::{Geometry, OutputDtype, Recipe, SampleGeometry};
 
@@ -154,6 +160,108 @@ pub enum Transform {
         #[serde(default)]
         dtype: FloatDtype,
     },
+    /// Randomly change brightness, contrast, saturation and hue, in a random order (torchvision
+    /// v2's `ColorJitter`). Each range is `[low, high]` (the Python class turns torchvision's
+    /// single numbers into these ranges); an absent range leaves that property alone.
+    ColorJitter {
+        /// Brightness factor range (`0 ≤ low ≤ high`).
+        #[serde(default)]
+        brightness: Option<(f64, f64)>,
+        /// Contrast factor range (`0 ≤ low ≤ high`).
+        #[serde(default)]
+        contrast: Option<(f64, f64)>,
+        /// Saturation factor range (`0 ≤ low ≤ high`).
+        #[serde(default)]
+        saturation: Option<(f64, f64)>,
+        /// Hue shift range, in turns (`-0.5 ≤ low ≤ high ≤ 0.5`).
+        #[serde(default)]
+        hue: Option<(f64, f64)>,
+    },
+    /// Make the image gray (three equal channels) with probability `p`.
+    RandomGrayscale {
+        /// Probability of graying.
+        #[serde(default = "default_grayscale_p")]
+        p: f64,
+    },
+    /// With probability `p`, fill a random box (area fraction `scale`, aspect ratio `ratio`)
+    /// with `value` (torchvision's `RandomErasing`). It runs on the uint8 image, before any
+    /// `Normalize`, so `value` is in pixel levels 0–255: see docs/transforms.md.
+    RandomErasing {
+        /// Probability of erasing.
+        #[serde(default = "default_erasing_p")]
+        p: f64,
+        /// Range of the box's area as a fraction of the image's.
+        #[serde(default = "default_erasing_scale")]
+        scale: (f64, f64),
+        /// Range of the box's aspect ratio (height / width, as torchvision).
+        #[serde(default = "default_erasing_ratio")]
+        ratio: (f64, f64),
+        /// What the box is filled with.
+        #[serde(default)]
+        value: ErasingValue,
+    },
+    /// Blur with a Gaussian kernel of `kernel_size` and a standard deviation drawn uniformly
+    /// from `sigma` (torchvision's `GaussianBlur`; reflected edges).
+    GaussianBlur {
+        /// Kernel size: `5` or `[width, height]` (torchvision's order), odd.
+        kernel_size: KernelSize,
+        /// Range of the standard deviation, in pixels.
+        #[serde(default = "default_blur_sigma")]
+        sigma: (f64, f64),
+    },
+    /// torchvision v2's `TrivialAugmentWide`: one op per image of Identity, ShearX/Y,
+    /// TranslateX/Y, Rotate, Brightness, Color, Contrast, Sharpness, Posterize, Solarize,
+    /// AutoContrast, Equalize, at a random magnitude bin (nearest interpolation, fill 0).
+    TrivialAugmentWide {
+        /// Number of magnitude bins.
+        #[serde(default = "default_magnitude_bins")]
+        num_magnitude_bins: u32,
+    },
+    /// torchvision v2's `RandAugment`: `num_ops` ops per image of the same set, at magnitude
+    /// bin `magnitude` (nearest interpolation, fill 0).
+    RandAugment {
+        /// Ops per image.
+        #[serde(default = "default_rand_augment_ops")]
+        num_ops: u32,
+        /// Magnitude bin, below `num_magnitude_bins`.
+        #[serde(default = "default_rand_augment_magnitude")]
+        magnitude: u32,
+        /// Number of magnitude bins.
+        #[serde(default = "default_magnitude_bins")]
+        num_magnitude_bins: u32,
+    },
+}
+
+fn default_magnitude_bins() -> u32 {
+    31
+}
+
+fn default_rand_augment_ops() -> u32 {
+    2
+}
+
+fn default_rand_augment_magnitude() -> u32 {
+    9
+}
+
+fn default_grayscale_p() -> f64 {
+    0.1
+}
+
+fn default_erasing_p() -> f64 {
+    0.5
+}
+
+fn default_erasing_scale() -> (f64, f64) {
+    (0.02, 0.33)
+}
+
+fn default_erasing_ratio() -> (f64, f64) {
+    (0.3, 3.3)
+}
+
+fn default_blur_sigma() -> (f64, f64) {
+    (0.1, 2.0)
 }
 
 fn default_scale() -> (f64, f64) {
@@ -187,6 +295,12 @@ impl Transform {
             Self::CenterCrop { .. } => "CenterCrop",
             Self::RandomHorizontalFlip { .. } => "RandomHorizontalFlip",
             Self::Normalize { .. } => "Normalize",
+            Self::ColorJitter { .. } => "ColorJitter",
+            Self::RandomGrayscale { .. } => "RandomGrayscale",
+            Self::RandomErasing { .. } => "RandomErasing",
+            Self::GaussianBlur { .. } => "GaussianBlur",
+            Self::TrivialAugmentWide { .. } => "TrivialAugmentWide",
+            Self::RandAugment { .. } => "RandAugment",
         }
     }
 }

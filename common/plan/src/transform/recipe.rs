@@ -1,5 +1,6 @@
 //! A validated [`TransformSpec`]: what the worker runs for every sample.
 
+use super::augment::{Augmentation, Augmentations};
 use super::crop::{self, Placement};
 use super::{FloatDtype, Interpolation, OnError, OutputLayout, Size, Transform, TransformSpec};
 use crate::error::TransformError;
@@ -70,7 +71,8 @@ pub struct Normalization {
 }
 
 /// A spec checked and reduced to the stages the worker runs, in this order: decode the
-/// geometry's source region, resize it into the output, flip, normalise, lay out.
+/// geometry's source region, resize it into the output, flip, the per-pixel augmentations in
+/// the spec's order, normalise, lay out.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Recipe {
     /// Crop/resize stage.
@@ -79,6 +81,8 @@ pub struct Recipe {
     pub interpolation: Interpolation,
     /// Probability of a horizontal flip (0 when there is no flip).
     pub flip_p: f64,
+    /// Per-pixel augmentations on the uint8 image, after the flip, in order.
+    pub augmentations: Augmentations,
     /// Normalisation, if any (then the output is float).
     pub normalize: Option<Normalization>,
     /// Batch layout.
@@ -103,10 +107,13 @@ pub struct SampleGeometry {
 
 impl Recipe {
     /// Check `spec` and reduce it. Accepted lists (a `RandomHorizontalFlip` may sit anywhere
-    /// before `Normalize`, which must be last): `[RandomResizedCrop]`, `[CenterCrop]`,
-    /// `[Resize, CenterCrop]`.
+    /// before the per-pixel augmentations, `Normalize` must be last): `[RandomResizedCrop]`, `[CenterCrop]`,
+    /// `[Resize, CenterCrop]`, each followed by up to [`super::MAX_AUGMENTATIONS`] per-pixel
+    /// augmentations (`ColorJitter`, `RandomGrayscale`, `RandomErasing`, `GaussianBlur`,
+    /// `TrivialAugmentWide`, `RandAugment`).
     pub fn new(spec: &TransformSpec) -> Result<Self, TransformError> {
         let mut flip_p = 0.0;
+        let mut augmentations = Augmentations::default();
         let mut normalize = None;
         let mut geometric = Vec::new();
         let list = || format!("[{}]", spec.transforms.iter().map(Transform::name).collect::<Vec<_>>().join(", "));
@@ -118,6 +125,14 @@ impl Recipe {
                 Transform::RandomHorizontalFlip { p } => {
                     if spec.transforms[..i].iter().any(|t| matches!(t, Transform::RandomHorizontalFlip { .. })) {
                         return Err(TransformError::UnsupportedOrder { found: list(), hint: "give RandomHorizontalFlip once" });
+                    }
+                    if !augmentations.is_empty() {
+                        // The worker flips before the per-pixel augmentations; a flip written
+                        // after a shear or an erasing box would not commute with it.
+                        return Err(TransformError::UnsupportedOrder {
+                            found: list(),
+                            hint: "the flip runs before the per-pixel augmentations: put RandomHorizontalFlip before them",
+                        });
                     }
                     if !(0.0..=1.0).contains(&p) {
                         return Err(bad("RandomHorizontalFlip", format!("p must be in [0, 1], got {p}")));
@@ -133,7 +148,16 @@ impl Recipe {
                     }
                     normalize = Some(Normalization { mean, std, dtype });
                 }
-                ref other => geometric.push(other),
+                ref other => match Augmentation::from_transform(other)? {
+                    Some(augmentation) => augmentations.push(augmentation)?,
+                    None if !augmentations.is_empty() => {
+                        return Err(TransformError::UnsupportedOrder {
+                            found: list(),
+                            hint: "the per-pixel augmentations (ColorJitter, RandAugment, ...) act on the cropped image: put them after the crop",
+                        });
+                    }
+                    None => geometric.push(other),
+                },
             }
         }
         let (geometry, interpolation) = match geometric.as_slice() {
@@ -180,6 +204,7 @@ impl Recipe {
             geometry,
             interpolation,
             flip_p,
+            augmentations,
             normalize,
             layout: spec.layout,
             dct_scaling: spec.dct_scaling,
@@ -335,6 +360,28 @@ mod tests {
         // torchvision's default ratio as Python writes it is read as exactly 4/3.
         let default = spec(r#"{"transforms": [{"type": "RandomResizedCrop", "size": 32, "ratio": [0.75, 1.3333333333333333]}]}"#);
         assert_eq!(default, TransformSpec::new(vec![Transform::random_resized_crop(32)]));
+    }
+
+    #[test]
+    fn augmentations_follow_the_crop_and_leave_its_draws_alone() {
+        let plain = Recipe::new(&TransformSpec::imagenet_train(224)).expect("valid");
+        let augmented = Recipe::new(&spec(
+            r#"{"transforms": [{"type": "RandomResizedCrop", "size": 224}, {"type": "RandomHorizontalFlip"},
+                {"type": "ColorJitter", "brightness": [0.6, 1.4]}, {"type": "RandomErasing"},
+                {"type": "Normalize", "mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}]}"#,
+        ))
+        .expect("valid");
+        assert_eq!(augmented.augmentations.iter().count(), 2);
+        for seed in 0..100 {
+            assert_eq!(plain.sample(500, 375, seed), augmented.sample(500, 375, seed), "seed {seed}");
+        }
+        let before_crop = r#"{"transforms": [{"type": "GaussianBlur", "kernel_size": 3}, {"type": "CenterCrop", "size": 8}]}"#;
+        let error = Recipe::new(&spec(before_crop)).expect_err("blur before the crop").to_string();
+        assert!(error.contains("after the crop"), "{error}");
+        let flip_after =
+            r#"{"transforms": [{"type": "CenterCrop", "size": 8}, {"type": "RandAugment"}, {"type": "RandomHorizontalFlip"}]}"#;
+        let error = Recipe::new(&spec(flip_after)).expect_err("a flip after RandAugment").to_string();
+        assert!(error.contains("before them"), "{error}");
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use stoker_pipeline::{BatchRequest, Dataset, Pipeline, PipelineConfig};
 use stoker_plan::ids::{Epoch, Rank, Step};
-use stoker_plan::transform::{FloatDtype, Interpolation, OutputLayout, Size, Transform, TransformSpec};
+use stoker_plan::transform::{ErasingValue, FloatDtype, Interpolation, KernelSize, OutputLayout, Size, Transform, TransformSpec};
 use stoker_plan::{EpochPlan, PlanSpec, Shuffle, Tail};
 
 use crate::fixtures::{packed_dataset, packed_dataset_verbatim};
@@ -70,6 +70,39 @@ fn batches_are_identical_across_runs_threads_and_buffers() {
     assert_eq!((keys.len(), total), (36, 36));
     assert!(reference.iter().all(|b| b.4.is_empty()), "no sample was replaced");
     assert!(reference.iter().flat_map(|b| &b.2).all(|l| (0..3).contains(l)), "labels are the class indexes");
+}
+
+/// Every per-pixel augmentation draws from the sample's seed alone: the same bytes across runs,
+/// thread counts and buffers, and the crop underneath is the plain spec's (an augmentation
+/// changes pixels, never which samples or boxes a batch holds).
+#[test]
+fn augmented_batches_are_identical_across_runs_threads_and_buffers() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = packed_dataset(dir.path(), 3, 12, &[]);
+    let dataset = Arc::new(Dataset::open(&manifest).expect("open"));
+    let plain = TransformSpec::imagenet_train(48);
+    let mut spec = plain.clone();
+    spec.transforms.extend([
+        Transform::ColorJitter {
+            brightness: Some((0.6, 1.4)),
+            contrast: Some((0.6, 1.4)),
+            saturation: Some((0.6, 1.4)),
+            hue: Some((-0.1, 0.1)),
+        },
+        Transform::RandomGrayscale { p: 0.2 },
+        Transform::GaussianBlur { kernel_size: KernelSize { width: 5, height: 3 }, sigma: (0.1, 2.0) },
+        Transform::RandAugment { num_ops: 2, magnitude: 9, num_magnitude_bins: 31 },
+        Transform::TrivialAugmentWide { num_magnitude_bins: 31 },
+        Transform::RandomErasing { p: 0.5, scale: (0.02, 0.33), ratio: (0.3, 3.3), value: ErasingValue([124, 116, 104]) },
+    ]);
+    let reference = run(&dataset, &spec, 1, 1);
+    assert_eq!(run(&dataset, &spec, 3, 2), reference, "3 threads");
+    assert_eq!(run(&dataset, &spec, 2, 8), reference, "2 threads, 8 buffers");
+    let unaugmented = run(&dataset, &plain, 2, 2);
+    assert!(reference.iter().zip(&unaugmented).all(|(a, b)| a.3 == b.3 && a.2 == b.2), "the same samples and labels in every batch");
+    assert!(reference.iter().zip(&unaugmented).all(|(a, b)| a.1 != b.1), "the augmentations changed every batch's pixels");
+    spec.transforms.push(Transform::Normalize { mean: [0.5; 3], std: [0.25; 3], dtype: FloatDtype::F32 });
+    assert_eq!(run(&dataset, &spec, 3, 3), run(&dataset, &spec, 1, 1), "normalised, 3 threads");
 }
 
 #[test]
