@@ -126,7 +126,7 @@ pub struct ShardCache {
     turns: AtomicU64,
     /// The files expected to be read after the chunks granted, with the turns planned for them
     /// (replaced by each [`ShardCache::expect_ahead`]).
-    ahead: Mutex<Vec<(String, u64)>>,
+    ahead: Mutex<Vec<((String, u64), u64)>>,
     /// Which shard of which dataset version each file claimed or fetched ahead is (for the
     /// locality report; files adopted at start-up are not known until a chunk reads them).
     identities: Mutex<HashMap<String, (u64, ShardId)>>,
@@ -177,25 +177,26 @@ impl Drop for Fetched<'_> {
 /// or given up).
 struct Planned<'a> {
     cache: &'a ShardCache,
-    names: Vec<String>,
+    /// The files, with their sizes.
+    files: Vec<(String, u64)>,
     turn: u64,
 }
 
 impl<'a> Planned<'a> {
-    fn new(cache: &'a ShardCache, names: Vec<String>, turn: u64) -> Self {
+    fn new(cache: &'a ShardCache, files: Vec<(String, u64)>, turn: u64) -> Self {
         let mut table = cache.table.lock();
-        for name in &names {
-            table.plan(name, turn);
+        for (name, bytes) in &files {
+            table.plan(name, *bytes, turn);
         }
         drop(table);
-        Self { cache, names, turn }
+        Self { cache, files, turn }
     }
 }
 
 impl Drop for Planned<'_> {
     fn drop(&mut self) {
         let mut table = self.cache.table.lock();
-        for name in &self.names {
+        for (name, _) in &self.files {
             table.unplan(name, self.turn);
         }
     }
@@ -309,20 +310,20 @@ impl ShardCache {
     /// call expected. So at the end of an epoch eviction keeps the shards the next one starts
     /// with, and lets go first those it reads late or not at all.
     pub fn expect_ahead(&self, dataset: &Dataset, shards: &[ShardId], next_epoch: &[ShardId], turn: u64) {
-        let name = |shard: ShardId| file_name(dataset.shard_uri(shard));
-        let soon = shards.iter().enumerate().map(|(place, &shard)| (name(shard), turn.saturating_add(1 + place as u64)));
+        let file = |shard: ShardId| (file_name(dataset.shard_uri(shard)), dataset.shard_bytes(shard));
+        let soon = shards.iter().enumerate().map(|(place, &shard)| (file(shard), turn.saturating_add(1 + place as u64)));
         let later = next_epoch
             .iter()
             .enumerate()
-            .map(|(place, &shard)| (name(shard), turn.saturating_add(NEXT_EPOCH_TURNS).saturating_add(place as u64)));
-        let expected: Vec<(String, u64)> = soon.chain(later).collect();
+            .map(|(place, &shard)| (file(shard), turn.saturating_add(NEXT_EPOCH_TURNS).saturating_add(place as u64)));
+        let expected: Vec<((String, u64), u64)> = soon.chain(later).collect();
         let mut table = self.table.lock();
         let mut ahead = self.ahead.lock();
-        for (name, at) in ahead.drain(..) {
+        for ((name, _), at) in ahead.drain(..) {
             table.unplan(&name, at);
         }
-        for (name, at) in &expected {
-            table.plan(name, *at);
+        for ((name, bytes), at) in &expected {
+            table.plan(name, *bytes, *at);
         }
         *ahead = expected;
     }
@@ -336,7 +337,8 @@ impl ShardCache {
         if needed > capacity {
             return Err(CacheError::TooSmall { needed, capacity });
         }
-        let _planned = Planned::new(self, shards.iter().map(|&shard| file_name(dataset.shard_uri(shard))).collect(), turn);
+        let files = shards.iter().map(|&shard| (file_name(dataset.shard_uri(shard)), dataset.shard_bytes(shard))).collect();
+        let _planned = Planned::new(self, files, turn);
         let waited = Instant::now();
         let claiming = self.claiming.lock().await;
         let mut pins = Pins { cache: Arc::clone(self), names: Vec::new() };
