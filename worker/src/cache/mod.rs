@@ -375,13 +375,11 @@ impl ShardCache {
         }
         drop(claiming);
         self.metrics.bytes.set(self.held() as i64);
-        let results: Vec<_> = futures_util::stream::iter(downloads)
+        let mut results = futures_util::stream::iter(downloads)
             .map(|(_, uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
-            .buffer_unordered(PARALLEL_DOWNLOADS)
-            .collect()
-            .await;
+            .buffer_unordered(PARALLEL_DOWNLOADS);
         let mut failure_opt = None;
-        for (name, result) in results {
+        while let Some((name, result)) = results.next().await {
             match result {
                 Ok(()) => self.table.lock().downloaded(&name),
                 Err(error) => {
@@ -389,9 +387,10 @@ impl ShardCache {
                     failure_opt.get_or_insert(error);
                 }
             }
+            // Chunks waiting for this download (claimed by this chunk first) look again now,
+            // not once all of this chunk's are done.
+            self.released_tx.send_modify(|generation| *generation += 1);
         }
-        // Chunks waiting for one of these downloads (claimed by this chunk first) look again.
-        self.released_tx.send_modify(|generation| *generation += 1);
         if let Some(error) = failure_opt {
             self.metrics.bytes.set(self.held() as i64);
             return Err(error);
@@ -438,12 +437,10 @@ impl ShardCache {
             return;
         }
         self.metrics.bytes.set(self.held() as i64);
-        let results: Vec<_> = futures_util::stream::iter(downloads)
+        let mut results = futures_util::stream::iter(downloads)
             .map(|(uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
-            .buffer_unordered(PARALLEL_DOWNLOADS)
-            .collect()
-            .await;
-        for (name, result) in results {
+            .buffer_unordered(PARALLEL_DOWNLOADS);
+        while let Some((name, result)) = results.next().await {
             match result {
                 Ok(()) => {
                     self.metrics.prefetched.inc();
@@ -454,8 +451,11 @@ impl ShardCache {
                     self.table.lock().forget(&name);
                 }
             }
+            // A chunk waiting for this file goes on now: at a cold start the next chunk's
+            // shards are the first of the list, and waiting for the whole list stalled the
+            // ranks at their second chunk (measured: 349 ms at step 2, none without fetch-ahead).
+            self.released_tx.send_modify(|generation| *generation += 1);
         }
-        self.released_tx.send_modify(|generation| *generation += 1);
         self.metrics.bytes.set(self.held() as i64);
     }
 
