@@ -79,7 +79,13 @@ impl Counters {
 
 /// Run `epochs` epochs on `cluster`, each rank spending `compute` on every batch (a training
 /// step), calling `after_epoch` once both ranks finished each.
-fn run_epochs(cluster: &TestCluster, dataset: &str, epochs: u64, compute: Duration, after_epoch: &(dyn Fn(u64) + Sync)) -> Vec<EpochFigure> {
+fn run_epochs(
+    cluster: &TestCluster,
+    dataset: &str,
+    epochs: u64,
+    compute: Duration,
+    after_epoch: &(dyn Fn(u64) + Sync),
+) -> Vec<EpochFigure> {
     let mut base = cluster.loader_config(dataset, 16);
     base.tail = Tail::Drop;
     base.shuffle = Shuffle::Window { shards: std::num::NonZeroU32::new(4).expect("4") };
@@ -132,9 +138,7 @@ fn run_epochs(cluster: &TestCluster, dataset: &str, epochs: u64, compute: Durati
                 seconds: of_epoch.iter().map(|figure| figure.seconds).fold(0.0, f64::max),
                 images: of_epoch.iter().map(|figure| figure.images).sum(),
                 waited: of_epoch.iter().map(|figure| figure.waited).sum(),
-                step_waits: (0..steps)
-                    .map(|step| of_epoch.iter().filter_map(|figure| figure.step_waits.get(step)).sum())
-                    .collect(),
+                step_waits: (0..steps).map(|step| of_epoch.iter().filter_map(|figure| figure.step_waits.get(step)).sum()).collect(),
             }
         })
         .collect()
@@ -179,7 +183,11 @@ impl Bench {
     fn link(&self, host: u8, latency: Duration, bandwidth: u64) -> FaultProxy {
         let link = Faults { latency_opt: Some(latency), bytes_per_second_opt: Some(bandwidth), ..Faults::default() };
         let proxy = FaultProxy::start(host, self.moto.addr(), link).expect("proxy");
-        self.describe(&format!("{} ms per request, {:.0} MB/s per connection (the test proxy)", latency.as_millis(), bandwidth as f64 / 1e6));
+        self.describe(&format!(
+            "{} ms per request, {:.0} MB/s per connection (the test proxy)",
+            latency.as_millis(),
+            bandwidth as f64 / 1e6
+        ));
         proxy
     }
 

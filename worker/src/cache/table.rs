@@ -184,11 +184,7 @@ impl CacheTable {
         let mut candidates: Vec<(Reverse<u64>, u64, String, u64)> = self
             .entries
             .iter()
-            .filter(|(name, entry)| {
-                entry.ready
-                    && entry.pins == 0
-                    && (!ahead || (self.next_use(name).is_none() && !entry.ahead))
-            })
+            .filter(|(name, entry)| entry.ready && entry.pins == 0 && (!ahead || (self.next_use(name).is_none() && !entry.ahead)))
             .map(|(name, entry)| (Reverse(self.next_use(name).unwrap_or(u64::MAX)), entry.last_use, name.clone(), entry.bytes))
             .collect();
         let evictable: u64 = candidates.iter().map(|(_, _, _, bytes)| bytes).sum();
@@ -224,7 +220,9 @@ impl CacheTable {
         let coming: u64 = self
             .planned
             .iter()
-            .filter(|(name, reads)| *name != except && !self.entries.contains_key(*name) && reads.turns.first().is_some_and(|&next| next <= turn))
+            .filter(|(name, reads)| {
+                *name != except && !self.entries.contains_key(*name) && reads.turns.first().is_some_and(|&next| next <= turn)
+            })
             .map(|(_, reads)| reads.bytes)
             .sum();
         held.saturating_add(coming)

@@ -750,7 +750,11 @@ fn locality_keeps_two_cold_workers_off_each_others_shards() {
             tally(&granted, &mut counts);
             for (lease, chunk) in &granted {
                 let shards = shards_read(&plan, chunk.rank, chunk.first_step, u64::from(chunk.steps), usize::MAX);
-                let next = if steer { locality.not_claimed_by_others(worker, 7, next_shards(&plan, chunk, 2)) } else { next_shards(&plan, chunk, 2) };
+                let next = if steer {
+                    locality.not_claimed_by_others(worker, 7, next_shards(&plan, chunk, 2))
+                } else {
+                    next_shards(&plan, chunk, 2)
+                };
                 read.entry(worker).or_default().extend(shards.iter().chain(&next).copied());
                 locality.told(worker, 7, &shards);
                 locality.told(worker, 7, &next);
