@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use crate::TestkitError;
+use crate::netns::Lab;
 use crate::wait::wait_until;
 
 /// Credentials every test sets for the client (moto accepts any unless started with
@@ -50,23 +51,38 @@ pub fn python() -> Result<std::path::PathBuf, TestkitError> {
 }
 
 impl MotoServer {
-    /// Start moto on `127.0.0.<host>` (a free port), with authentication on if `authenticate`
+    /// Start moto on `127.0.0.<host>`, with authentication on if `authenticate`
     /// (every request's credentials are then checked, and the test ones refused), and wait until
     /// it answers.
     pub fn start(host: u8, authenticate: bool) -> Result<Self, TestkitError> {
-        use_test_credentials();
         let ip = Ipv4Addr::new(127, 0, 0, host);
         // A free port on that address; moto binds it right after (a test's own address, so
         // nothing else races for it).
         let port = TcpListener::bind((ip, 0)).and_then(|listener| listener.local_addr()).map_err(|error| error.to_string())?.port();
         let mut command = Command::new(python()?);
-        command.args(["-m", "moto.server", "-H", &ip.to_string(), "-p", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null());
         if authenticate {
             command.env("INITIAL_NO_AUTH_ACTION_COUNT", "0");
         }
+        Self::serve(command, SocketAddr::from((ip, port)))
+    }
+
+    /// Start moto on host `host` of `lab` (its address, port 5000: the host's namespace is the
+    /// lab's own), authentication off, and wait until it answers: the calling thread must be on
+    /// a host of the lab (see [`Lab::enter`]). The lab kills it when dropped, if this does not.
+    pub fn start_in(lab: &Lab, host: &str) -> Result<Self, TestkitError> {
+        let addr = SocketAddr::from((lab.addr(host)?, 5000));
+        Self::serve(lab.command(host, python()?)?, addr)
+    }
+
+    /// Run `command` (a Python) as moto's server on `addr`, and wait until it answers.
+    fn serve(mut command: Command, addr: SocketAddr) -> Result<Self, TestkitError> {
+        use_test_credentials();
+        command
+            .args(["-m", "moto.server", "-H", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
         let child = command.spawn().map_err(|error| format!("cannot start moto with {:?}: {error}", python()))?;
-        let mut server = Self { child, addr: SocketAddr::from((ip, port)) };
-        let addr = server.addr;
+        let mut server = Self { child, addr };
         let waited =
             wait_until(Duration::from_secs(30), "moto answers", || TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok());
         if let Err(error) = waited {

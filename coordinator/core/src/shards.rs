@@ -156,6 +156,23 @@ impl Locality {
         }
     }
 
+    /// Those of `shards` (of the dataset of `version`) that no worker other than `worker` holds
+    /// or was told to read, in their order: what a grant to `worker` names as the next shards
+    /// to fetch ahead. Two workers granted chunks of the same steps (every rank's chunk of a
+    /// step reads the same window of shards) would otherwise both fetch them (measured: a warm
+    /// epoch with a cache of half the dataset fetched 1.4x the dataset with fetch-ahead, 0.8-1.0x
+    /// without); this way the first fetches them and the scheduler grants it their chunks.
+    pub(crate) fn not_claimed_by_others(&self, worker: WorkerId, version: u64, shards: Vec<ShardId>) -> Vec<ShardId> {
+        let own = self.by_worker.get(&worker);
+        shards
+            .into_iter()
+            .filter(|&shard| {
+                let mine = own.is_some_and(|holdings| holdings.holds(version, shard));
+                self.claimed.get(&(version, shard)).copied().unwrap_or(0) <= u32::from(mine)
+            })
+            .collect()
+    }
+
     /// Whether no worker holds or was told anything.
     pub(crate) fn is_empty(&self) -> bool {
         self.claimed.is_empty()
@@ -270,6 +287,23 @@ mod tests {
         assert!(!locality.is_empty(), "no removal since the last look: nothing looked at");
         locality.retain(2, |worker| worker != other);
         assert!(locality.is_empty(), "{locality:?}");
+    }
+
+    #[test]
+    fn the_next_shards_leave_out_those_another_worker_holds_or_fetches() {
+        let (me, other) = (WorkerId(1), WorkerId(2));
+        let next = vec![ShardId(3), ShardId(1), ShardId(2), ShardId(4)];
+        let mut locality = Locality::default();
+        assert_eq!(locality.not_claimed_by_others(me, 7, next.clone()), next, "nobody holds anything");
+        locality.report(me, Holdings::of(&[HeldShards { dataset_version: 7, shards: vec![ShardId(1)] }]).expect("bounded"));
+        locality.report(other, Holdings::of(&[HeldShards { dataset_version: 7, shards: vec![ShardId(2)] }]).expect("bounded"));
+        locality.told(other, 7, &[ShardId(4)]);
+        assert_eq!(locality.not_claimed_by_others(me, 7, next.clone()), vec![ShardId(3), ShardId(1)], "in order, its own kept");
+        assert_eq!(locality.not_claimed_by_others(me, 8, next.clone()), next, "another dataset version");
+        locality.told(me, 7, &[ShardId(2)]);
+        assert_eq!(locality.not_claimed_by_others(me, 7, vec![ShardId(2)]), Vec::<ShardId>::new(), "held by both: the other has it");
+        locality.forget(other);
+        assert_eq!(locality.not_claimed_by_others(me, 7, next.clone()), next);
     }
 
     #[test]

@@ -84,7 +84,7 @@ fn simulate(epochs: &[Vec<BTreeSet<ShardId>>], policy: Policy) -> Vec<Tally> {
         Policy::Plan { chunks, next_epoch } => (chunks, next_epoch),
     };
     for (turn, shards) in all.iter().enumerate().take(horizon) {
-        shards.iter().for_each(|shard| table.plan(&name(shard), turn as u64));
+        shards.iter().for_each(|shard| table.plan(&name(shard), SHARD_BYTES, turn as u64));
     }
     let mut tallies = vec![Tally::default(); epochs.len()];
     let mut turn = 0_usize;
@@ -100,14 +100,14 @@ fn simulate(epochs: &[Vec<BTreeSet<ShardId>>], policy: Policy) -> Vec<Tally> {
                         break 'reads;
                     }
                     if first.insert(*shard) {
-                        table.plan(&name(shard), (base + at) as u64);
+                        table.plan(&name(shard), SHARD_BYTES, (base + at) as u64);
                     }
                 }
             }
         }
         for shards in chunks {
             if let Some(coming) = all.get(turn + horizon).filter(|_| horizon > 0) {
-                coming.iter().for_each(|shard| table.plan(&name(shard), (turn + horizon) as u64));
+                coming.iter().for_each(|shard| table.plan(&name(shard), SHARD_BYTES, (turn + horizon) as u64));
             }
             for shard in shards {
                 let name = name(shard);

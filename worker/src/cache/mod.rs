@@ -3,7 +3,9 @@
 //! under a hard byte bound.
 //!
 //! * A chunk's shards are claimed together before any of its batches is queued ([`ShardCache::acquire`]),
-//!   one chunk at a time, so two chunks never each hold part of what the other waits for. The
+//!   one chunk at a time, so two chunks never each hold part of what the other waits for room
+//!   for; a shard that another chunk or a fetch ahead is downloading is waited for after the
+//!   chunk's turn (so the next chunk's downloads start meanwhile), then claimed in a turn. The
 //!   pins are released when the chunk's batches are made ([`Pins`]); only unpinned files are
 //!   evicted, and unmapped from their datasets.
 //! * Eviction follows the plan: each chunk granted gets a turn ([`ShardCache::next_turn`], in
@@ -126,7 +128,7 @@ pub struct ShardCache {
     turns: AtomicU64,
     /// The files expected to be read after the chunks granted, with the turns planned for them
     /// (replaced by each [`ShardCache::expect_ahead`]).
-    ahead: Mutex<Vec<(String, u64)>>,
+    ahead: Mutex<Vec<((String, u64), u64)>>,
     /// Which shard of which dataset version each file claimed or fetched ahead is (for the
     /// locality report; files adopted at start-up are not known until a chunk reads them).
     identities: Mutex<HashMap<String, (u64, ShardId)>>,
@@ -177,27 +179,48 @@ impl Drop for Fetched<'_> {
 /// or given up).
 struct Planned<'a> {
     cache: &'a ShardCache,
-    names: Vec<String>,
+    /// The files, with their sizes.
+    files: Vec<(String, u64)>,
     turn: u64,
 }
 
 impl<'a> Planned<'a> {
-    fn new(cache: &'a ShardCache, names: Vec<String>, turn: u64) -> Self {
+    fn new(cache: &'a ShardCache, files: Vec<(String, u64)>, turn: u64) -> Self {
         let mut table = cache.table.lock();
-        for name in &names {
-            table.plan(name, turn);
+        for (name, bytes) in &files {
+            table.plan(name, *bytes, turn);
         }
         drop(table);
-        Self { cache, names, turn }
+        Self { cache, files, turn }
     }
 }
 
 impl Drop for Planned<'_> {
     fn drop(&mut self) {
         let mut table = self.cache.table.lock();
-        for name in &self.names {
+        for (name, _) in &self.files {
             table.unplan(name, self.turn);
         }
+    }
+}
+
+/// What claiming one shard for a chunk came to ([`ShardCache::claim_one`]).
+enum Claimed {
+    /// Held, and now pinned.
+    Hit,
+    /// Room reserved and pinned: the chunk downloads it.
+    Download,
+    /// Another chunk or a fetch ahead is downloading it.
+    InFlight,
+}
+
+/// Wait until pins are released or files come or go (`released_rx` changes), or fail with
+/// [`CacheError::Busy`] once a chunk that started waiting at `waited` has waited [`ROOM_PATIENCE`].
+async fn wait_for_release(released_rx: &mut watch::Receiver<u64>, waited: Instant) -> Result<(), CacheError> {
+    let left = ROOM_PATIENCE.saturating_sub(waited.elapsed());
+    match tokio::time::timeout(left, released_rx.changed()).await {
+        Ok(_) => Ok(()),
+        Err(_) => Err(CacheError::Busy { seconds: ROOM_PATIENCE.as_secs() }),
     }
 }
 
@@ -309,20 +332,20 @@ impl ShardCache {
     /// call expected. So at the end of an epoch eviction keeps the shards the next one starts
     /// with, and lets go first those it reads late or not at all.
     pub fn expect_ahead(&self, dataset: &Dataset, shards: &[ShardId], next_epoch: &[ShardId], turn: u64) {
-        let name = |shard: ShardId| file_name(dataset.shard_uri(shard));
-        let soon = shards.iter().enumerate().map(|(place, &shard)| (name(shard), turn.saturating_add(1 + place as u64)));
+        let file = |shard: ShardId| (file_name(dataset.shard_uri(shard)), dataset.shard_bytes(shard));
+        let soon = shards.iter().enumerate().map(|(place, &shard)| (file(shard), turn.saturating_add(1 + place as u64)));
         let later = next_epoch
             .iter()
             .enumerate()
-            .map(|(place, &shard)| (name(shard), turn.saturating_add(NEXT_EPOCH_TURNS).saturating_add(place as u64)));
-        let expected: Vec<(String, u64)> = soon.chain(later).collect();
+            .map(|(place, &shard)| (file(shard), turn.saturating_add(NEXT_EPOCH_TURNS).saturating_add(place as u64)));
+        let expected: Vec<((String, u64), u64)> = soon.chain(later).collect();
         let mut table = self.table.lock();
         let mut ahead = self.ahead.lock();
-        for (name, at) in ahead.drain(..) {
+        for ((name, _), at) in ahead.drain(..) {
             table.unplan(&name, at);
         }
-        for (name, at) in &expected {
-            table.plan(name, *at);
+        for ((name, bytes), at) in &expected {
+            table.plan(name, *bytes, *at);
         }
         *ahead = expected;
     }
@@ -336,50 +359,36 @@ impl ShardCache {
         if needed > capacity {
             return Err(CacheError::TooSmall { needed, capacity });
         }
-        let _planned = Planned::new(self, shards.iter().map(|&shard| file_name(dataset.shard_uri(shard))).collect(), turn);
+        let files = shards.iter().map(|&shard| (file_name(dataset.shard_uri(shard)), dataset.shard_bytes(shard))).collect();
+        let _planned = Planned::new(self, files, turn);
         let waited = Instant::now();
         let claiming = self.claiming.lock().await;
         let mut pins = Pins { cache: Arc::clone(self), names: Vec::new() };
         let mut downloads = Vec::new();
+        // Shards another chunk or a fetch ahead is downloading: waited for after this chunk's
+        // claims, without the claiming turn, so that the next chunk claims (and starts its own
+        // downloads) meanwhile.
+        let mut in_flight = Vec::new();
         for &shard in shards {
             let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
             let name = file_name(&uri);
             self.identify(&name, dataset, shard);
-            let mut released_rx = self.released_tx.subscribe();
-            loop {
-                let claim = self.table.lock().claim(&name, bytes);
-                match claim {
-                    Claim::Hit => {
-                        self.metrics.hits.inc();
-                        pins.names.push(name);
-                        break;
-                    }
-                    Claim::Download { evicted } => {
-                        self.metrics.misses.inc();
-                        self.delete(&evicted);
-                        pins.names.push(name.clone());
-                        downloads.push((shard, uri, name, bytes));
-                        break;
-                    }
-                    Claim::Stale => self.delete(std::slice::from_ref(&name)),
-                    Claim::InFlight | Claim::Full => {
-                        let left = ROOM_PATIENCE.saturating_sub(waited.elapsed());
-                        if tokio::time::timeout(left, released_rx.changed()).await.is_err() {
-                            return Err(CacheError::Busy { seconds: ROOM_PATIENCE.as_secs() });
-                        }
-                    }
+            match self.claim_one(&name, bytes, waited).await? {
+                Claimed::Hit => pins.names.push(name),
+                Claimed::Download => {
+                    pins.names.push(name.clone());
+                    downloads.push((uri, name, bytes));
                 }
+                Claimed::InFlight => in_flight.push((uri, name, bytes)),
             }
         }
         drop(claiming);
         self.metrics.bytes.set(self.held() as i64);
-        let results: Vec<_> = futures_util::stream::iter(downloads)
-            .map(|(_, uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
-            .buffer_unordered(PARALLEL_DOWNLOADS)
-            .collect()
-            .await;
+        let mut results = futures_util::stream::iter(downloads)
+            .map(|(uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
+            .buffer_unordered(PARALLEL_DOWNLOADS);
         let mut failure_opt = None;
-        for (name, result) in results {
+        while let Some((name, result)) = results.next().await {
             match result {
                 Ok(()) => self.table.lock().downloaded(&name),
                 Err(error) => {
@@ -387,16 +396,74 @@ impl ShardCache {
                     failure_opt.get_or_insert(error);
                 }
             }
+            // Chunks waiting for this download (claimed by this chunk first) look again now,
+            // not once all of this chunk's are done.
+            self.released_tx.send_modify(|generation| *generation += 1);
         }
-        // Chunks waiting for one of these downloads (claimed by this chunk first) look again.
-        self.released_tx.send_modify(|generation| *generation += 1);
         if let Some(error) = failure_opt {
             self.metrics.bytes.set(self.held() as i64);
             return Err(error);
         }
+        for (uri, name, bytes) in in_flight {
+            self.await_in_flight(&mut pins, &uri, &name, bytes, waited).await?;
+        }
         self.map(dataset, shards).await?;
         self.metrics.wait_seconds.inc_by(waited.elapsed().as_secs_f64());
         Ok(pins)
+    }
+
+    /// Claim `name` (of `bytes`) for a chunk that started waiting at `waited`: a hit or room for
+    /// its download, both pinned, or word that it is being downloaded; waits (holding the
+    /// caller's claiming turn) while there is no room, up to [`ROOM_PATIENCE`].
+    async fn claim_one(&self, name: &str, bytes: u64, waited: Instant) -> Result<Claimed, CacheError> {
+        let mut released_rx = self.released_tx.subscribe();
+        loop {
+            let claim = self.table.lock().claim(name, bytes);
+            match claim {
+                Claim::Hit => {
+                    self.metrics.hits.inc();
+                    return Ok(Claimed::Hit);
+                }
+                Claim::Download { evicted } => {
+                    self.metrics.misses.inc();
+                    self.delete(&evicted);
+                    return Ok(Claimed::Download);
+                }
+                Claim::InFlight => return Ok(Claimed::InFlight),
+                Claim::Stale => self.delete(&[name.to_owned()]),
+                Claim::Full => wait_for_release(&mut released_rx, waited).await?,
+            }
+        }
+    }
+
+    /// Pin `name`, which another chunk or a fetch ahead is downloading, once it is in (each
+    /// claim in a claiming turn, the waits between them outside it); if that download failed,
+    /// download it here.
+    async fn await_in_flight(&self, pins: &mut Pins, uri: &str, name: &str, bytes: u64, waited: Instant) -> Result<(), CacheError> {
+        loop {
+            let mut released_rx = self.released_tx.subscribe();
+            let claimed = {
+                let _claiming = self.claiming.lock().await;
+                self.claim_one(name, bytes, waited).await?
+            };
+            match claimed {
+                Claimed::Hit => {
+                    pins.names.push(name.to_owned());
+                    return Ok(());
+                }
+                Claimed::Download => {
+                    pins.names.push(name.to_owned());
+                    let result = self.download(uri, name, bytes).await;
+                    match &result {
+                        Ok(()) => self.table.lock().downloaded(name),
+                        Err(_) => self.table.lock().forget(name),
+                    }
+                    self.released_tx.send_modify(|generation| *generation += 1);
+                    return result;
+                }
+                Claimed::InFlight => wait_for_release(&mut released_rx, waited).await?,
+            }
+        }
     }
 
     /// Fetch ahead: download those of `shards` of `dataset` (in the order they will be read)
@@ -436,12 +503,10 @@ impl ShardCache {
             return;
         }
         self.metrics.bytes.set(self.held() as i64);
-        let results: Vec<_> = futures_util::stream::iter(downloads)
+        let mut results = futures_util::stream::iter(downloads)
             .map(|(uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
-            .buffer_unordered(PARALLEL_DOWNLOADS)
-            .collect()
-            .await;
-        for (name, result) in results {
+            .buffer_unordered(PARALLEL_DOWNLOADS);
+        while let Some((name, result)) = results.next().await {
             match result {
                 Ok(()) => {
                     self.metrics.prefetched.inc();
@@ -452,8 +517,11 @@ impl ShardCache {
                     self.table.lock().forget(&name);
                 }
             }
+            // A chunk waiting for this file goes on now: at a cold start the next chunk's
+            // shards are the first of the list, and waiting for the whole list stalled the
+            // ranks at their second chunk (measured: 349 ms at step 2, none without fetch-ahead).
+            self.released_tx.send_modify(|generation| *generation += 1);
         }
-        self.released_tx.send_modify(|generation| *generation += 1);
         self.metrics.bytes.set(self.held() as i64);
     }
 

@@ -115,7 +115,10 @@ impl Core {
                     .get(&RunKey::of(&chunk))
                     .map(|plan| {
                         let read = shards_read(plan, chunk.rank, chunk.first_step, u64::from(chunk.steps), MAX_NEXT_SHARDS);
-                        (read, next_shards(plan, &chunk, self.config.scheduler.chunk_steps))
+                        // Those another worker holds or fetches are left to it (see
+                        // `Locality::not_claimed_by_others`).
+                        let next = next_shards(plan, &chunk, self.config.scheduler.chunk_steps);
+                        (read, self.locality.not_claimed_by_others(worker, dataset.version, next))
                     })
                     .unwrap_or_default();
                 told.push((dataset.version, read, next_shards.clone()));
