@@ -32,6 +32,8 @@ struct Trainer {
 /// One simulated worker.
 struct Worker {
     id: WorkerId,
+    /// Its certificate (each its own: one certificate registers a bounded number of workers).
+    key: CertKey,
     /// Leases granted in the last round, reported done in this one.
     leases: Vec<LeaseId>,
 }
@@ -90,14 +92,21 @@ struct Driven {
     entries: u64,
     entry_bytes: u64,
     errors: BTreeMap<String, u64>,
+    /// The last refusal, for the error that stops the run.
+    last_error: Option<String>,
 }
 
 impl Driven {
-    /// Step `request` to its answer as a driver in local mode does (commits applied at once),
-    /// timing the whole of it under `kind`.
+    /// [`Driven::request_as`] for a trainer or an admin (`--insecure`'s certificate).
     fn request(&mut self, kind: &'static str, request: ControlRequest, now: Instant) -> Option<ControlResponse> {
+        self.request_as(kind, request, CertKey::UNCHECKED, now)
+    }
+
+    /// Step `request` of `caller` to its answer as a driver in local mode does (commits applied
+    /// at once), timing the whole of it under `kind`.
+    fn request_as(&mut self, kind: &'static str, request: ControlRequest, caller: CertKey, now: Instant) -> Option<ControlResponse> {
         let started = Instant::now();
-        let mut event = Event::Request { request, caller: CertKey::UNCHECKED };
+        let mut event = Event::Request { request, caller };
         let mut answer = None;
         for _ in 0..8 {
             match self.core.step(event, now) {
@@ -110,7 +119,7 @@ impl Driven {
                     self.entry_bytes += serde_json::to_vec(&command).map_or(0, |bytes| bytes.len() as u64);
                     self.core.apply(command);
                     match then {
-                        Then::Again(request) => event = Event::Request { request, caller: CertKey::UNCHECKED },
+                        Then::Again(request) => event = Event::Request { request, caller },
                         Then::Reply(reply) => {
                             answer = Some(Ok(reply));
                             break;
@@ -126,6 +135,7 @@ impl Driven {
             Some(Ok(response)) => Some(response),
             Some(Err(error)) => {
                 *self.errors.entry(format!("{kind}: {}", error.message)).or_default() += 1;
+                self.last_error = Some(error.message);
                 None
             }
             None => {
@@ -149,8 +159,12 @@ impl Driven {
     }
 }
 
-fn refused(kind: &'static str, response: Option<ControlResponse>) -> ControlBenchError {
-    ControlBenchError::Refused { kind, message: format!("answered {response:?}") }
+fn refused(kind: &'static str, driven: &mut Driven, response: Option<ControlResponse>) -> ControlBenchError {
+    let message = match (driven.last_error.take(), response) {
+        (Some(error), _) => error,
+        (None, response) => format!("answered {response:?}"),
+    };
+    ControlBenchError::Refused { kind, message }
 }
 
 /// Run the benchmark. `memory` reads the process's resident bytes where the caller can (the
@@ -193,10 +207,11 @@ pub fn run(
     let dataset = DatasetInfo { name: "bench".into(), manifest: "/bench/manifest.json".into(), shard_counts, version: 1 };
     let mut core = Core::new(core_config, "bench".into(), ClusterState::new(), Box::new(CountingIds::new(1)), 1, start);
     core.step(Event::Lead { term: 1 }, start);
-    let mut driven = Driven { core, dataset, timings: Timings::default(), entries: 0, entry_bytes: 0, errors: BTreeMap::new() };
+    let mut driven =
+        Driven { core, dataset, timings: Timings::default(), entries: 0, entry_bytes: 0, errors: BTreeMap::new(), last_error: None };
     let add = ControlRequest::AddDataset { name: "bench".into(), manifest: "/bench/manifest.json".into() };
     if !matches!(driven.request("AddDataset", add, start), Some(ControlResponse::DatasetAdded { .. })) {
-        return Err(refused("AddDataset", None));
+        return Err(refused("AddDataset", &mut driven, None));
     }
 
     // Ranks attach and open epoch 0.
@@ -221,7 +236,7 @@ pub fn run(
             let attach =
                 ControlRequest::Attach { spec: spec.clone(), rank: Rank(rank), client: u64::from(job_index) << 32 | u64::from(rank) };
             let Some(ControlResponse::Attached { job, session, .. }) = driven.request("Attach", attach, start) else {
-                return Err(refused("Attach", None));
+                return Err(refused("Attach", &mut driven, None));
             };
             let open = ControlRequest::OpenEpoch {
                 job,
@@ -235,7 +250,7 @@ pub fn run(
             };
             match driven.request("OpenEpoch", open, start) {
                 Some(ControlResponse::EpochOpened { steps }) if steps == u64::from(config.steps) => {}
-                other => return Err(refused("OpenEpoch", other)),
+                other => return Err(refused("OpenEpoch", &mut driven, other)),
             }
             trainers.push(Trainer { job, rank: Rank(rank), session, made: vec![false; config.steps as usize], consumed: 0 });
         }
@@ -248,10 +263,13 @@ pub fn run(
         let octets = (index + 1).to_be_bytes();
         let addr = SocketAddr::from((Ipv4Addr::new(127, octets[1], octets[2], octets[3]), 7000));
         let register = ControlRequest::RegisterWorker { addr, threads: 8, instance: u64::from(index) + 1, attempt: 1 };
-        let Some(ControlResponse::WorkerRegistered { worker, .. }) = driven.request("RegisterWorker", register, start) else {
-            return Err(refused("RegisterWorker", None));
+        let mut key = [0u8; 32];
+        key[..4].copy_from_slice(&(index + 1).to_le_bytes());
+        let key = CertKey(key);
+        let Some(ControlResponse::WorkerRegistered { worker, .. }) = driven.request_as("RegisterWorker", register, key, start) else {
+            return Err(refused("RegisterWorker", &mut driven, None));
         };
-        simulated.push(Worker { id: worker, leases: Vec::new() });
+        simulated.push(Worker { id: worker, key, leases: Vec::new() });
     }
     let after_workers = memory();
     let setup_log_entries = driven.entries;
@@ -288,7 +306,7 @@ pub fn run(
                     continue;
                 };
                 if !matches!(
-                    driven.request("ChunkDone", ControlRequest::ChunkDone { worker: worker.id, lease }, now),
+                    driven.request_as("ChunkDone", ControlRequest::ChunkDone { worker: worker.id, lease }, worker.key, now),
                     Some(ControlResponse::Ack)
                 ) {
                     continue;
@@ -314,14 +332,14 @@ pub fn run(
             if round % HEARTBEAT_ROUNDS == (offset as u64) % HEARTBEAT_ROUNDS {
                 let heartbeat =
                     ControlRequest::Heartbeat { worker: worker.id, leases: Vec::<LeaseProgress>::new(), images: 0, stuck_jobs: Vec::new() };
-                if let Some(ControlResponse::HeartbeatAck { revoked, .. }) = driven.request("Heartbeat", heartbeat, now)
+                if let Some(ControlResponse::HeartbeatAck { revoked, .. }) = driven.request_as("Heartbeat", heartbeat, worker.key, now)
                     && !revoked.is_empty()
                 {
                     return Err(ControlBenchError::Violation(format!("leases {revoked:?} revoked from a worker that holds none")));
                 }
             }
             let pull = ControlRequest::PullChunks { worker: worker.id, max: config.pull_max, held: Vec::new() };
-            let Some(ControlResponse::Chunks { grants: granted }) = driven.request("PullChunks", pull, now) else {
+            let Some(ControlResponse::Chunks { grants: granted }) = driven.request_as("PullChunks", pull, worker.key, now) else {
                 continue;
             };
             for grant in granted {
@@ -428,6 +446,14 @@ mod tests {
         for kind in ["Attach", "ChunkDone", "Heartbeat", "OpenEpoch", "PullChunks", "RegisterWorker", "ReportProgress", "Tick"] {
             assert!(kinds.contains(&kind), "{kind} missing from {kinds:?}");
         }
+    }
+
+    /// More workers than one certificate may register (each has its own, as in a cluster).
+    #[test]
+    fn workers_beyond_one_certificates_bound_register() {
+        let config = ControlBenchConfig { ranks: 8, workers: 300, jobs: 1, steps: 4, ..ControlBenchConfig::default() };
+        let report = run(&config, &|| None, &mut |_| {}).unwrap_or_else(|error| panic!("{error}"));
+        assert_eq!(report.steps_made, 32);
     }
 
     #[test]
