@@ -3,9 +3,7 @@
 //! under a hard byte bound.
 //!
 //! * A chunk's shards are claimed together before any of its batches is queued ([`ShardCache::acquire`]),
-//!   one chunk at a time, so two chunks never each hold part of what the other waits for room
-//!   for; a shard that another chunk or a fetch ahead is downloading is waited for after the
-//!   chunk's turn (so the next chunk's downloads start meanwhile), then claimed in a turn. The
+//!   one chunk at a time, so two chunks never each hold part of what the other waits for. The
 //!   pins are released when the chunk's batches are made ([`Pins`]); only unpinned files are
 //!   evicted, and unmapped from their datasets.
 //! * Eviction follows the plan: each chunk granted gets a turn ([`ShardCache::next_turn`], in
