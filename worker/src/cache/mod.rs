@@ -202,26 +202,6 @@ impl Drop for Planned<'_> {
     }
 }
 
-/// What claiming one shard for a chunk came to ([`ShardCache::claim_one`]).
-enum Claimed {
-    /// Held, and now pinned.
-    Hit,
-    /// Room reserved and pinned: the chunk downloads it.
-    Download,
-    /// Another chunk or a fetch ahead is downloading it.
-    InFlight,
-}
-
-/// Wait until pins are released or files come or go (`released_rx` changes), or fail with
-/// [`CacheError::Busy`] once a chunk that started waiting at `waited` has waited [`ROOM_PATIENCE`].
-async fn wait_for_release(released_rx: &mut watch::Receiver<u64>, waited: Instant) -> Result<(), CacheError> {
-    let left = ROOM_PATIENCE.saturating_sub(waited.elapsed());
-    match tokio::time::timeout(left, released_rx.changed()).await {
-        Ok(_) => Ok(()),
-        Err(_) => Err(CacheError::Busy { seconds: ROOM_PATIENCE.as_secs() }),
-    }
-}
-
 /// The file name of the shard at `uri` in the cache: a hash of the URI (distinct objects, distinct files)
 /// and its last part (for people looking at the folder).
 pub fn file_name(uri: &str) -> String {
@@ -363,27 +343,40 @@ impl ShardCache {
         let claiming = self.claiming.lock().await;
         let mut pins = Pins { cache: Arc::clone(self), names: Vec::new() };
         let mut downloads = Vec::new();
-        // Shards another chunk or a fetch ahead is downloading: waited for after this chunk's
-        // claims, without the claiming turn, so that the next chunk claims (and starts its own
-        // downloads) meanwhile.
-        let mut in_flight = Vec::new();
         for &shard in shards {
             let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
             let name = file_name(&uri);
             self.identify(&name, dataset, shard);
-            match self.claim_one(&name, bytes, waited).await? {
-                Claimed::Hit => pins.names.push(name),
-                Claimed::Download => {
-                    pins.names.push(name.clone());
-                    downloads.push((uri, name, bytes));
+            let mut released_rx = self.released_tx.subscribe();
+            loop {
+                let claim = self.table.lock().claim(&name, bytes);
+                match claim {
+                    Claim::Hit => {
+                        self.metrics.hits.inc();
+                        pins.names.push(name);
+                        break;
+                    }
+                    Claim::Download { evicted } => {
+                        self.metrics.misses.inc();
+                        self.delete(&evicted);
+                        pins.names.push(name.clone());
+                        downloads.push((shard, uri, name, bytes));
+                        break;
+                    }
+                    Claim::Stale => self.delete(std::slice::from_ref(&name)),
+                    Claim::InFlight | Claim::Full => {
+                        let left = ROOM_PATIENCE.saturating_sub(waited.elapsed());
+                        if tokio::time::timeout(left, released_rx.changed()).await.is_err() {
+                            return Err(CacheError::Busy { seconds: ROOM_PATIENCE.as_secs() });
+                        }
+                    }
                 }
-                Claimed::InFlight => in_flight.push((uri, name, bytes)),
             }
         }
         drop(claiming);
         self.metrics.bytes.set(self.held() as i64);
         let mut results = futures_util::stream::iter(downloads)
-            .map(|(uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
+            .map(|(_, uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
             .buffer_unordered(PARALLEL_DOWNLOADS);
         let mut failure_opt = None;
         while let Some((name, result)) = results.next().await {
@@ -402,66 +395,9 @@ impl ShardCache {
             self.metrics.bytes.set(self.held() as i64);
             return Err(error);
         }
-        for (uri, name, bytes) in in_flight {
-            self.await_in_flight(&mut pins, &uri, &name, bytes, waited).await?;
-        }
         self.map(dataset, shards).await?;
         self.metrics.wait_seconds.inc_by(waited.elapsed().as_secs_f64());
         Ok(pins)
-    }
-
-    /// Claim `name` (of `bytes`) for a chunk that started waiting at `waited`: a hit or room for
-    /// its download, both pinned, or word that it is being downloaded; waits (holding the
-    /// caller's claiming turn) while there is no room, up to [`ROOM_PATIENCE`].
-    async fn claim_one(&self, name: &str, bytes: u64, waited: Instant) -> Result<Claimed, CacheError> {
-        let mut released_rx = self.released_tx.subscribe();
-        loop {
-            let claim = self.table.lock().claim(name, bytes);
-            match claim {
-                Claim::Hit => {
-                    self.metrics.hits.inc();
-                    return Ok(Claimed::Hit);
-                }
-                Claim::Download { evicted } => {
-                    self.metrics.misses.inc();
-                    self.delete(&evicted);
-                    return Ok(Claimed::Download);
-                }
-                Claim::InFlight => return Ok(Claimed::InFlight),
-                Claim::Stale => self.delete(&[name.to_owned()]),
-                Claim::Full => wait_for_release(&mut released_rx, waited).await?,
-            }
-        }
-    }
-
-    /// Pin `name`, which another chunk or a fetch ahead is downloading, once it is in (each
-    /// claim in a claiming turn, the waits between them outside it); if that download failed,
-    /// download it here.
-    async fn await_in_flight(&self, pins: &mut Pins, uri: &str, name: &str, bytes: u64, waited: Instant) -> Result<(), CacheError> {
-        loop {
-            let mut released_rx = self.released_tx.subscribe();
-            let claimed = {
-                let _claiming = self.claiming.lock().await;
-                self.claim_one(name, bytes, waited).await?
-            };
-            match claimed {
-                Claimed::Hit => {
-                    pins.names.push(name.to_owned());
-                    return Ok(());
-                }
-                Claimed::Download => {
-                    pins.names.push(name.to_owned());
-                    let result = self.download(uri, name, bytes).await;
-                    match &result {
-                        Ok(()) => self.table.lock().downloaded(name),
-                        Err(_) => self.table.lock().forget(name),
-                    }
-                    self.released_tx.send_modify(|generation| *generation += 1);
-                    return result;
-                }
-                Claimed::InFlight => wait_for_release(&mut released_rx, waited).await?,
-            }
-        }
     }
 
     /// Fetch ahead: download those of `shards` of `dataset` (in the order they will be read)
