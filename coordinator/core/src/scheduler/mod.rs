@@ -255,7 +255,11 @@ impl Scheduler {
         let (live_before, session_before) =
             (self.seats.is_live(key.job, rank, now, self.config.trainer_ttl), self.seats.session_of(key.job, rank));
         let standing = self.seats.report(key, rank, reporting, now).map_err(Refusal::Seat);
-        if !live_before || self.seats.session_of(key.job, rank) != session_before {
+        // Requests reach the core with their `now` out of order (taken before the lock, reused
+        // after a commit): a report stamped before the rank's expiry may come after a pull that
+        // found it expired, so a kept view that holds the rank as not live is refreshed too
+        // (found by review).
+        if !live_before || self.seats.session_of(key.job, rank) != session_before || self.runs.kept_not_live(key.job, rank) {
             // A report revives a trainer that was not live (or adopts its seat): runs that
             // keep liveness must look again. A live one's report only extends its life.
             self.runs.forget_liveness(key.job);

@@ -183,6 +183,11 @@ impl Run {
         }
     }
 
+    /// Whether the kept view holds `rank` as not live.
+    pub fn kept_not_live(&self, rank: Rank) -> bool {
+        self.view_opt.as_ref().is_some_and(|view| !view.live.get(rank.0 as usize).copied().unwrap_or(true))
+    }
+
     /// Forget which trainers are live: a seat changed in a way that may make one live.
     pub fn forget_liveness(&mut self) {
         self.view_opt = None;

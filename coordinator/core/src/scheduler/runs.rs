@@ -138,6 +138,11 @@ impl Runs {
         self.runs.retain(|_, run| !run.is_finished());
     }
 
+    /// Whether a run of `job` keeps `rank` as not live (a report from it must refresh them).
+    pub(super) fn kept_not_live(&self, job: JobId, rank: Rank) -> bool {
+        self.runs.iter().any(|(key, run)| key.job == job && run.kept_not_live(rank))
+    }
+
     /// A seat of `job` changed in a way that may make a rank's trainer live: every run of the
     /// job forgets which are ([`Run::forget_liveness`]).
     pub(super) fn forget_liveness(&mut self, job: JobId) {

@@ -165,7 +165,8 @@ impl Seats {
         let fresh = opening.pass > seat.pass || seat.run_opt != Some(key);
         seat.pass = opening.pass;
         seat.run_opt = Some(key);
-        seat.seen_opt = Some(now);
+        // Never backwards: requests reach the core with their `now` out of order.
+        seat.seen_opt = Some(seat.seen_opt.map_or(now, |seen| seen.max(now)));
         self.heard.insert(key.job, now);
         self.saw(key.job, now);
         Ok(fresh)
@@ -180,7 +181,8 @@ impl Seats {
         if reporting.pass < seat.pass {
             return Ok(Standing::Stale);
         }
-        seat.seen_opt = Some(now);
+        // Never backwards: requests reach the core with their `now` out of order.
+        seat.seen_opt = Some(seat.seen_opt.map_or(now, |seen| seen.max(now)));
         let standing = if reporting.pass > seat.pass || seat.run_opt != Some(key) { Standing::Unopened } else { Standing::Current };
         self.heard.insert(key.job, now);
         self.saw(key.job, now);

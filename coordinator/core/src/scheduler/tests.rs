@@ -644,6 +644,29 @@ fn a_job_keeps_a_bounded_number_of_runs_and_drops_the_oldest_no_live_trainer_nee
     assert!(!scheduler.has_run(run(1)) && scheduler.has_run(run(2)));
 }
 
+/// Found by review: requests reach the core with their `now` out of order. A pull stamped
+/// after the only rank's expiry keeps the rank as not live; the rank's report, stamped just
+/// before its expiry but handled after that pull, must still make it live for the next pull
+/// (it was live when it spoke, so the seat saw no revival).
+#[test]
+fn a_report_stamped_before_expiry_but_handled_after_a_pull_revives_the_kept_view() {
+    let start = Instant::now();
+    let mut scheduler = Scheduler::new(config(), 1);
+    open(&mut scheduler, key(), 0, 1, shape(8, 1, 2), start);
+    let worker = scheduler.register_worker(addr(), 1, process(), start);
+    let first = scheduler.pull(worker, 10, start, &mut TestIds).expect("registered");
+    for (lease, _) in first {
+        scheduler.chunk_done(worker, lease, start);
+    }
+    let ttl = config().trainer_ttl;
+    let after_expiry = start + ttl + Duration::from_millis(1);
+    scheduler.heartbeat(worker, &[], 0, &[], after_expiry).expect("registered");
+    assert!(scheduler.pull(worker, 10, after_expiry, &mut TestIds).expect("registered").is_empty(), "the rank expired");
+    report(&mut scheduler, key(), 0, 1, 2, start + ttl - Duration::from_millis(1));
+    let granted = scheduler.pull(worker, 10, after_expiry, &mut TestIds).expect("registered");
+    assert!(!granted.is_empty(), "the report revived the rank for the kept view");
+}
+
 /// Found by the protocol model (seed 14336): runs that one rank left behind (it resumed from
 /// several checkpoints of the next epoch, then moved on) counted in another rank that had not
 /// opened anything yet, as one that may still come; with the job's runs full, that rank's own
