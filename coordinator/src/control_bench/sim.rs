@@ -27,6 +27,8 @@ struct Trainer {
     made: Vec<bool>,
     /// Steps `0..consumed` made (what it reports).
     consumed: u64,
+    /// What its last report said it consumed (what the coordinator knows).
+    reported: u64,
 }
 
 /// One simulated worker.
@@ -252,7 +254,7 @@ pub fn run(
                 Some(ControlResponse::EpochOpened { steps }) if steps == u64::from(config.steps) => {}
                 other => return Err(refused("OpenEpoch", &mut driven, other)),
             }
-            trainers.push(Trainer { job, rank: Rank(rank), session, made: vec![false; config.steps as usize], consumed: 0 });
+            trainers.push(Trainer { job, rank: Rank(rank), session, made: vec![false; config.steps as usize], consumed: 0, reported: 0 });
         }
     }
     let after_ranks = memory();
@@ -284,6 +286,15 @@ pub fn run(
     let by_trainer: HashMap<(JobId, Rank), usize> =
         trainers.iter().enumerate().map(|(index, trainer)| ((trainer.job, trainer.rank), index)).collect();
     let expected = u64::from(ranks) * u64::from(config.steps);
+    // The flow window as the coordinator must see it: per job, how many ranks reported how
+    // many steps consumed (every rank is live throughout). No step at or past the slowest
+    // report + prefetch, rounded up to whole chunks, may be granted.
+    let mut reported: HashMap<JobId, BTreeMap<u64, u32>> = HashMap::new();
+    for trainer in &trainers {
+        *reported.entry(trainer.job).or_default().entry(0).or_default() += 1;
+    }
+    let chunk_steps = u64::from(config.chunk_steps);
+    let window_end = |slowest: u64| (slowest + u64::from(config.prefetch)).div_ceil(chunk_steps) * chunk_steps;
     let mut leased: HashMap<LeaseId, Leased> = HashMap::new();
     // (trainer, epoch, step) → the live lease holding it. The core plans the next epoch ahead
     // of the trainers' opening it, so grants of epoch 1 come too: they are checked the same way.
@@ -348,6 +359,17 @@ pub fn run(
                     return Err(ControlBenchError::Violation(format!("a chunk of an unknown rank: {chunk:?}")));
                 };
                 let (epoch, first, steps) = (chunk.epoch.0, chunk.first_step.0, u64::from(chunk.steps));
+                // Epoch 1's run (made early) has no rank in it yet: its window starts at 0.
+                let slowest = match epoch {
+                    0 => reported.get(&chunk.job).and_then(|counts| counts.keys().next().copied()).unwrap_or(0),
+                    _ => 0,
+                };
+                if first + steps > window_end(slowest) {
+                    return Err(ControlBenchError::Violation(format!(
+                        "{chunk:?} granted past the flow window (slowest rank reported {slowest}, prefetch {})",
+                        config.prefetch
+                    )));
+                }
                 for step in first..first + steps {
                     let made_already = match epoch {
                         0 => trainers[trainer].made.get(step as usize).copied().unwrap_or(true),
@@ -389,7 +411,17 @@ pub fn run(
                 pass: Pass(1),
                 missing: Vec::new(),
             };
-            driven.request("ReportProgress", report, now);
+            if driven.request("ReportProgress", report, now).is_some() && trainer.consumed != trainer.reported {
+                let counts = reported.entry(trainer.job).or_default();
+                if let Some(count) = counts.get_mut(&trainer.reported) {
+                    *count -= 1;
+                    if *count == 0 {
+                        counts.remove(&trainer.reported);
+                    }
+                }
+                *counts.entry(trainer.consumed).or_default() += 1;
+                trainer.reported = trainer.consumed;
+            }
         }
         driven.tick(round % rounds_per_second == 0, now);
         round += 1;
