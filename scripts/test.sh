@@ -94,7 +94,7 @@ wheel() {
 pytest_run() {
     local wheel_file
     wheel_file=$(ls "$PWD"/target/wheels/stoker-*.whl 2>/dev/null | head -n 1)
-    (cd python && STOKER_BIN=$PWD/../target/debug/stoker STOKER_WHEEL=$wheel_file "$PYTHON" -m pytest -q -rs --durations=15)
+    (cd python && STOKER_BIN=$PWD/../target/debug/stoker STOKER_WHEEL=$wheel_file "$PYTHON" -m pytest -q -rfEs --durations=15)
 }
 
 # The wheel's build takes the build folder's lock: it goes before the cargo tests, which would
@@ -139,7 +139,15 @@ fi
 echo "==> pytest: waiting for it (log: $LOGS/pytest.log)"
 wait "$pytest_pid"
 pytest_status=$(cat "$LOGS/pytest.status" 2>/dev/null || echo 1)
-if [[ $pytest_status -eq 0 ]]; then tail -n 3 "$LOGS/pytest.log"; else tail -n 80 "$LOGS/pytest.log"; fi
+if [[ $pytest_status -eq 0 ]]; then
+    tail -n 3 "$LOGS/pytest.log"
+else
+    # The tracebacks first (bounded), then the names of what failed last, where a reader of only
+    # the output's tail (CI keeps a part) still sees them.
+    sed -n '/^=* FAILURES =*$/,/^=* slowest/p' "$LOGS/pytest.log" | head -n 200
+    grep -E '^(FAILED|ERROR) ' "$LOGS/pytest.log" | head -n 20
+    tail -n 1 "$LOGS/pytest.log"
+fi
 names+=("pytest (beside)")
 seconds+=("$(cat "$LOGS/pytest.seconds" 2>/dev/null || echo 0)")
 if [[ $pytest_status -eq 0 ]]; then results+=("ok"); else results+=("FAILED (exit $pytest_status)"); failed=1; fi
