@@ -189,6 +189,7 @@ where
             session: session.session,
             pass: progress.report.pass,
             missing: Vec::new(),
+            workers_version: 0,
         });
         let coordinator = Arc::clone(&self.coordinator);
         let endpoint = self.connector.endpoint.clone();
@@ -268,14 +269,15 @@ where
         pool: PayloadPool::new(2 * config.prefetch.max(2) as usize),
         superseded: Arc::clone(&session.superseded),
     });
-    connector.connect_new(&workers);
+    connector.connect_new(&workers.workers);
     let (progress_tx, progress_rx) = watch::channel(None);
     let workers_seen = {
         let connector = Arc::clone(&connector);
         move |workers: &[WorkerInfo]| connector.connect_new(workers)
     };
-    runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, workers_seen, config.nack_after));
-    info!(%job, %rank, name = %spec.name, workers = workers.len(), "attached");
+    let listed = workers.workers.len();
+    runtime.spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, workers, workers_seen, config.nack_after));
+    info!(%job, %rank, name = %spec.name, workers = listed, "attached");
     Ok(Attachment { coordinator, session, spec, table, connector, batches_rx, progress_tx })
 }
 

@@ -23,7 +23,7 @@ use parking_lot::Mutex;
 use stoker_plan::ids::{JobId, Rank, SessionId};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
-use stoker_proto::{ControlRequest, ErrorCode, RemoteError, WorkerInfo};
+use stoker_proto::{ControlRequest, ErrorCode, RemoteError, WorkerInfo, WorkerList};
 use tokio::sync::{OwnedMutexGuard, watch};
 use tracing::{debug, info, warn};
 
@@ -144,13 +144,15 @@ impl Session {
 }
 
 /// Send the latest progress whenever it changes (coalesced: one report in flight at a time),
-/// and at least every second; pass the workers each answer lists to `workers_seen`. Missing
+/// and at least every second; pass the workers the coordinator lists to `workers_seen` after
+/// each answer (`workers`, as attaching listed them, until an answer lists others). Missing
 /// steps go out at most once per `nack_after` and only while the training loop waits
 /// ([`MissingDamper`]). Ends when the session detached, was superseded, or its job failed.
 pub(crate) async fn report_progress<A>(
     coordinator: Arc<A>,
     session: Session,
     mut progress_rx: watch::Receiver<Option<Progress>>,
+    mut workers: WorkerList,
     workers_seen: impl Fn(&[WorkerInfo]) + Send + 'static,
     nack_after: Duration,
 ) where
@@ -181,14 +183,20 @@ pub(crate) async fn report_progress<A>(
             samples: progress.samples,
             pass,
             missing,
+            workers_version: workers.version,
         };
         match coordinator.call(request).await.and_then(|answer| expect_response!(answer, ProgressRecorded { workers, run_known })) {
-            Ok((workers, run_known)) => {
+            Ok((listed, run_known)) => {
                 session.mark_answered();
                 if carries_missing {
                     damper.delivered(sent_at);
                 }
-                workers_seen(&workers);
+                if let Some(listed) = listed {
+                    workers = listed;
+                }
+                // Every time, not only when the list changed: the connector dials again the
+                // listed workers whose connections dropped.
+                workers_seen(&workers.workers);
                 // The coordinator restarted and lost the run while this rank is still inside it
                 // (and has not moved on meanwhile): open the same pass again, from where the
                 // rank stands. Batches it holds are not named, so a few may be made twice.
@@ -270,7 +278,7 @@ mod tests {
                 ControlRequest::ReportProgress { .. } => {
                     self.report_arrived.notify_one();
                     tokio::time::sleep(Duration::from_millis(150)).await;
-                    ControlResponse::ProgressRecorded { workers: Vec::new(), run_known: true }
+                    ControlResponse::ProgressRecorded { workers: None, run_known: true }
                 }
                 _ => ControlResponse::EpochOpened { steps: 12 },
             };
@@ -291,8 +299,14 @@ mod tests {
         let coordinator = Arc::new(SlowCoordinator::default());
         let session = Session::new(JobId(1), Rank(0), SessionId(1));
         let (progress_tx, progress_rx) = watch::channel(None);
-        let reporter =
-            tokio::spawn(report_progress(Arc::clone(&coordinator), session.clone(), progress_rx, |_| {}, Duration::from_secs(1)));
+        let reporter = tokio::spawn(report_progress(
+            Arc::clone(&coordinator),
+            session.clone(),
+            progress_rx,
+            WorkerList::default(),
+            |_| {},
+            Duration::from_secs(1),
+        ));
         let arrived = coordinator.report_arrived.notified();
         progress_tx.send_replace(progress(consumed));
         tokio::time::timeout(Duration::from_secs(5), arrived).await.expect("the report went out");

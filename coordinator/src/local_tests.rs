@@ -144,6 +144,7 @@ fn a_job_no_trainer_was_heard_from_for_the_ttl_is_removed() {
             session: busy_session,
             pass: Pass(1),
             missing: Vec::new(),
+            workers_version: 0,
         };
         let _ = core.handle(report, now);
         core.tick(now);
@@ -228,6 +229,7 @@ fn a_thousand_ranks_reporting_every_second_cost_one_entry_per_flush() {
                 session: *session,
                 pass: Pass(1),
                 missing: Vec::new(),
+                workers_version: 0,
             };
             // Stepped as the drive loop does: answered without a commit of its own, once the
             // next flush has committed the job's checkpoint (issue 31, item 7).
@@ -272,6 +274,7 @@ fn totals_report(job: JobId, session: SessionId, batches: u64, wait_seconds: f64
         session,
         pass: Pass(1),
         missing: Vec::new(),
+        workers_version: 0,
     }
 }
 

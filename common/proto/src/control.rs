@@ -158,6 +158,18 @@ pub struct WorkerInfo {
     pub key: CertKey,
 }
 
+/// The workers alive at the coordinator, and the version of that list: a digest of its
+/// contents, never 0, the same for the same workers whichever coordinator made it. A trainer
+/// names the version it holds in each progress report, and the answer carries the list only
+/// when it changed (issue 35: the whole list in every answer cost O(workers) per report).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerList {
+    /// The list's version (0: none, as a trainer that holds no list names it).
+    pub version: u64,
+    /// The workers, by id.
+    pub workers: Vec<WorkerInfo>,
+}
+
 /// A request to the coordinator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ControlRequest {
@@ -233,6 +245,9 @@ pub enum ControlRequest {
         /// Steps the trainer has been waiting for (the next one, and gaps before batches it
         /// already holds), sent once it has waited a while; at most the flow window.
         missing: Vec<Step>,
+        /// The [`WorkerList::version`] of the worker list the trainer holds (0: none): the
+        /// answer carries the list only if the coordinator's differs.
+        workers_version: u64,
     },
     /// A worker joins; trainers will connect to `addr`.
     RegisterWorker {
@@ -389,7 +404,7 @@ pub enum ControlResponse {
         /// Its dataset.
         dataset: DatasetInfo,
         /// Workers to connect to.
-        workers: Vec<WorkerInfo>,
+        workers: WorkerList,
         /// The job's last recorded checkpoint, if any.
         checkpoint: Option<Checkpoint>,
         /// This trainer's session: the newest attachment of a rank is the one served.
@@ -402,8 +417,9 @@ pub enum ControlResponse {
     },
     /// Progress recorded.
     ProgressRecorded {
-        /// Workers alive now (trainers connect to new ones).
-        workers: Vec<WorkerInfo>,
+        /// Workers alive now (trainers connect to new ones), when their list is not the
+        /// version the report named; `None` when it is.
+        workers: Option<WorkerList>,
         /// Whether the coordinator knows the run; after a coordinator restart it does not,
         /// and a rank still inside it opens it again.
         run_known: bool,

@@ -24,7 +24,7 @@ pub use self::batch::{BatchHeader, BatchReply, TrainerHello};
 pub use self::control::{
     Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, HeldShards, JobSpec, JobStatus,
     LeaseProgress, MAX_HELD_DATASETS, MAX_HELD_SHARDS, MAX_NEXT_SHARDS, NEXT_CHUNKS, RaftKind, RankStatus, StuckJob, WorkerInfo,
-    WorkerStatus,
+    WorkerList, WorkerStatus,
 };
 pub use self::error_code::{ErrorCode, RemoteError};
 
@@ -55,10 +55,13 @@ pub use self::error_code::{ErrorCode, RemoteError};
 /// * 10: `ChunkGrant.next_shards` (the shards the rank's steps after the chunk read, so the
 ///   worker fetches them ahead and evicts them last) and `PullChunks.held` (the shards a
 ///   worker's cache holds, so the scheduler prefers granting it chunks that read them).
-pub const PROTOCOL_VERSION: u32 = 10;
+/// * 11: `ReportProgress.workers_version`, and the worker list in `Attached` and
+///   `ProgressRecorded` as a [`WorkerList`] with its version: a progress answer carries the
+///   list only when it changed.
+pub const PROTOCOL_VERSION: u32 = 11;
 
 /// The TLS ALPN of this protocol version, as text (for messages).
-pub const ALPN_TEXT: &str = "stoker/10";
+pub const ALPN_TEXT: &str = "stoker/11";
 
 /// The TLS ALPN of this protocol version; a peer offering another is refused in the handshake.
 pub const ALPN: &[u8] = ALPN_TEXT.as_bytes();

@@ -355,3 +355,48 @@ fn a_detached_session_leaves_no_record() {
     core.apply(Command::ForgetSession { job, rank: Rank(0), session });
     assert_eq!(core.state().sessions[&job].get(&Rank(0)), Some(&(newer, caller)));
 }
+
+/// A progress answer carries the worker list only when it is not the one the report names:
+/// after attaching (the list then), after a worker joins (the new list), never twice the same.
+#[test]
+fn a_progress_answer_lists_the_workers_only_when_the_trainer_holds_another_list() {
+    let now = Instant::now();
+    let mut core = Core::new(config(), "test".into(), ClusterState::new(), Box::new(SeededIds::new(3)), 1_000, now);
+    let dataset = DatasetInfo { name: String::new(), manifest: "/data/manifest.json".into(), shard_counts: vec![8, 8], version: 7 };
+    drive(&mut core, ControlRequest::AddDataset { name: "train".into(), manifest: "/data".into() }, &dataset, now);
+    let addr: SocketAddr = "127.0.0.1:7500".parse().unwrap_or_else(|error| panic!("{error}"));
+    let register = ControlRequest::RegisterWorker { addr, threads: 1, instance: 1, attempt: 1 };
+    let ControlResponse::WorkerRegistered { worker, .. } = drive(&mut core, register, &dataset, now) else { panic!("register") };
+    let mut spec = crate::state::tests::spec("job");
+    spec.transforms = TransformSpec::imagenet_train(8);
+    let attach = ControlRequest::Attach { spec, rank: Rank(0), client: 1 };
+    let ControlResponse::Attached { job, session, workers, .. } = drive(&mut core, attach, &dataset, now) else { panic!("attach") };
+    assert_eq!(workers.workers.iter().map(|info| info.id).collect::<Vec<_>>(), vec![worker]);
+    drive(&mut core, first_open(job, session), &dataset, now);
+    let report = |workers_version: u64| ControlRequest::ReportProgress {
+        job,
+        rank: Rank(0),
+        epoch: Epoch(0),
+        start: Position(0),
+        consumed: 0,
+        wait_seconds: 0.0,
+        batches: 0,
+        samples: 0,
+        session,
+        pass: Pass(1),
+        missing: Vec::new(),
+        workers_version,
+    };
+    let listed = |answer: ControlResponse| match answer {
+        ControlResponse::ProgressRecorded { workers, .. } => workers,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(listed(drive(&mut core, report(workers.version), &dataset, now)), None, "the trainer holds the list");
+    assert_eq!(listed(drive(&mut core, report(0), &dataset, now)).as_ref(), Some(&workers), "a trainer that holds none");
+    let other: SocketAddr = "127.0.0.1:7501".parse().unwrap_or_else(|error| panic!("{error}"));
+    let register = ControlRequest::RegisterWorker { addr: other, threads: 1, instance: 2, attempt: 1 };
+    let ControlResponse::WorkerRegistered { worker: joined, .. } = drive(&mut core, register, &dataset, now) else { panic!("register") };
+    let Some(grown) = listed(drive(&mut core, report(workers.version), &dataset, now)) else { panic!("a worker joined: the new list") };
+    assert_eq!(grown.workers.iter().map(|info| info.id).collect::<Vec<_>>(), vec![worker, joined]);
+    assert_eq!(listed(drive(&mut core, report(grown.version), &dataset, now)), None);
+}

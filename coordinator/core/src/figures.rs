@@ -116,7 +116,7 @@ impl Core {
             })
             .collect();
         Figures {
-            workers_alive: scheduler.alive_workers(now).len(),
+            workers_alive: scheduler.alive_worker_count(now),
             leases_expired: scheduler.leases_expired(),
             chunks_failed: scheduler.chunks_failed(),
             sessions_superseded: scheduler.sessions_superseded(),

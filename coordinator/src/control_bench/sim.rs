@@ -29,6 +29,8 @@ struct Trainer {
     consumed: u64,
     /// What its last report said it consumed (what the coordinator knows).
     reported: u64,
+    /// The version of the worker list it holds, as a trainer names it in its reports.
+    workers_version: u64,
 }
 
 /// One simulated worker.
@@ -237,7 +239,7 @@ pub fn run(
         for rank in 0..world_size {
             let attach =
                 ControlRequest::Attach { spec: spec.clone(), rank: Rank(rank), client: u64::from(job_index) << 32 | u64::from(rank) };
-            let Some(ControlResponse::Attached { job, session, .. }) = driven.request("Attach", attach, start) else {
+            let Some(ControlResponse::Attached { job, session, workers, .. }) = driven.request("Attach", attach, start) else {
                 return Err(refused("Attach", &mut driven, None));
             };
             let open = ControlRequest::OpenEpoch {
@@ -254,7 +256,15 @@ pub fn run(
                 Some(ControlResponse::EpochOpened { steps }) if steps == u64::from(config.steps) => {}
                 other => return Err(refused("OpenEpoch", &mut driven, other)),
             }
-            trainers.push(Trainer { job, rank: Rank(rank), session, made: vec![false; config.steps as usize], consumed: 0, reported: 0 });
+            trainers.push(Trainer {
+                job,
+                rank: Rank(rank),
+                session,
+                made: vec![false; config.steps as usize],
+                consumed: 0,
+                reported: 0,
+                workers_version: workers.version,
+            });
         }
     }
     let after_ranks = memory();
@@ -410,8 +420,13 @@ pub fn run(
                 session: trainer.session,
                 pass: Pass(1),
                 missing: Vec::new(),
+                workers_version: trainer.workers_version,
             };
-            if driven.request("ReportProgress", report, now).is_some() && trainer.consumed != trainer.reported {
+            let answer = driven.request("ReportProgress", report, now);
+            if let Some(ControlResponse::ProgressRecorded { workers: Some(listed), .. }) = &answer {
+                trainer.workers_version = listed.version;
+            }
+            if answer.is_some() && trainer.consumed != trainer.reported {
                 let counts = reported.entry(trainer.job).or_default();
                 if let Some(count) = counts.get_mut(&trainer.reported) {
                     *count -= 1;

@@ -14,7 +14,7 @@ use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, Ses
 use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_proto::{
     BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, HeldShards, JobSpec,
-    LeaseProgress, RaftKind, RemoteError, StuckJob, TrainerHello, WorkerInfo, WorkerStatus,
+    LeaseProgress, RaftKind, RemoteError, StuckJob, TrainerHello, WorkerInfo, WorkerList, WorkerStatus,
 };
 use stoker_format::brace;
 use stoker_format::index::{IndexBytes, ShardIndex, build_index};
@@ -128,6 +128,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
             session: SessionId(5),
             pass: Pass(1),
             missing: vec![Step(18)],
+            workers_version: 0x5eed_0000_0000_0001,
         },
         ControlRequest::RegisterWorker { addr: addr("[::1]:7001"), threads: 8, instance: 77, attempt: 1 },
         ControlRequest::Heartbeat {
@@ -188,11 +189,11 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
         Ok(ControlResponse::Attached {
             job: JobId(1),
             dataset: dataset(),
-            workers: vec![worker],
+            workers: WorkerList { version: 0x5eed_0000_0000_0002, workers: vec![worker] },
             checkpoint: Some(checkpoint()),
             session: SessionId(5),
         }),
-        Ok(ControlResponse::ProgressRecorded { workers: vec![worker], run_known: true }),
+        Ok(ControlResponse::ProgressRecorded { workers: Some(WorkerList { version: 0x5eed_0000_0000_0003, workers: vec![worker] }), run_known: true }),
         Ok(ControlResponse::WorkerRegistered {
             worker: WorkerId(2),
             heartbeat_millis: 1000,

@@ -397,6 +397,7 @@ impl SimTrainer {
             session,
             pass,
             missing,
+            workers_version: 0,
         };
         let call = ctx.call(self.me(), request);
         self.report_sent_opt = Some((ctx.now_ms, call, carries_missing));

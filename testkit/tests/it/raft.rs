@@ -317,6 +317,7 @@ fn an_acknowledged_checkpoint_survives_the_leaders_death() {
         samples: consumed * 4,
         pass: Pass(1),
         missing: Vec::new(),
+        workers_version: 0,
     };
     let leader = cluster.leader_index().expect("a leader");
     let answer = cluster.call(report).expect("the report is acknowledged");

@@ -191,6 +191,7 @@ fn forged_requests_with_the_wrong_certificate_are_refused_and_the_honest_epoch_c
         session,
         pass: Pass(1),
         missing: Vec::new(),
+        workers_version: 0,
     };
     forbidden(cluster.call_with(&mallory, report), "mallory reports the honest rank's epoch consumed");
     forbidden(cluster.call_with(&mallory, ControlRequest::Detach { job, rank: Rank(0), session }), "mallory detaches the honest trainer");

@@ -48,8 +48,10 @@ impl Core {
                 session,
                 pass,
                 missing,
+                workers_version,
             } => {
-                let report = trainer::Report { epoch, start, consumed, wait_seconds, batches, samples, session, pass, missing };
+                let report =
+                    trainer::Report { epoch, start, consumed, wait_seconds, batches, samples, session, pass, missing, workers_version };
                 let answer = self.report_progress(job, rank, report, caller, now);
                 // Acknowledged means durable: the job's checkpoint, if one is pending, is
                 // committed before the answer goes out (issue 31, item 7).

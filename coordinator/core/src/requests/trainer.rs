@@ -29,6 +29,7 @@ pub(super) struct Report {
     pub(super) session: SessionId,
     pub(super) pass: Pass,
     pub(super) missing: Vec<Step>,
+    pub(super) workers_version: u64,
 }
 
 /// What attaching needs first.
@@ -140,7 +141,8 @@ impl Core {
                 session
             }
         };
-        Ok(Some(ControlResponse::Attached { job, dataset, workers: self.scheduler.alive_workers(now), checkpoint, session }))
+        let workers = self.scheduler.alive_workers(now).clone();
+        Ok(Some(ControlResponse::Attached { job, dataset, workers, checkpoint, session }))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -171,7 +173,7 @@ impl Core {
         caller: CertKey,
         now: Instant,
     ) -> Result<ControlResponse, RemoteError> {
-        let Report { epoch, start, consumed, wait_seconds, batches, samples, session, pass, missing } = report;
+        let Report { epoch, start, consumed, wait_seconds, batches, samples, session, pass, missing, workers_version } = report;
         self.check_job(job, rank)?;
         self.check_owner(job, rank, session, caller)?;
         self.check_not_failed(job)?;
@@ -179,7 +181,9 @@ impl Core {
         let reporting = Reporting { session, pass, consumed, missing };
         let run_known = self.record_progress(RunKey { job, epoch, start }, rank, &reporting, wait_seconds, now)?;
         self.record_totals(job, rank, RankTotals { session, batches, samples, wait_seconds });
-        Ok(ControlResponse::ProgressRecorded { workers: self.scheduler.alive_workers(now), run_known })
+        let alive = self.scheduler.alive_workers(now);
+        let workers = (alive.version != workers_version).then(|| alive.clone());
+        Ok(ControlResponse::ProgressRecorded { workers, run_known })
     }
 
     pub(super) fn detach(&mut self, job: JobId, rank: Rank, session: SessionId, caller: CertKey) -> Result<ControlResponse, RemoteError> {

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{CertKey, JobId, LeaseId, Rank, SessionId, WorkerId};
-use stoker_proto::{Chunk, LeaseProgress, StuckJob, WorkerInfo, WorkerStatus};
+use stoker_proto::{Chunk, LeaseProgress, StuckJob, WorkerInfo, WorkerList, WorkerStatus};
 use tracing::{info, warn};
 
 use self::leases::Leases;
@@ -505,9 +505,14 @@ impl Scheduler {
 
     // ----- figures -----
 
-    /// Workers whose heartbeats arrive.
-    pub fn alive_workers(&self, now: Instant) -> Vec<WorkerInfo> {
+    /// Workers whose heartbeats arrive, with the list's version (O(1) while the list holds).
+    pub fn alive_workers(&mut self, now: Instant) -> &WorkerList {
         self.workers.alive(now, self.config.lease_ttl)
+    }
+
+    /// How many workers' heartbeats arrive (looks at every worker).
+    pub fn alive_worker_count(&self, now: Instant) -> usize {
+        self.workers.alive_count(now, self.config.lease_ttl)
     }
 
     /// Every known worker, for status.

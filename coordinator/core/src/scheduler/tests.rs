@@ -707,7 +707,8 @@ fn a_worker_certificate_registers_a_bounded_number_of_workers() {
     let again = last.map(|registering| WorkerProcess { attempt: registering.attempt + 1, ..registering }).expect("a process");
     assert!(scheduler.register_worker_as(addr(), 1, again, rogue, start).is_ok(), "a process registering again replaces itself");
     assert!(scheduler.register_worker_as(addr(), 1, process(), honest, start).is_ok(), "another certificate is not held back");
-    assert_eq!(scheduler.alive_workers(start).len(), MAX_WORKERS_PER_CERTIFICATE + 1);
+    assert_eq!(scheduler.alive_workers(start).workers.len(), MAX_WORKERS_PER_CERTIFICATE + 1);
+    assert_eq!(scheduler.alive_worker_count(start), MAX_WORKERS_PER_CERTIFICATE + 1);
 }
 
 /// (first step, rank) of each grant.

@@ -6,7 +6,8 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{CertKey, WorkerId};
-use stoker_proto::WorkerInfo;
+use stoker_plan::prng::mix64;
+use stoker_proto::{WorkerInfo, WorkerList};
 use tracing::warn;
 
 use super::{Refusal, WorkerProcess};
@@ -34,6 +35,23 @@ pub(super) struct WorkerRegistry {
     next_sweep_opt: Option<Instant>,
     /// Counts removals: who keeps something per worker looks again only when it moved.
     removals: u64,
+    /// The alive workers as last listed, while nothing has changed them.
+    alive_opt: Option<AliveList>,
+}
+
+/// The list of alive workers kept between progress reports: building it looks at every worker,
+/// and every report of every rank asks whether it changed (issue 35).
+///
+/// It stays right until a worker is added or removed, a worker not on it is heard from (it came
+/// back), or `stale_at`, when the first worker on it would fall silent if not heard from again
+/// (hearing from a listed worker only moves its own silence later). One computed at a later
+/// `now` than a request's (requests handled out of order) serves that request too: the list
+/// is advice to trainers, stale by at most the reordering.
+#[derive(Debug)]
+struct AliveList {
+    list: WorkerList,
+    ttl: Duration,
+    stale_at: Instant,
 }
 
 impl WorkerRegistry {
@@ -44,7 +62,7 @@ impl WorkerRegistry {
 
     /// No workers; ids count from `id_base`.
     pub(super) fn new(id_base: u64) -> Self {
-        Self { workers: BTreeMap::new(), keys: BTreeMap::new(), next_worker: id_base, next_sweep_opt: None, removals: 0 }
+        Self { workers: BTreeMap::new(), keys: BTreeMap::new(), next_worker: id_base, next_sweep_opt: None, removals: 0, alive_opt: None }
     }
 
     /// The registrations a new one of `process` at `addr` with `key` replaces: the process's
@@ -69,6 +87,7 @@ impl WorkerRegistry {
         self.next_worker += 1;
         self.workers.insert(id, Worker { addr, process, threads, last_seen: now, images: 0, images_per_sec: 0.0 });
         self.keys.insert(id, key);
+        self.alive_opt = None;
         let workers = &self.workers;
         self.keys.retain(|known, _| workers.contains_key(known));
         id
@@ -83,7 +102,15 @@ impl WorkerRegistry {
     pub(super) fn seen(&mut self, worker: WorkerId, now: Instant) -> Result<(), Refusal> {
         let entry = self.workers.get_mut(&worker).ok_or(Refusal::UnknownWorker(worker))?;
         entry.last_seen = now;
+        self.heard_from(worker);
         Ok(())
+    }
+
+    /// `worker` was heard from: the alive list no longer holds if it is not on it.
+    fn heard_from(&mut self, worker: WorkerId) {
+        if self.alive_opt.as_ref().is_some_and(|alive| alive.list.workers.binary_search_by_key(&worker, |info| info.id).is_err()) {
+            self.alive_opt = None;
+        }
     }
 
     /// `worker`'s heartbeat at `now`, reporting `images` made in total.
@@ -95,6 +122,7 @@ impl WorkerRegistry {
         }
         entry.images = images;
         entry.last_seen = now;
+        self.heard_from(worker);
         Ok(())
     }
 
@@ -122,6 +150,7 @@ impl WorkerRegistry {
     pub(super) fn remove(&mut self, worker: WorkerId) {
         if self.workers.remove(&worker).is_some() {
             self.removals += 1;
+            self.alive_opt = None;
         }
     }
 
@@ -138,7 +167,10 @@ impl WorkerRegistry {
         self.next_sweep_opt = Some(now + forget_after / 10);
         let before = self.workers.len();
         self.workers.retain(|_, worker| now.saturating_duration_since(worker.last_seen) < forget_after);
-        self.removals += (before - self.workers.len()) as u64;
+        if self.workers.len() < before {
+            self.removals += (before - self.workers.len()) as u64;
+            self.alive_opt = None;
+        }
     }
 
     /// Every registered worker.
@@ -146,18 +178,152 @@ impl WorkerRegistry {
         self.workers.iter().map(|(id, worker)| (*id, worker))
     }
 
-    /// Workers heard from within `ttl`.
-    pub(super) fn alive(&self, now: Instant, ttl: Duration) -> Vec<WorkerInfo> {
-        self.iter()
-            .filter(|(_, worker)| worker.is_alive(now, ttl))
-            .filter_map(|(id, worker)| Some(WorkerInfo { id, addr: worker.addr, key: self.key_of(id)? }))
-            .collect()
+    /// Workers heard from within `ttl`, by id, with the list's version: kept from the last
+    /// call while it holds ([`AliveList`]), so that asking costs O(1), not O(workers).
+    pub(super) fn alive(&mut self, now: Instant, ttl: Duration) -> &WorkerList {
+        let holds = self.alive_opt.as_ref().is_some_and(|alive| alive.ttl == ttl && now < alive.stale_at);
+        let alive = match self.alive_opt.take() {
+            Some(alive) if holds => alive,
+            _ => self.list_alive(now, ttl),
+        };
+        &self.alive_opt.insert(alive).list
     }
+
+    fn list_alive(&self, now: Instant, ttl: Duration) -> AliveList {
+        let listed: Vec<(WorkerInfo, Instant)> = self
+            .iter()
+            .filter(|(_, worker)| worker.is_alive(now, ttl))
+            .filter_map(|(id, worker)| Some((WorkerInfo { id, addr: worker.addr, key: self.key_of(id)? }, worker.last_seen)))
+            .collect();
+        // No listed worker falls silent before the first of them; with none listed, the list
+        // holds until a worker is added or heard from.
+        let stale_at = listed.iter().map(|(_, last_seen)| *last_seen + ttl).min().unwrap_or(now + ttl).max(now);
+        let workers: Vec<WorkerInfo> = listed.into_iter().map(|(info, _)| info).collect();
+        AliveList { list: WorkerList { version: version_of(&workers), workers }, ttl, stale_at }
+    }
+
+    /// How many workers were heard from within `ttl` (for figures; looks at every worker).
+    pub(super) fn alive_count(&self, now: Instant, ttl: Duration) -> usize {
+        self.workers.values().filter(|worker| worker.is_alive(now, ttl)).count()
+    }
+}
+
+/// The version of a worker list: a digest of its ids, addresses and certificates, never 0 (0
+/// names no list). Any coordinator makes the same one for the same workers, so trainers that
+/// hold the list are not sent it again after a leader change.
+fn version_of(workers: &[WorkerInfo]) -> u64 {
+    let mut digest = mix64(workers.len() as u64);
+    for worker in workers {
+        let ip = match worker.addr.ip() {
+            std::net::IpAddr::V4(ip) => u128::from(ip.to_bits()),
+            std::net::IpAddr::V6(ip) => ip.to_bits(),
+        };
+        let words = [worker.id.0, ip as u64, (ip >> 64) as u64, u64::from(worker.addr.port())];
+        let key = worker.key.0.chunks_exact(8).map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()));
+        for word in words.into_iter().chain(key) {
+            digest = mix64(digest ^ word);
+        }
+    }
+    digest.max(1)
 }
 
 impl Worker {
     /// Whether it was heard from within `ttl`.
     pub(super) fn is_alive(&self, now: Instant, ttl: Duration) -> bool {
         now.saturating_duration_since(self.last_seen) < ttl
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    fn addr(port: u16) -> SocketAddr {
+        SocketAddr::from(([127, 0, 0, 1], port))
+    }
+
+    fn process(instance: u64) -> WorkerProcess {
+        WorkerProcess { instance, attempt: 1 }
+    }
+
+    /// What the registry does to its workers, `advance_ms` after the one before.
+    #[derive(Clone, Debug)]
+    enum Op {
+        Register,
+        Heartbeat(usize),
+        Seen(usize),
+        Remove(usize),
+        Forget,
+    }
+
+    fn op() -> impl Strategy<Value = (Op, u64)> {
+        let op = prop_oneof![
+            Just(Op::Register),
+            (0..8usize).prop_map(Op::Heartbeat),
+            (0..8usize).prop_map(Op::Seen),
+            (0..8usize).prop_map(Op::Remove),
+            Just(Op::Forget),
+        ];
+        (op, 0..2_000u64)
+    }
+
+    proptest! {
+        /// The kept list is always the list made afresh: whatever registers, beats, falls
+        /// silent, comes back or leaves, and whenever it is asked.
+        #[test]
+        fn the_kept_alive_list_is_the_list_made_afresh(ops in prop::collection::vec(op(), 1..80)) {
+            let start = Instant::now();
+            let mut registry = WorkerRegistry::new(1);
+            let mut now = start;
+            let mut ids = Vec::new();
+            for (step, (op, advance_ms)) in ops.into_iter().enumerate() {
+                now += Duration::from_millis(advance_ms);
+                match op {
+                    Op::Register => ids.push(registry.insert(addr(7000 + step as u16), 1, process(step as u64), CertKey([step as u8; 32]), now)),
+                    Op::Heartbeat(at) => if let Some(id) = ids.get(at) { let _ = registry.heartbeat(*id, 0, now); },
+                    Op::Seen(at) => if let Some(id) = ids.get(at) { let _ = registry.seen(*id, now); },
+                    Op::Remove(at) => if let Some(id) = ids.get(at) { registry.remove(*id); },
+                    Op::Forget => registry.forget_silent(now, TTL * 2),
+                }
+                let fresh = registry.list_alive(now, TTL).list;
+                prop_assert_eq!(registry.alive(now, TTL), &fresh);
+                prop_assert_eq!(registry.alive_count(now, TTL), fresh.workers.len());
+            }
+        }
+    }
+
+    #[test]
+    fn the_version_names_the_workers_listed_and_only_them() {
+        let start = Instant::now();
+        let mut registry = WorkerRegistry::new(1);
+        let empty = registry.alive(start, TTL).version;
+        let first = registry.insert(addr(7001), 1, process(1), CertKey([1; 32]), start);
+        let one = registry.alive(start, TTL).version;
+        assert_ne!(one, empty);
+        assert_ne!(one, 0, "0 names no list");
+        let _ = registry.heartbeat(first, 10, start + Duration::from_secs(1));
+        assert_eq!(registry.alive(start + Duration::from_secs(2), TTL).version, one, "a beat of a listed worker changes nothing");
+        let second = registry.insert(addr(7002), 1, process(2), CertKey([2; 32]), start + Duration::from_secs(2));
+        let two = registry.alive(start + Duration::from_secs(2), TTL).version;
+        assert_ne!(two, one);
+        // The first falls silent: the list is the second alone, and says so.
+        let later = start + Duration::from_millis(4_500);
+        let listed = registry.alive(later, TTL);
+        assert_eq!(listed.workers.iter().map(|info| info.id).collect::<Vec<_>>(), vec![second]);
+        assert!(![empty, one, two].contains(&listed.version));
+        // It comes back before the second would fall silent: listed again, the version as before.
+        let _ = registry.heartbeat(first, 20, later);
+        assert_eq!(registry.alive(later, TTL).version, two);
+        // Another coordinator (a new leader) with the same workers names the same version.
+        let mut other = WorkerRegistry::new(1);
+        other.insert(addr(7001), 1, process(1), CertKey([1; 32]), later);
+        other.insert(addr(7002), 1, process(2), CertKey([2; 32]), later);
+        assert_eq!(other.alive(later, TTL).version, two);
+        registry.remove(second);
+        assert_eq!(registry.alive(later, TTL).version, one);
     }
 }
