@@ -23,6 +23,10 @@ struct Families {
     chunks_done: CounterVec,
     batches_done: CounterVec,
     window_fill: GaugeVec,
+    worker_cores: GaugeVec,
+    worker_cores_wanted: GaugeVec,
+    job_cores_wanted: GaugeVec,
+    job_stall: GaugeVec,
     leases_expired: CounterVec,
     chunks_failed: CounterVec,
     sessions_superseded: CounterVec,
@@ -61,6 +65,22 @@ impl Families {
             window_fill: metrics.float_gauge_vec(
                 "stoker_coordinator_flow_window_fill",
                 "How full each job's flow windows are: steps granted ahead of the ranks still consuming, over what the windows hold (0..1).",
+                JOB,
+            )?,
+            worker_cores: metrics.float_gauge_vec("stoker_coordinator_worker_cores", "Decode threads of the workers whose heartbeats arrive (leader only).", &[])?,
+            worker_cores_wanted: metrics.float_gauge_vec(
+                "stoker_coordinator_worker_cores_wanted",
+                "Worker decode threads that would serve every job without data stalls, at what a worker core makes now: the jobs' stoker_job_worker_cores_wanted summed (leader only; scale workers on it).",
+                &[],
+            )?,
+            job_cores_wanted: metrics.float_gauge_vec(
+                "stoker_job_worker_cores_wanted",
+                "Worker decode threads that would serve each job without data stalls: its samples per second over the share of time its ranks do not wait, over the images per second of a busy worker core (over about the last 30 s).",
+                JOB,
+            )?,
+            job_stall: metrics.float_gauge_vec(
+                "stoker_job_stall_ratio",
+                "Share of each job's rank time spent waiting for data, over about the last 30 s (0..1).",
                 JOB,
             )?,
             leases_expired: unlabelled("stoker_coordinator_leases_expired_total", "Leases that expired (their worker went silent or stalled); their chunks were granted again.")?,
@@ -112,7 +132,14 @@ impl Families {
         {
             gauge.reset();
         }
-        self.window_fill.reset();
+        for gauge in [&self.window_fill, &self.worker_cores, &self.worker_cores_wanted, &self.job_cores_wanted, &self.job_stall] {
+            gauge.reset();
+        }
+        if figures_opt.is_some() {
+            self.worker_cores.with_label_values(&[] as &[&str]).set(f64::from(figures.worker_cores));
+            let wanted = figures.jobs.iter().filter_map(|job| job.demand.and_then(|demand| demand.worker_cores));
+            self.worker_cores_wanted.with_label_values(&[] as &[&str]).set(wanted.sum());
+        }
         let mut kept = Vec::new();
         for job in &figures.jobs {
             let name = job.name.as_str();
@@ -124,6 +151,12 @@ impl Families {
             self.window_fill.with_label_values(&[name]).set(if capacity == 0 { 0.0 } else { pending as f64 / capacity as f64 });
             self.world_size.with_label_values(&[name]).set(i64::from(job.world_size));
             self.live_ranks.with_label_values(&[name]).set(job.live_ranks as i64);
+            if let Some(demand) = job.demand {
+                self.job_stall.with_label_values(&[name]).set(demand.stall);
+                if let Some(cores) = demand.worker_cores {
+                    self.job_cores_wanted.with_label_values(&[name]).set(cores);
+                }
+            }
             for (status, totals_opt) in &job.ranks {
                 let rank = status.rank.0.to_string();
                 let labels = [name, rank.as_str()];

@@ -22,7 +22,7 @@ yaml = need_module("yaml")
 DEPLOY = REPO / "deploy"
 # Kustomizations that render on their own; the operator's PodMonitors need its CRDs, which the
 # schema validator has no schema for: they are rendered and checked for their kind only.
-VALIDATED = [DEPLOY / "k8s", DEPLOY, DEPLOY / "k8s" / "node-sysctls", DEPLOY / "k8s-s3"]
+VALIDATED = [DEPLOY / "k8s", DEPLOY, DEPLOY / "k8s" / "node-sysctls", DEPLOY / "k8s-s3", DEPLOY / "k8s" / "autoscale"]
 OPERATOR = DEPLOY / "k8s" / "prometheus-operator"
 # The containers of deploy/k8s that run `stoker`.
 STOKER_CONTAINERS = {"coordinator", "worker"}
@@ -59,6 +59,19 @@ def test_the_kubernetes_manifests_render_and_validate(tmp_path: Path) -> None:
         assert expected in kinds, f"{expected} missing from deploy: {sorted(kinds)}"
     monitors = [document for document in yaml.safe_load_all(kustomize(kubectl, OPERATOR)) if document]
     assert monitors and all(document["kind"] == "PodMonitor" for document in monitors), monitors
+
+
+def test_the_worker_autoscaler_reads_the_metric_the_coordinator_exports() -> None:
+    """deploy/k8s/autoscale: the HPA's external metric is the adapter rule's, and the rule
+    queries a series the coordinator's metrics module registers."""
+    folder = DEPLOY / "k8s" / "autoscale"
+    (hpa,) = [document for document in yaml.safe_load_all((folder / "worker-hpa.yaml").read_text()) if document]
+    assert hpa["spec"]["scaleTargetRef"]["name"] == "stoker-worker"
+    (metric,) = hpa["spec"]["metrics"]
+    name = metric["external"]["metric"]["name"]
+    (rule,) = yaml.safe_load((folder / "adapter-values.yaml").read_text())["rules"]["external"]
+    assert rule["name"]["as"] == name and name in rule["metricsQuery"] and name in rule["seriesQuery"], rule
+    assert f'"{name}"' in (REPO / "coordinator" / "src" / "metrics.rs").read_text(), f"the coordinator registers no {name}"
 
 
 def test_the_validator_refuses_a_made_up_field(tmp_path: Path) -> None:

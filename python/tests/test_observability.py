@@ -22,7 +22,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from conftest import REPO, need_module, need_tool, start_cluster, stoker_bin, stoker_env
+from conftest import REPO, need_module, need_tool, run_stoker, start_cluster, stoker_bin, stoker_env
 
 yaml = need_module("yaml")
 
@@ -151,6 +151,19 @@ def test_prometheus_scrapes_a_cluster_and_every_panel_and_rule_has_data(tmp_path
             text = fetch(f"http://{addr}/metrics")
             lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
             assert lint.returncode == 0 and not (lint.stdout + lint.stderr).strip(), f"{role}: {lint.stdout}{lint.stderr}"
+        # Once the ranks have reported for a few seconds, `stoker status` says what the job asks
+        # of the workers: its rate, its stall, the worker cores it wants (issue 35, item 4).
+        demand = None
+        for _ in range(40):
+            status = json.loads(run_stoker("status", "--coordinator", cluster.coordinator, "--json").stdout)
+            demand = next((j["demand"] for j in status["jobs"] if j["name"] == job and j["demand"]), None)
+            if demand and demand["worker_cores"] is not None or any(c.process.poll() is not None for c in consumers):
+                break
+            time.sleep(0.5)
+        assert demand and demand["samples_per_sec"] > 0 and 0 <= demand["stall"] <= 1 and demand["worker_cores"] > 0, demand
+        assert any(worker["images_per_core_sec"] > 0 for worker in status["workers"]), status["workers"]
+        shown = run_stoker("status", "--coordinator", cluster.coordinator).stdout
+        assert "worker cores:" in shown and "worker cores to serve without stalls" in shown, shown
         reports = [consumer.report(timeout=180) for consumer in consumers]
         # The last progress report went out as each rank detached; one more scrape takes it.
         time.sleep(7)

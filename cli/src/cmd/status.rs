@@ -5,7 +5,7 @@ use clap::Args;
 use std::process::ExitCode;
 
 use stoker_proto::expect_response;
-use stoker_proto::{ClusterStatus, ControlRequest, JobStatus};
+use stoker_proto::{ClusterStatus, ControlRequest, JobDemand, JobStatus};
 
 use super::remote::call;
 
@@ -57,6 +57,9 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             println!("  {} makes nothing of {}: {}", worker.info.id, stuck.job, stuck.reason);
         }
     }
+    if let Some(line) = cores_line(&status) {
+        println!("{line}");
+    }
     for job in live_first(&status.jobs) {
         let liveness = match job.live_ranks.len() {
             0 => format!("idle {:.0} s", job.idle_seconds),
@@ -72,12 +75,40 @@ pub(crate) fn run(args: StatusArgs) -> anyhow::Result<ExitCode> {
             job.steps_queued,
             job.chunks_leased
         );
+        if let Some(demand) = &job.demand {
+            println!("  {}", demand_line(demand));
+        }
         println!("  RANK  EPOCH   STEP / STEPS   WAITED (s)");
         for rank in &job.ranks {
             println!("  {:>4} {:>6} {:>6} / {:<6} {:>10.2}", rank.rank.0, rank.epoch.0, rank.consumed.0, rank.steps, rank.wait_seconds);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Worker cores alive, and what the jobs want of them: `None` while no job has figures.
+fn cores_line(status: &ClusterStatus) -> Option<String> {
+    let alive: u32 = status.workers.iter().filter(|worker| worker.alive).map(|worker| worker.threads).sum();
+    let wanted: Vec<f64> = status.jobs.iter().filter_map(|job| job.demand.and_then(|demand| demand.worker_cores)).collect();
+    if wanted.is_empty() {
+        return None;
+    }
+    let wanted: f64 = wanted.iter().sum();
+    let verdict = if wanted > f64::from(alive) {
+        format!("add about {} to stop the data stalls", (wanted - f64::from(alive)).ceil())
+    } else {
+        format!("{:.0} to spare", f64::from(alive) - wanted)
+    };
+    Some(format!("worker cores: {alive} alive, the jobs want {wanted:.1}: {verdict}"))
+}
+
+/// One job's demand, in words.
+fn demand_line(demand: &JobDemand) -> String {
+    let cores = match demand.worker_cores {
+        Some(cores) => format!("would take {cores:.1} worker cores to serve without stalls"),
+        None => "the workers have not measured what a core makes yet".to_owned(),
+    };
+    format!("consumes {:.0} samples/s, waits {:.0}% of the time for data; {cores}", demand.samples_per_sec, demand.stall * 100.0)
 }
 
 /// Jobs with a live trainer first, then the rest from the most recently active: a restarted
@@ -100,7 +131,7 @@ fn json(status: &ClusterStatus) -> serde_json::Value {
         "datasets": status.datasets,
         "workers": status.workers.iter().map(|w| serde_json::json!({
             "id": w.info.id.0, "addr": w.info.addr.to_string(), "alive": w.alive, "threads": w.threads,
-            "chunks_in_flight": w.chunks_in_flight, "images_per_sec": w.images_per_sec,
+            "chunks_in_flight": w.chunks_in_flight, "images_per_sec": w.images_per_sec, "images_per_core_sec": w.images_per_core_sec,
             "stuck_jobs": w.stuck_jobs.iter().map(|stuck| stuck.job.0).collect::<Vec<_>>(),
             "stuck_reasons": w.stuck_jobs.iter().map(|stuck| serde_json::json!({"job": stuck.job.0, "reason": stuck.reason})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
@@ -108,6 +139,9 @@ fn json(status: &ClusterStatus) -> serde_json::Value {
             "id": j.id.0, "name": j.spec.name, "dataset": j.spec.dataset, "world_size": j.spec.plan.world_size.get(),
             "batch_size": j.spec.plan.batch_size.get(), "steps_queued": j.steps_queued, "chunks_leased": j.chunks_leased,
             "live_ranks": j.live_ranks.iter().map(|rank| rank.0).collect::<Vec<_>>(), "idle_seconds": j.idle_seconds,
+            "demand": j.demand.map(|d| serde_json::json!({
+                "samples_per_sec": d.samples_per_sec, "stall": d.stall, "worker_cores": d.worker_cores,
+            })),
             "ranks": j.ranks.iter().map(|r| serde_json::json!({
                 "rank": r.rank.0, "epoch": r.epoch.0, "step": r.consumed.0, "steps": r.steps, "wait_seconds": r.wait_seconds,
             })).collect::<Vec<_>>(),

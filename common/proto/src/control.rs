@@ -170,6 +170,15 @@ pub struct WorkerList {
     pub workers: Vec<WorkerInfo>,
 }
 
+/// Samples a worker's decode threads made, and the time they spent on them ([`ControlRequest::Heartbeat`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Decoded {
+    /// Samples decoded and transformed.
+    pub samples: u64,
+    /// Seconds spent on them, summed over threads.
+    pub seconds: f64,
+}
+
 /// A request to the coordinator.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum ControlRequest {
@@ -278,6 +287,11 @@ pub enum ControlRequest {
         /// timeout. The coordinator grants it no more of those jobs' work until it reports them
         /// no longer stuck, and shows the reasons in [`WorkerStatus`].
         stuck_jobs: Vec<StuckJob>,
+        /// The samples its decode threads have made since it started, and the seconds they
+        /// spent on them (summed over threads; zeros when it does not time them): what one of
+        /// its cores makes a second, from which the coordinator tells jobs how many worker
+        /// cores they need.
+        decoded: Decoded,
     },
     /// A worker has room for up to `max` more chunks.
     PullChunks {
@@ -528,6 +542,8 @@ pub struct WorkerStatus {
     pub chunks_in_flight: u32,
     /// Images per second over the last heartbeats.
     pub images_per_sec: f64,
+    /// Images per second of one busy decode thread (0: not measured yet).
+    pub images_per_core_sec: f64,
     /// Jobs it reports stuck or refuses, with the reason: it gets none of their work.
     pub stuck_jobs: Vec<StuckJob>,
 }
@@ -552,6 +568,21 @@ pub struct JobStatus {
     pub idle_seconds: f64,
     /// Where the job stands: its last checkpoint, if any.
     pub checkpoint: Option<Checkpoint>,
+    /// What it asks of the workers, once its ranks have reported for a few seconds.
+    pub demand: Option<JobDemand>,
+}
+
+/// What a job asks of the workers, from its ranks' progress reports over the last half minute
+/// or so ([`JobStatus::demand`]).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JobDemand {
+    /// Samples its ranks consume per second, all together.
+    pub samples_per_sec: f64,
+    /// Share of its ranks' time spent waiting for data (0 to 1).
+    pub stall: f64,
+    /// Worker cores (decode threads) that would serve it without stalls, at what a worker core
+    /// makes now; `None` until the workers have measured that.
+    pub worker_cores: Option<f64>,
 }
 
 /// One rank of a job in [`ClusterStatus`].

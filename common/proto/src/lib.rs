@@ -22,9 +22,9 @@ pub mod error_code;
 
 pub use self::batch::{BatchHeader, BatchReply, TrainerHello};
 pub use self::control::{
-    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, HeldShards, JobSpec, JobStatus,
-    LeaseProgress, MAX_HELD_DATASETS, MAX_HELD_SHARDS, MAX_NEXT_SHARDS, NEXT_CHUNKS, RaftKind, RankStatus, StuckJob, WorkerInfo,
-    WorkerList, WorkerStatus,
+    Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, Decoded, HeldShards, JobDemand,
+    JobSpec, JobStatus, LeaseProgress, MAX_HELD_DATASETS, MAX_HELD_SHARDS, MAX_NEXT_SHARDS, NEXT_CHUNKS, RaftKind, RankStatus, StuckJob,
+    WorkerInfo, WorkerList, WorkerStatus,
 };
 pub use self::error_code::{ErrorCode, RemoteError};
 
@@ -57,7 +57,8 @@ pub use self::error_code::{ErrorCode, RemoteError};
 ///   worker's cache holds, so the scheduler prefers granting it chunks that read them).
 /// * 11: `ReportProgress.workers_version`, and the worker list in `Attached` and
 ///   `ProgressRecorded` as a [`WorkerList`] with its version: a progress answer carries the
-///   list only when it changed.
+///   list only when it changed; `Heartbeat.decoded` (a worker's decode time),
+///   `WorkerStatus.images_per_core_sec` and `JobStatus.demand` (the worker cores a job needs).
 pub const PROTOCOL_VERSION: u32 = 11;
 
 /// The TLS ALPN of this protocol version, as text (for messages).

@@ -109,7 +109,13 @@ mod tests {
     #[test]
     fn a_request_round_trips() {
         let stuck_jobs = vec![crate::StuckJob::new(stoker_plan::ids::JobId(2), "its data is outside this worker's --dataset-root")];
-        let request = ControlRequest::Heartbeat { worker: WorkerId(3), leases: vec![], images: 7, stuck_jobs };
+        let request = ControlRequest::Heartbeat {
+            worker: WorkerId(3),
+            leases: vec![],
+            images: 7,
+            stuck_jobs,
+            decoded: crate::Decoded { samples: 9, seconds: 0.5 },
+        };
         let frame = encode(&request, CONTROL_FRAME_LIMIT).expect("encodes");
         let len = body_len(frame[..4].try_into().expect("prefix"), CONTROL_FRAME_LIMIT).expect("fits");
         assert_eq!(len, frame.len() - 4);

@@ -12,6 +12,7 @@ use stoker_proto::RankStatus;
 
 use crate::authz::Owners;
 use crate::config::CoreConfig;
+use crate::demand::Demand;
 use crate::event::{Event, Outcome};
 use crate::figures::RankTotals;
 use crate::ids::IdSource;
@@ -65,6 +66,8 @@ pub struct Core {
     pub(crate) ranks: BTreeMap<(JobId, Rank), RankStatus>,
     /// What each rank's trainer reported it consumed in total (for metrics).
     pub(crate) totals: BTreeMap<(JobId, Rank), RankTotals>,
+    /// What each job asks of the workers, from the growth of its ranks' totals.
+    pub(crate) demand: BTreeMap<JobId, Demand>,
     /// The high bits of the next session id.
     pub(crate) next_session: u64,
     /// The high bits no session of this leader reaches: its range ends there.
@@ -107,6 +110,7 @@ impl Core {
             locality: Locality::default(),
             ranks: BTreeMap::new(),
             totals: BTreeMap::new(),
+            demand: BTreeMap::new(),
             next_session: id_base,
             session_end: u64::MAX >> SESSION_RANDOM_BITS,
             owners: Owners::default(),
@@ -153,6 +157,7 @@ impl Core {
             self.scheduler.forget_job(job);
             self.ranks.retain(|(ranked_job, _), _| *ranked_job != job);
             self.totals.retain(|(ranked_job, _), _| *ranked_job != job);
+            self.demand.remove(&job);
             self.pending.remove(&job);
         }
         if removed.is_some() || failed {
@@ -232,6 +237,7 @@ impl Core {
         self.locality = Locality::default();
         self.ranks.clear();
         self.totals.clear();
+        self.demand.clear();
         self.pending.clear();
     }
 

@@ -5,10 +5,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use stoker_plan::ids::{CertKey, Epoch, Pass, Position, Rank, Step};
+use stoker_plan::ids::{CertKey, Epoch, JobId, Pass, Position, Rank, SessionId, Step, WorkerId};
 use stoker_plan::transform::TransformSpec;
 use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, EpochPlan};
-use stoker_proto::{ChunkGrant, ControlRequest, ControlResponse, DatasetInfo};
+use stoker_proto::{ChunkGrant, ControlRequest, ControlResponse, DatasetInfo, Decoded, WorkerList};
 
 use super::*;
 use crate::config::SchedulerConfig;
@@ -356,11 +356,18 @@ fn a_detached_session_leaves_no_record() {
     assert_eq!(core.state().sessions[&job].get(&Rank(0)), Some(&(newer, caller)));
 }
 
-/// A progress answer carries the worker list only when it is not the one the report names:
-/// after attaching (the list then), after a worker joins (the new list), never twice the same.
-#[test]
-fn a_progress_answer_lists_the_workers_only_when_the_trainer_holds_another_list() {
-    let now = Instant::now();
+/// A core with dataset "train", one worker registered (1 thread) and rank 0 of a one-rank job
+/// attached with epoch 0 open.
+struct Attached {
+    core: Core,
+    dataset: DatasetInfo,
+    job: JobId,
+    session: SessionId,
+    worker: WorkerId,
+    workers: WorkerList,
+}
+
+fn attached_with_a_worker(now: Instant) -> Attached {
     let mut core = Core::new(config(), "test".into(), ClusterState::new(), Box::new(SeededIds::new(3)), 1_000, now);
     let dataset = DatasetInfo { name: String::new(), manifest: "/data/manifest.json".into(), shard_counts: vec![8, 8], version: 7 };
     drive(&mut core, ControlRequest::AddDataset { name: "train".into(), manifest: "/data".into() }, &dataset, now);
@@ -371,32 +378,85 @@ fn a_progress_answer_lists_the_workers_only_when_the_trainer_holds_another_list(
     spec.transforms = TransformSpec::imagenet_train(8);
     let attach = ControlRequest::Attach { spec, rank: Rank(0), client: 1 };
     let ControlResponse::Attached { job, session, workers, .. } = drive(&mut core, attach, &dataset, now) else { panic!("attach") };
-    assert_eq!(workers.workers.iter().map(|info| info.id).collect::<Vec<_>>(), vec![worker]);
     drive(&mut core, first_open(job, session), &dataset, now);
-    let report = |workers_version: u64| ControlRequest::ReportProgress {
-        job,
+    Attached { core, dataset, job, session, worker, workers }
+}
+
+/// Rank 0's progress report: `samples` consumed and `wait_seconds` waited in all, holding the
+/// worker list of `workers_version`.
+fn rank_report(attached: &Attached, samples: u64, wait_seconds: f64, workers_version: u64) -> ControlRequest {
+    ControlRequest::ReportProgress {
+        job: attached.job,
         rank: Rank(0),
         epoch: Epoch(0),
         start: Position(0),
         consumed: 0,
-        wait_seconds: 0.0,
-        batches: 0,
-        samples: 0,
-        session,
+        wait_seconds,
+        batches: samples,
+        samples,
+        session: attached.session,
         pass: Pass(1),
         missing: Vec::new(),
         workers_version,
-    };
-    let listed = |answer: ControlResponse| match answer {
+    }
+}
+
+/// The worker list in the answer to a report holding the list of `workers_version`.
+fn listed(attached: &mut Attached, workers_version: u64) -> Option<WorkerList> {
+    let report = rank_report(attached, 0, 0.0, workers_version);
+    match drive(&mut attached.core, report, &attached.dataset, Instant::now()) {
         ControlResponse::ProgressRecorded { workers, .. } => workers,
         other => panic!("{other:?}"),
-    };
-    assert_eq!(listed(drive(&mut core, report(workers.version), &dataset, now)), None, "the trainer holds the list");
-    assert_eq!(listed(drive(&mut core, report(0), &dataset, now)).as_ref(), Some(&workers), "a trainer that holds none");
+    }
+}
+
+/// A progress answer carries the worker list only when it is not the one the report names:
+/// after attaching (the list then), after a worker joins (the new list), never twice the same.
+#[test]
+fn a_progress_answer_lists_the_workers_only_when_the_trainer_holds_another_list() {
+    let now = Instant::now();
+    let mut attached = attached_with_a_worker(now);
+    let (worker, workers) = (attached.worker, attached.workers.clone());
+    assert_eq!(workers.workers.iter().map(|info| info.id).collect::<Vec<_>>(), vec![worker]);
+    assert_eq!(listed(&mut attached, workers.version), None, "the trainer holds the list");
+    assert_eq!(listed(&mut attached, 0).as_ref(), Some(&workers), "a trainer that holds none");
     let other: SocketAddr = "127.0.0.1:7501".parse().unwrap_or_else(|error| panic!("{error}"));
     let register = ControlRequest::RegisterWorker { addr: other, threads: 1, instance: 2, attempt: 1 };
-    let ControlResponse::WorkerRegistered { worker: joined, .. } = drive(&mut core, register, &dataset, now) else { panic!("register") };
-    let Some(grown) = listed(drive(&mut core, report(workers.version), &dataset, now)) else { panic!("a worker joined: the new list") };
+    let ControlResponse::WorkerRegistered { worker: joined, .. } = drive(&mut attached.core, register, &attached.dataset, now) else {
+        panic!("register")
+    };
+    let Some(grown) = listed(&mut attached, workers.version) else { panic!("a worker joined: the new list") };
     assert_eq!(grown.workers.iter().map(|info| info.id).collect::<Vec<_>>(), vec![worker, joined]);
-    assert_eq!(listed(drive(&mut core, report(grown.version), &dataset, now)), None);
+    assert_eq!(listed(&mut attached, grown.version), None);
+}
+
+/// A job whose rank consumes 100 samples a second waiting half the time, served by a worker
+/// that makes 200 images per busy core-second, wants one worker core (200 a second unstalled):
+/// in status, and in the figures the metrics export.
+#[test]
+fn status_and_figures_show_the_worker_cores_a_stalling_job_wants() {
+    let start = Instant::now();
+    let mut attached = attached_with_a_worker(start);
+    assert_eq!(attached.core.status(start).jobs[0].demand, None, "no reports yet");
+    for second in 0..=20u64 {
+        let now = start + Duration::from_secs(second);
+        let beat = ControlRequest::Heartbeat {
+            worker: attached.worker,
+            leases: Vec::new(),
+            images: 200 * second,
+            stuck_jobs: Vec::new(),
+            decoded: Decoded { samples: 200 * second, seconds: second as f64 },
+        };
+        drive(&mut attached.core, beat, &attached.dataset, now);
+        let report = rank_report(&attached, 100 * second, 0.5 * second as f64, attached.workers.version);
+        drive(&mut attached.core, report, &attached.dataset, now);
+    }
+    let now = start + Duration::from_secs(20);
+    let status = attached.core.status(now);
+    let demand = status.jobs[0].demand.unwrap_or_else(|| panic!("twenty seconds of reports"));
+    assert!((demand.samples_per_sec - 100.0).abs() < 1e-6 && (demand.stall - 0.5).abs() < 1e-9, "{demand:?}");
+    assert!(demand.worker_cores.is_some_and(|cores| (cores - 1.0).abs() < 1e-6), "{demand:?}");
+    assert_eq!(status.workers[0].images_per_core_sec, 200.0);
+    let figures = attached.core.figures(now);
+    assert_eq!((figures.worker_cores, figures.jobs[0].demand), (1, Some(demand)));
 }

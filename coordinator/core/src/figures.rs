@@ -3,8 +3,8 @@
 
 use std::time::Instant;
 
-use stoker_plan::ids::{Rank, SessionId};
-use stoker_proto::{ClusterStatus, JobStatus, RankStatus};
+use stoker_plan::ids::{JobId, Rank, SessionId};
+use stoker_proto::{ClusterStatus, JobDemand, JobStatus, RankStatus};
 
 use crate::core::Core;
 use crate::scheduler::Done;
@@ -27,6 +27,8 @@ pub struct RankTotals {
 pub struct Figures {
     /// Workers whose heartbeats arrive.
     pub workers_alive: usize,
+    /// Their decode threads.
+    pub worker_cores: u32,
     /// Leases expired, chunks failed and trainer sessions superseded so far (this term).
     pub leases_expired: u64,
     /// See `leases_expired`.
@@ -58,12 +60,15 @@ pub struct JobFigures {
     pub live_ranks: usize,
     /// Each rank: where it stands, and its trainer's totals.
     pub ranks: Vec<(RankStatus, Option<RankTotals>)>,
+    /// What it asks of the workers, once its ranks have reported for a few seconds.
+    pub demand: Option<JobDemand>,
 }
 
 impl Core {
     /// What `stoker status` shows of this coordinator's state (the driver adds every
     /// coordinator's Raft view).
     pub fn status(&self, now: Instant) -> ClusterStatus {
+        let (_, per_core) = self.scheduler.worker_cores(now);
         let jobs = self
             .state
             .jobs
@@ -80,6 +85,7 @@ impl Core {
                     live_ranks: self.scheduler.live_trainers(*id, spec.plan.world_size.get(), now),
                     idle_seconds: now.saturating_duration_since(heard).as_secs_f64(),
                     checkpoint: self.state.checkpoints.get(id).copied(),
+                    demand: self.job_demand(*id, per_core, now),
                 }
             })
             .collect();
@@ -95,6 +101,7 @@ impl Core {
     /// What the metrics show: the leader's soft state (empty on a follower).
     pub fn figures(&self, now: Instant) -> Figures {
         let scheduler = &self.scheduler;
+        let (worker_cores, per_core) = scheduler.worker_cores(now);
         let jobs = self
             .state
             .jobs
@@ -112,15 +119,24 @@ impl Core {
                     window: scheduler.window_fill(*id),
                     live_ranks: scheduler.live_trainers(*id, spec.plan.world_size.get(), now).len(),
                     ranks: ranks.map(|(key, status)| (*status, self.totals.get(key).copied())).collect(),
+                    demand: self.job_demand(*id, per_core, now),
                 }
             })
             .collect();
         Figures {
             workers_alive: scheduler.alive_worker_count(now),
+            worker_cores,
             leases_expired: scheduler.leases_expired(),
             chunks_failed: scheduler.chunks_failed(),
             sessions_superseded: scheduler.sessions_superseded(),
             jobs,
         }
+    }
+
+    /// What `job` asks of the workers at `now`, with `per_core` images a second per busy worker
+    /// core.
+    fn job_demand(&self, job: JobId, per_core: Option<f64>, now: Instant) -> Option<JobDemand> {
+        let figures = self.demand.get(&job)?.figures(now)?;
+        Some(JobDemand { samples_per_sec: figures.samples_per_sec, stall: figures.stall, worker_cores: figures.worker_cores(per_core) })
     }
 }

@@ -6,6 +6,8 @@ pub mod authz;
 pub mod config;
 /// [`Core`]: state, soft state and the one entry, `step`.
 mod core;
+/// What a job asks of the workers: its rate, its stall and the worker cores it needs.
+pub mod demand;
 /// Refusals as wire errors.
 mod errors;
 /// Events in, outcomes out.

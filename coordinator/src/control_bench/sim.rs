@@ -351,8 +351,13 @@ pub fn run(
                 }
             }
             if round % HEARTBEAT_ROUNDS == (offset as u64) % HEARTBEAT_ROUNDS {
-                let heartbeat =
-                    ControlRequest::Heartbeat { worker: worker.id, leases: Vec::<LeaseProgress>::new(), images: 0, stuck_jobs: Vec::new() };
+                let heartbeat = ControlRequest::Heartbeat {
+                    worker: worker.id,
+                    leases: Vec::<LeaseProgress>::new(),
+                    images: 0,
+                    stuck_jobs: Vec::new(),
+                    decoded: stoker_proto::Decoded::default(),
+                };
                 if let Some(ControlResponse::HeartbeatAck { revoked, .. }) = driven.request_as("Heartbeat", heartbeat, worker.key, now)
                     && !revoked.is_empty()
                 {

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use stoker_plan::ids::{CertKey, Epoch, JobId, LeaseId, Pass, Position, Rank, SessionId, ShardId, Step, WorkerId};
 use stoker_plan::{CHECKPOINT_VERSION, Checkpoint, PlanSpec, Shuffle, Tail};
 use stoker_proto::{
-    BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, ErrorCode, HeldShards, JobSpec,
+    BatchHeader, Chunk, ChunkGrant, ClusterStatus, ControlRequest, ControlResponse, CoordinatorStatus, DatasetInfo, Decoded, ErrorCode, HeldShards, JobSpec,
     LeaseProgress, RaftKind, RemoteError, StuckJob, TrainerHello, WorkerInfo, WorkerList, WorkerStatus,
 };
 use stoker_format::brace;
@@ -136,6 +136,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
             leases: vec![LeaseProgress { lease: LeaseId(9), finished: 3 }],
             images: 1000,
             stuck_jobs: vec![StuckJob::new(JobId(4), "two batches do not fit")],
+            decoded: Decoded { samples: 2_400, seconds: 12.5 },
         },
         ControlRequest::PullChunks {
             worker: WorkerId(2),
@@ -180,6 +181,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
             threads: 8,
             chunks_in_flight: 2,
             images_per_sec: 812.5,
+            images_per_core_sec: 203.1,
             stuck_jobs: vec![],
         }],
         jobs: vec![],

@@ -122,7 +122,16 @@ impl SimWorker {
                 ctx.counts.stuck_reports += 1;
                 ctx.note(format!("worker {} reports {stuck_jobs:?} stuck", self.index));
             }
-            let call = ctx.call(self.me(), ControlRequest::Heartbeat { worker, leases: self.ledger.progress(), images: 0, stuck_jobs });
+            let call = ctx.call(
+                self.me(),
+                ControlRequest::Heartbeat {
+                    worker,
+                    leases: self.ledger.progress(),
+                    images: 0,
+                    stuck_jobs,
+                    decoded: stoker_proto::Decoded::default(),
+                },
+            );
             self.sent_as.insert(call, worker);
             self.heartbeat_sent_ms = ctx.now_ms;
         }

@@ -138,6 +138,7 @@ fn a_batch_refused_after_acknowledgement_is_made_again() {
         leases: vec![LeaseProgress { lease: grant.lease, finished }],
         images: 0,
         stuck_jobs: vec![],
+        decoded: stoker_proto::Decoded::default(),
     };
     cluster.call(alive(0)).expect("heartbeat");
     let table = Arc::new(ShardTable::new(dataset.shard_counts.iter().copied()).expect("table"));

@@ -13,7 +13,7 @@ use stoker_net::send_batch;
 use stoker_plan::ids::{Epoch, LeaseId, ShardId, Step};
 use stoker_proto::api::CoordinatorApi;
 use stoker_proto::expect_response;
-use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, ErrorCode, MAX_NEXT_SHARDS, StuckJob};
+use stoker_proto::{BatchHeader, ChunkGrant, ControlRequest, Decoded, ErrorCode, MAX_NEXT_SHARDS, StuckJob};
 use tokio::sync::mpsc;
 use tracing::{debug, error, warn};
 
@@ -101,7 +101,10 @@ where
                 }
             }
             let images = self.metrics.samples.get();
-            let answer = self.api.call(ControlRequest::Heartbeat { worker, leases, images, stuck_jobs }).await;
+            // The pipeline times every sample it makes (unless told not to): what a core makes.
+            let timed = &self.metrics.pipeline.decode_seconds;
+            let decoded = Decoded { samples: timed.get_sample_count(), seconds: timed.get_sample_sum() };
+            let answer = self.api.call(ControlRequest::Heartbeat { worker, leases, images, stuck_jobs, decoded }).await;
             match answer.and_then(|response| expect_response!(response, HeartbeatAck { revoked, live_jobs })) {
                 Ok((revoked, live_jobs)) => {
                     self.registration.heard();

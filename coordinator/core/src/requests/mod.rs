@@ -14,6 +14,7 @@ use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, RemoteError};
 use crate::core::Core;
 use crate::errors::refused;
 use crate::event::{Outcome, Then};
+use crate::scheduler::Made;
 use crate::state::Command;
 
 impl Core {
@@ -69,8 +70,8 @@ impl Core {
             ControlRequest::RegisterWorker { addr, threads, instance, attempt } => {
                 Outcome::reply(self.register_worker(addr, threads, instance, attempt, caller, now))
             }
-            ControlRequest::Heartbeat { worker, leases, images, stuck_jobs } => {
-                Outcome::reply(self.heartbeat(worker, &leases, images, &stuck_jobs, now))
+            ControlRequest::Heartbeat { worker, leases, images, stuck_jobs, decoded } => {
+                Outcome::reply(self.heartbeat(worker, &leases, Made { images, decoded }, &stuck_jobs, now))
             }
             ControlRequest::PullChunks { worker, max, held } => Outcome::reply(self.pull(worker, max, &held, now)),
             ControlRequest::ChunkDone { worker, lease } => {

@@ -9,6 +9,7 @@ use stoker_plan::{EpochPlan, ShardTable};
 use stoker_proto::{ControlRequest, ControlResponse, ErrorCode, JobSpec, RankStatus, RemoteError};
 
 use crate::core::Core;
+use crate::demand::Demand;
 use crate::errors::{invalid, not_found, refused};
 use crate::event::{Outcome, Then};
 use crate::figures::RankTotals;
@@ -180,7 +181,7 @@ impl Core {
         check_list_len("missing", missing.len())?;
         let reporting = Reporting { session, pass, consumed, missing };
         let run_known = self.record_progress(RunKey { job, epoch, start }, rank, &reporting, wait_seconds, now)?;
-        self.record_totals(job, rank, RankTotals { session, batches, samples, wait_seconds });
+        self.record_totals(job, rank, RankTotals { session, batches, samples, wait_seconds }, now);
         let alive = self.scheduler.alive_workers(now);
         let workers = (alive.version != workers_version).then(|| alive.clone());
         Ok(ControlResponse::ProgressRecorded { workers, run_known })
@@ -211,14 +212,21 @@ impl Core {
     /// Keep a trainer's totals: a newer session's replace an older one's (a new trainer counts
     /// from 0), and within a session they only grow (a report that arrives late, after a newer
     /// one, changes nothing).
-    fn record_totals(&mut self, job: JobId, rank: Rank, reported: RankTotals) {
+    fn record_totals(&mut self, job: JobId, rank: Rank, reported: RankTotals, now: Instant) {
         let totals = self.totals.entry((job, rank)).or_insert(reported);
+        let demand = self.demand.entry(job).or_insert_with(|| Demand::new(now));
         if reported.session > totals.session {
+            // A new trainer: its totals start again, and so does its share of the demand.
             *totals = reported;
+            demand.forget(rank);
+            demand.record(rank, 0, 0.0, now);
         } else if reported.session == totals.session {
+            let samples = reported.samples.saturating_sub(totals.samples);
+            let waited = (reported.wait_seconds - totals.wait_seconds).max(0.0);
             totals.batches = totals.batches.max(reported.batches);
             totals.samples = totals.samples.max(reported.samples);
             totals.wait_seconds = totals.wait_seconds.max(reported.wait_seconds);
+            demand.record(rank, samples, waited, now);
         }
     }
 

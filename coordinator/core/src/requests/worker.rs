@@ -9,7 +9,7 @@ use stoker_proto::{Chunk, ChunkGrant, ControlResponse, HeldShards, LeaseProgress
 use crate::core::Core;
 use crate::errors::{invalid, refused};
 use crate::event::{Outcome, Then};
-use crate::scheduler::{RunKey, WorkerProcess};
+use crate::scheduler::{Made, RunKey, WorkerProcess};
 use crate::shards::{Holdings, next_shards, shards_read};
 use crate::state::Command;
 use crate::validate::check_list_len;
@@ -44,7 +44,7 @@ impl Core {
         &mut self,
         worker: WorkerId,
         leases: &[LeaseProgress],
-        images: u64,
+        made: Made,
         stuck_jobs: &[StuckJob],
         now: Instant,
     ) -> Result<ControlResponse, RemoteError> {
@@ -61,7 +61,7 @@ impl Core {
         // Only jobs that exist are kept (with their reasons): what a worker can make the
         // coordinator hold is bounded by the jobs, not by what it sends.
         let stuck_jobs: Vec<StuckJob> = stuck_jobs.iter().filter(|stuck| self.state.jobs.contains_key(&stuck.job)).cloned().collect();
-        let revoked = self.scheduler.heartbeat(worker, leases, images, &stuck_jobs, now).map_err(refused)?;
+        let revoked = self.scheduler.heartbeat(worker, leases, made, &stuck_jobs, now).map_err(refused)?;
         Ok(ControlResponse::HeartbeatAck { revoked, live_jobs: self.scheduler.live_jobs(now) })
     }
 

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{CertKey, JobId, LeaseId, Rank, SessionId, WorkerId};
-use stoker_proto::{Chunk, LeaseProgress, StuckJob, WorkerInfo, WorkerList, WorkerStatus};
+use stoker_proto::{Chunk, Decoded, LeaseProgress, StuckJob, WorkerInfo, WorkerList, WorkerStatus};
 use tracing::{info, warn};
 
 use self::leases::Leases;
@@ -62,6 +62,15 @@ pub struct SchedulerConfig {
     /// A step a trainer reports missing is made again if it was delivered at least this long
     /// ago (a younger delivery may still be being read from the trainer's QUIC stack).
     pub missing_grace: Duration,
+}
+
+/// What a worker's heartbeat says it has made since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Made {
+    /// Images made.
+    pub images: u64,
+    /// Samples its decode threads made and the seconds they spent on them (zeros: not timed).
+    pub decoded: Decoded,
 }
 
 /// Which worker process registers, and its how-many-th registration (see
@@ -370,12 +379,12 @@ impl Scheduler {
         &mut self,
         worker: WorkerId,
         leases: &[LeaseProgress],
-        images: u64,
+        made: Made,
         stuck_jobs: &[StuckJob],
         now: Instant,
     ) -> Result<Vec<LeaseId>, Refusal> {
         self.expire(now);
-        self.workers.heartbeat(worker, images, now)?;
+        self.workers.heartbeat(worker, made.images, made.decoded, now)?;
         let until = now + self.config.lease_ttl;
         self.leases.set_stuck(worker, stuck_jobs, until);
         let renewal = self.leases.renew(worker, leases, now, self.config.lease_ttl, self.config.lease_stall, until);
@@ -515,6 +524,12 @@ impl Scheduler {
         self.workers.alive_count(now, self.config.lease_ttl)
     }
 
+    /// Decode threads of the workers whose heartbeats arrive, and the images a second one of
+    /// them makes when busy (`None` until a worker has measured it). Looks at every worker.
+    pub fn worker_cores(&self, now: Instant) -> (u32, Option<f64>) {
+        self.workers.cores(now, self.config.lease_ttl)
+    }
+
     /// Every known worker, for status.
     pub fn worker_status(&self, now: Instant) -> Vec<WorkerStatus> {
         self.workers
@@ -526,6 +541,7 @@ impl Scheduler {
                 threads: worker.threads,
                 chunks_in_flight: self.leases.in_flight(id),
                 images_per_sec: worker.images_per_sec,
+                images_per_core_sec: worker.images_per_core_sec,
                 stuck_jobs: self.leases.stuck_jobs(id, now),
             })
             .collect()

@@ -80,15 +80,15 @@ fn an_expired_lease_is_granted_again_to_another_worker() {
     let granted = scheduler.pull(dead, 1, start, &mut TestIds).expect("registered");
     assert_eq!(granted.len(), 1);
     let later = start + Duration::from_secs(2);
-    scheduler.heartbeat(alive, &[], 0, &[], later).expect("registered");
+    scheduler.heartbeat(alive, &[], Made::default(), &[], later).expect("registered");
     let others = scheduler.pull(alive, 10, later, &mut TestIds).expect("registered");
     assert_eq!(others.iter().map(|(_, c)| c.first_step).collect::<Vec<_>>(), vec![Step(2)], "the dead worker's lease is still valid");
     let expired_at = start + Duration::from_secs(4);
-    scheduler.heartbeat(alive, &lease_progress(&[(others[0].0, 0)]), 0, &[], expired_at).expect("registered");
+    scheduler.heartbeat(alive, &lease_progress(&[(others[0].0, 0)]), Made::default(), &[], expired_at).expect("registered");
     let regranted = scheduler.pull(alive, 10, expired_at, &mut TestIds).expect("registered");
     assert_eq!(regranted.iter().map(|(_, c)| c.first_step).collect::<Vec<_>>(), vec![Step(0)]);
     assert_eq!(scheduler.leases_expired(), 1);
-    let revoked = scheduler.heartbeat(dead, &lease_progress(&[(granted[0].0, 0)]), 0, &[], expired_at).expect("still known");
+    let revoked = scheduler.heartbeat(dead, &lease_progress(&[(granted[0].0, 0)]), Made::default(), &[], expired_at).expect("still known");
     assert_eq!(revoked, vec![granted[0].0], "the dead worker learns its lease is gone");
 }
 
@@ -121,7 +121,7 @@ fn with_failures_every_step_is_still_covered_and_the_window_holds() {
     let mut now = start;
     for round in 0..200u32 {
         now += Duration::from_millis(500);
-        scheduler.heartbeat(worker, &[], 0, &[], now).expect("registered");
+        scheduler.heartbeat(worker, &[], Made::default(), &[], now).expect("registered");
         let granted = scheduler.pull(worker, 2, now, &mut TestIds).expect("registered");
         for (index, (lease, chunk)) in granted.iter().enumerate() {
             let slowest = *consumed.iter().min().unwrap_or(&0);
@@ -179,7 +179,7 @@ fn chunks_of_a_rank_whose_trainer_went_silent_wait_for_it() {
     }
     // Rank 1's trainer goes away; rank 0 keeps reporting.
     let later = start + config().trainer_ttl + Duration::from_secs(1);
-    scheduler.heartbeat(worker, &[], 0, &[], later).expect("registered");
+    scheduler.heartbeat(worker, &[], Made::default(), &[], later).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, later);
     assert_eq!(ranks(&scheduler.pull(worker, 10, later, &mut TestIds).expect("registered")), [0, 0, 0], "rank 1's chunks wait");
     // A restarted trainer attaches as rank 1 and opens the run: it gets the steps the gone
@@ -207,7 +207,8 @@ fn a_lease_without_progress_expires_even_though_its_worker_lists_it() {
     let mut revoked = Vec::new();
     for beat in 1..=30u32 {
         now += Duration::from_millis(500);
-        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(progressing, beat), (hung, 0)]), 0, &[], now).expect("registered");
+        revoked =
+            scheduler.heartbeat(stuck, &lease_progress(&[(progressing, beat), (hung, 0)]), Made::default(), &[], now).expect("registered");
         if !revoked.is_empty() {
             break;
         }
@@ -364,7 +365,7 @@ fn a_rank_whose_trainer_went_silent_does_not_hold_back_the_others() {
     let mut made = 0u64;
     for _ in 0..12 {
         now += Duration::from_secs(1);
-        scheduler.heartbeat(worker, &[], 0, &[], now).expect("registered");
+        scheduler.heartbeat(worker, &[], Made::default(), &[], now).expect("registered");
         let granted = scheduler.pull(worker, 10, now, &mut TestIds).expect("registered");
         made += granted.iter().filter(|(_, chunk)| chunk.rank == Rank(0)).map(|(_, chunk)| u64::from(chunk.steps)).sum::<u64>();
         for (lease, _) in granted {
@@ -395,7 +396,7 @@ fn kept_liveness_follows_reports_detaches_and_progress_at_the_same_instant() {
     }
     // Past the trainer TTL only rank 0 speaks: rank 1 is not live, and holds nothing back.
     let later = start + Duration::from_secs(6);
-    scheduler.heartbeat(worker, &[], 0, &[], later).expect("registered");
+    scheduler.heartbeat(worker, &[], Made::default(), &[], later).expect("registered");
     report(&mut scheduler, key(), 0, 1, 2, later);
     let alone = scheduler.pull(worker, 10, later, &mut TestIds).expect("registered");
     assert_eq!((grants_of(&alone, 0), grants_of(&alone, 1)), (1, 0), "rank 1 silent: {alone:?}");
@@ -441,8 +442,8 @@ fn a_worker_stuck_on_a_job_gets_none_of_its_work_until_it_recovers() {
     let mut revoked = Vec::new();
     while revoked.is_empty() && now < start + Duration::from_secs(30) {
         now += Duration::from_millis(500);
-        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(stuck_lease, 0)]), 0, &[], now).expect("registered");
-        scheduler.heartbeat(healthy, &[], 0, &[], now).expect("registered");
+        revoked = scheduler.heartbeat(stuck, &lease_progress(&[(stuck_lease, 0)]), Made::default(), &[], now).expect("registered");
+        scheduler.heartbeat(healthy, &[], Made::default(), &[], now).expect("registered");
         report(&mut scheduler, key(), 0, 1, 0, now);
     }
     assert_eq!(revoked, vec![stuck_lease]);
@@ -451,12 +452,12 @@ fn a_worker_stuck_on_a_job_gets_none_of_its_work_until_it_recovers() {
     assert_eq!(regranted.first().map(|(_, chunk)| chunk.first_step), Some(Step(0)), "to the healthy one");
     let job = key().job;
     let later = now + config().lease_ttl + Duration::from_millis(1);
-    scheduler.heartbeat(stuck, &[], 0, &[StuckJob::new(job, "nothing came out")], later).expect("registered");
-    scheduler.heartbeat(healthy, &[], 0, &[], later).expect("registered");
+    scheduler.heartbeat(stuck, &[], Made::default(), &[StuckJob::new(job, "nothing came out")], later).expect("registered");
+    scheduler.heartbeat(healthy, &[], Made::default(), &[], later).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, later);
     assert!(scheduler.pull(stuck, 10, later, &mut TestIds).expect("registered").is_empty(), "still stuck, by its own report");
     let recovered = later + Duration::from_millis(500);
-    scheduler.heartbeat(stuck, &[], 0, &[], recovered).expect("registered");
+    scheduler.heartbeat(stuck, &[], Made::default(), &[], recovered).expect("registered");
     report(&mut scheduler, key(), 0, 1, 0, recovered);
     assert!(!scheduler.pull(stuck, 10, recovered, &mut TestIds).expect("registered").is_empty(), "no longer stuck: it gets work again");
 }
@@ -472,13 +473,13 @@ fn a_job_reported_stuck_is_not_granted_to_that_worker() {
     open(&mut scheduler, other, 0, 1, shape(8, 1, 4), start);
     let worker = scheduler.register_worker(addr(), 1, process(), start);
     let reason = "two batches of job 1 do not fit this worker's batch memory";
-    scheduler.heartbeat(worker, &[], 0, &[StuckJob::new(key().job, reason)], start).expect("registered");
+    scheduler.heartbeat(worker, &[], Made::default(), &[StuckJob::new(key().job, reason)], start).expect("registered");
     let granted = scheduler.pull(worker, 10, start, &mut TestIds).expect("registered");
     assert!(!granted.is_empty());
     assert!(granted.iter().all(|(_, chunk)| chunk.job == other.job), "only the other job's work: {granted:?}");
     let status = scheduler.worker_status(start);
     assert_eq!(status[0].stuck_jobs, vec![StuckJob::new(key().job, reason)], "status says which job and why");
-    scheduler.heartbeat(worker, &[], 0, &[], start).expect("registered");
+    scheduler.heartbeat(worker, &[], Made::default(), &[], start).expect("registered");
     assert!(scheduler.worker_status(start)[0].stuck_jobs.is_empty(), "forgotten once no longer reported");
 }
 
@@ -660,7 +661,7 @@ fn a_report_stamped_before_expiry_but_handled_after_a_pull_revives_the_kept_view
     }
     let ttl = config().trainer_ttl;
     let after_expiry = start + ttl + Duration::from_millis(1);
-    scheduler.heartbeat(worker, &[], 0, &[], after_expiry).expect("registered");
+    scheduler.heartbeat(worker, &[], Made::default(), &[], after_expiry).expect("registered");
     assert!(scheduler.pull(worker, 10, after_expiry, &mut TestIds).expect("registered").is_empty(), "the rank expired");
     report(&mut scheduler, key(), 0, 1, 2, start + ttl - Duration::from_millis(1));
     let granted = scheduler.pull(worker, 10, after_expiry, &mut TestIds).expect("registered");

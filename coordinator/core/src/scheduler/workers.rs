@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{CertKey, WorkerId};
 use stoker_plan::prng::mix64;
-use stoker_proto::{WorkerInfo, WorkerList};
+use stoker_proto::{Decoded, WorkerInfo, WorkerList};
 use tracing::warn;
 
 use super::{Refusal, WorkerProcess};
@@ -21,7 +21,16 @@ pub(super) struct Worker {
     pub(super) last_seen: Instant,
     images: u64,
     pub(super) images_per_sec: f64,
+    /// What its decode threads had made and spent at the start of the next measure of
+    /// `images_per_core_sec` (`None`: from its next heartbeat).
+    decoded: Option<Decoded>,
+    /// Images a second of one busy decode thread, smoothed over heartbeats (0: not measured).
+    pub(super) images_per_core_sec: f64,
 }
+
+/// The fewest samples over which a worker's images per core-second is measured: fewer tell
+/// more about those samples than about the job's.
+const MIN_DECODED_MEASURE: u64 = 32;
 
 /// Registered workers, by id.
 #[derive(Debug)]
@@ -85,7 +94,17 @@ impl WorkerRegistry {
     pub(super) fn insert(&mut self, addr: SocketAddr, threads: u32, process: WorkerProcess, key: CertKey, now: Instant) -> WorkerId {
         let id = WorkerId(self.next_worker);
         self.next_worker += 1;
-        self.workers.insert(id, Worker { addr, process, threads, last_seen: now, images: 0, images_per_sec: 0.0 });
+        let worker = Worker {
+            addr,
+            process,
+            threads,
+            last_seen: now,
+            images: 0,
+            images_per_sec: 0.0,
+            decoded: Some(Decoded::default()),
+            images_per_core_sec: 0.0,
+        };
+        self.workers.insert(id, worker);
         self.keys.insert(id, key);
         self.alive_opt = None;
         let workers = &self.workers;
@@ -113,12 +132,27 @@ impl WorkerRegistry {
         }
     }
 
-    /// `worker`'s heartbeat at `now`, reporting `images` made in total.
-    pub(super) fn heartbeat(&mut self, worker: WorkerId, images: u64, now: Instant) -> Result<(), Refusal> {
+    /// `worker`'s heartbeat at `now`, reporting `images` made and what its decode threads
+    /// made and spent (`decoded`), in total.
+    pub(super) fn heartbeat(&mut self, worker: WorkerId, images: u64, decoded: Decoded, now: Instant) -> Result<(), Refusal> {
         let entry = self.workers.get_mut(&worker).ok_or(Refusal::UnknownWorker(worker))?;
         let elapsed = now.saturating_duration_since(entry.last_seen).as_secs_f64();
         if elapsed > 0.0 {
             entry.images_per_sec = images.saturating_sub(entry.images) as f64 / elapsed;
+        }
+        match entry.decoded {
+            Some(before) if decoded.samples >= before.samples && decoded.seconds >= before.seconds => {
+                let (samples, seconds) = (decoded.samples - before.samples, decoded.seconds - before.seconds);
+                if samples >= MIN_DECODED_MEASURE && seconds > 0.0 {
+                    let measured = samples as f64 / seconds;
+                    entry.images_per_core_sec =
+                        if entry.images_per_core_sec > 0.0 { 0.7 * entry.images_per_core_sec + 0.3 * measured } else { measured };
+                    entry.decoded = Some(decoded);
+                }
+            }
+            // Not a total this worker could have reported after the last one: measure again
+            // from this one (from the next, if it is not a number).
+            _ => entry.decoded = decoded.seconds.is_finite().then_some(decoded),
         }
         entry.images = images;
         entry.last_seen = now;
@@ -206,6 +240,19 @@ impl WorkerRegistry {
     pub(super) fn alive_count(&self, now: Instant, ttl: Duration) -> usize {
         self.workers.values().filter(|worker| worker.is_alive(now, ttl)).count()
     }
+
+    /// Decode threads of the workers heard from within `ttl`, and the images a second one of
+    /// them makes when busy (their mean, by threads, over the workers that measured it; `None`
+    /// when none has). Looks at every worker: for status and figures, not per request.
+    pub(super) fn cores(&self, now: Instant, ttl: Duration) -> (u32, Option<f64>) {
+        let alive = || self.workers.values().filter(|worker| worker.is_alive(now, ttl));
+        let threads = alive().map(|worker| worker.threads).sum();
+        let (made, measured_threads) =
+            alive().filter(|worker| worker.images_per_core_sec > 0.0).fold((0.0, 0.0), |(made, counted), worker| {
+                (made + worker.images_per_core_sec * f64::from(worker.threads), counted + f64::from(worker.threads))
+            });
+        (threads, (measured_threads > 0.0).then(|| made / measured_threads))
+    }
 }
 
 /// The version of a worker list: a digest of its ids, addresses and certificates, never 0 (0
@@ -284,7 +331,7 @@ mod tests {
                 now += Duration::from_millis(advance_ms);
                 match op {
                     Op::Register => ids.push(registry.insert(addr(7000 + step as u16), 1, process(step as u64), CertKey([step as u8; 32]), now)),
-                    Op::Heartbeat(at) => if let Some(id) = ids.get(at) { let _ = registry.heartbeat(*id, 0, now); },
+                    Op::Heartbeat(at) => if let Some(id) = ids.get(at) { let _ = registry.heartbeat(*id, 0, Decoded::default(), now); },
                     Op::Seen(at) => if let Some(id) = ids.get(at) { let _ = registry.seen(*id, now); },
                     Op::Remove(at) => if let Some(id) = ids.get(at) { registry.remove(*id); },
                     Op::Forget => registry.forget_silent(now, TTL * 2),
@@ -305,7 +352,7 @@ mod tests {
         let one = registry.alive(start, TTL).version;
         assert_ne!(one, empty);
         assert_ne!(one, 0, "0 names no list");
-        let _ = registry.heartbeat(first, 10, start + Duration::from_secs(1));
+        let _ = registry.heartbeat(first, 10, Decoded::default(), start + Duration::from_secs(1));
         assert_eq!(registry.alive(start + Duration::from_secs(2), TTL).version, one, "a beat of a listed worker changes nothing");
         let second = registry.insert(addr(7002), 1, process(2), CertKey([2; 32]), start + Duration::from_secs(2));
         let two = registry.alive(start + Duration::from_secs(2), TTL).version;
@@ -316,7 +363,7 @@ mod tests {
         assert_eq!(listed.workers.iter().map(|info| info.id).collect::<Vec<_>>(), vec![second]);
         assert!(![empty, one, two].contains(&listed.version));
         // It comes back before the second would fall silent: listed again, the version as before.
-        let _ = registry.heartbeat(first, 20, later);
+        let _ = registry.heartbeat(first, 20, Decoded::default(), later);
         assert_eq!(registry.alive(later, TTL).version, two);
         // Another coordinator (a new leader) with the same workers names the same version.
         let mut other = WorkerRegistry::new(1);
@@ -325,5 +372,33 @@ mod tests {
         assert_eq!(other.alive(later, TTL).version, two);
         registry.remove(second);
         assert_eq!(registry.alive(later, TTL).version, one);
+    }
+
+    #[test]
+    fn a_core_makes_what_the_decode_times_of_the_heartbeats_say() {
+        let start = Instant::now();
+        let mut registry = WorkerRegistry::new(1);
+        let timed = registry.insert(addr(7001), 4, process(1), CertKey([1; 32]), start);
+        let untimed = registry.insert(addr(7002), 2, process(2), CertKey([2; 32]), start);
+        assert_eq!(registry.cores(start, TTL), (6, None), "nothing measured yet");
+        let at = |seconds: u64| start + Duration::from_secs(seconds);
+        let decoded = |samples: u64, seconds: f64| Decoded { samples, seconds };
+        registry.heartbeat(timed, 10, decoded(10, 0.05), at(1)).expect("known");
+        assert_eq!(registry.cores(at(1), TTL), (6, None), "ten samples are too few to tell");
+        registry.heartbeat(timed, 300, decoded(400, 2.0), at(2)).expect("known");
+        registry.heartbeat(untimed, 1_000, Decoded::default(), at(2)).expect("known");
+        assert_eq!(registry.cores(at(2), TTL), (6, Some(200.0)), "400 samples in 2 busy seconds; the untimed worker tells nothing");
+        // Smoothed: a measure of 100 a second moves it 30% of the way.
+        registry.heartbeat(timed, 500, decoded(600, 4.0), at(3)).expect("known");
+        let (_, per_core) = registry.cores(at(3), TTL);
+        assert!(per_core.is_some_and(|rate| (rate - 170.0).abs() < 1e-9), "{per_core:?}");
+        // A total that goes back, or is not a number, starts the measure again.
+        registry.heartbeat(timed, 600, decoded(700, f64::NAN), at(4)).expect("known");
+        registry.heartbeat(timed, 700, decoded(800, 1.0), at(5)).expect("known");
+        registry.heartbeat(timed, 800, decoded(100, 9.0), at(6)).expect("known");
+        let (_, kept) = registry.cores(at(6), TTL);
+        assert_eq!(kept, per_core);
+        // Silent workers count neither their threads nor their rate.
+        assert_eq!(registry.cores(at(6) + TTL, TTL), (0, None));
     }
 }
