@@ -101,17 +101,21 @@ pub struct ModelFailure {
     pub message: String,
     /// The schedule, one line per event.
     pub schedule: Vec<String>,
+    /// Its scale.
+    pub scale: Scale,
 }
 
 impl fmt::Display for ModelFailure {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(formatter, "protocol model, seed {}: {}", self.seed, self.message)?;
-        writeln!(
-            formatter,
-            "replay: STOKER_MODEL_SEED={} cargo test -p stoker-testkit --test it protocol_model -- --nocapture",
-            self.seed
-        )?;
-        let skip = self.schedule.len().saturating_sub(400);
+        let (variable, test) = match self.scale {
+            Scale::Small => ("STOKER_MODEL_SEED", "protocol_model::every_step_is_yielded_exactly_once_under_random_faults"),
+            Scale::Large => ("STOKER_MODEL_LARGE_SEED", "protocol_model::at_hundreds_of_ranks"),
+        };
+        writeln!(formatter, "replay: {variable}={} cargo test -p stoker-testkit --test it {test} -- --nocapture", self.seed)?;
+        // `STOKER_MODEL_FULL_LOG=1`: every event, not the last 400.
+        let kept = if std::env::var_os("STOKER_MODEL_FULL_LOG").is_some() { usize::MAX } else { 400 };
+        let skip = self.schedule.len().saturating_sub(kept);
         writeln!(formatter, "schedule ({} events{}):", self.schedule.len(), if skip > 0 { ", the last 400" } else { "" })?;
         for line in &self.schedule[skip..] {
             writeln!(formatter, "  {line}")?;
@@ -120,26 +124,43 @@ impl fmt::Display for ModelFailure {
     }
 }
 
+/// How big a schedule's cluster is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scale {
+    /// 1–3 ranks and workers over 19 samples: every interleaving close together.
+    Small,
+    /// 100–300 ranks and 20–120 workers over 1,381 samples (issue 35): the same faults and
+    /// checks where the scheduler's indexes, windows and liveness hold many ranks and workers.
+    Large,
+}
+
 /// Run the schedule of `seed`.
 pub fn run(seed: u64) -> Result<Outcome, ModelFailure> {
-    let mut world = World::new(seed).map_err(|message| ModelFailure { seed, message, schedule: Vec::new() })?;
+    run_at(seed, Scale::Small)
+}
+
+/// Run the schedule of `seed` at `scale`.
+pub fn run_at(seed: u64, scale: Scale) -> Result<Outcome, ModelFailure> {
+    let mut world = World::new(seed, scale).map_err(|message| ModelFailure { seed, message, schedule: Vec::new(), scale })?;
     match world.run() {
         Ok(outcome) => Ok(outcome),
-        Err(message) => Err(ModelFailure { seed, message, schedule: std::mem::take(&mut world.ctx.log) }),
+        Err(message) => Err(ModelFailure { seed, message, schedule: std::mem::take(&mut world.ctx.log), scale }),
     }
 }
 
-/// The manifest every schedule registers: 4 shards, 19 samples (only the counts matter; no
-/// shard is read).
-fn manifest() -> Result<PathBuf, String> {
-    static PATH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    PATH.get_or_init(|| {
+/// The manifest every schedule of `scale` registers: 4 shards and 19 samples, or 12 shards and
+/// 1,381 samples (only the counts matter; no shard is read).
+fn manifest(scale: Scale) -> Result<PathBuf, String> {
+    static SMALL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    static LARGE: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let (path, counts): (_, &[u64]) = match scale {
+        Scale::Small => (&SMALL, &[5, 3, 7, 4]),
+        Scale::Large => (&LARGE, &[97, 131, 83, 149, 110, 77, 163, 121, 91, 139, 103, 117]),
+    };
+    path.get_or_init(|| {
         let dir = crate::unique_temp_dir("stoker-model")?;
-        let shards = [5, 3, 7, 4].iter().enumerate().map(|(index, samples)| ManifestShard {
-            uri: format!("s{index}.tar"),
-            samples: *samples,
-            bytes: 0,
-        });
+        let shards =
+            counts.iter().enumerate().map(|(index, samples)| ManifestShard { uri: format!("s{index}.tar"), samples: *samples, bytes: 0 });
         let manifest = Manifest { version: MANIFEST_VERSION, shards: shards.collect(), classes: Vec::new(), packed: None };
         let path = dir.join("manifest.json");
         manifest.save(&path).map_err(|error| error.to_string())?;
@@ -162,6 +183,7 @@ fn coordinator(config: &CoordinatorConfig, state: ClusterState, seed: u64, id_ba
 }
 
 struct World {
+    scale: Scale,
     ctx: Ctx,
     setup: Setup,
     config: CoordinatorConfig,
@@ -176,16 +198,21 @@ struct World {
 }
 
 impl World {
-    fn new(seed: u64) -> Result<Self, String> {
+    fn new(seed: u64, scale: Scale) -> Result<Self, String> {
         let mut rng = SplitMix64::new(seed);
         let mut pick = |low: u64, high: u64| low + rng.below(high - low + 1);
-        let world_size = pick(1, 3) as u32;
-        let batch_size = pick(1, 3) as u32;
+        let (world_size, batch_size) = match scale {
+            Scale::Small => (pick(1, 3) as u32, pick(1, 3) as u32),
+            Scale::Large => (pick(100, 300) as u32, pick(1, 2) as u32),
+        };
         let tail = [Tail::Drop, Tail::Pad, Tail::Partial][pick(0, 2) as usize];
         let shuffle = [Shuffle::None, Shuffle::Full, Shuffle::Window { shards: NonZeroU32::MIN }, Shuffle::default()][pick(0, 3) as usize];
         let chunk_steps = pick(1, 3) as u32;
         let prefetch = pick(1, 4) as u32;
-        let workers = pick(1, 3) as usize;
+        let workers = match scale {
+            Scale::Small => pick(1, 3) as usize,
+            Scale::Large => pick(20, 120) as usize,
+        };
         let epochs = pick(1, 3);
         let fault_until_ms = if pick(0, 9) == 0 { 0 } else { pick(2_000, 25_000) };
         let nack_after = Duration::from_millis([250, 1_000, 2_000][pick(0, 2) as usize]);
@@ -200,7 +227,7 @@ impl World {
         let id_base = 1_000;
         let base = Instant::now();
         let coordinator = coordinator(&config, ClusterState::new(), seed, id_base, base)?;
-        let path = manifest()?;
+        let path = manifest(scale)?;
         let added = coordinator
             .handle(ControlRequest::AddDataset { name: "model".into(), manifest: path.to_string_lossy().into_owned() }, base)
             .map_err(|error| error.to_string())?;
@@ -253,11 +280,30 @@ impl World {
             simulated_workers.push(SimWorker::new(index, next_generation));
             next_generation += 1;
         }
-        Ok(Self { ctx, setup, config, coordinator, seed, id_base, trainers, workers: simulated_workers, next_generation, fault_until_ms })
+        Ok(Self {
+            scale,
+            ctx,
+            setup,
+            config,
+            coordinator,
+            seed,
+            id_base,
+            trainers,
+            workers: simulated_workers,
+            next_generation,
+            fault_until_ms,
+        })
     }
 
     fn run(&mut self) -> Result<Outcome, String> {
-        let deadline_ms = self.fault_until_ms + 120_000;
+        // Once the faults stop, the ranks finish within this (a rank may still pause for up to
+        // a minute while it waits, as a user's Ctrl-C would). A large schedule's job has many
+        // more steps to make after its faults, by fewer healthy workers per rank.
+        let deadline_ms = self.fault_until_ms
+            + match self.scale {
+                Scale::Small => 120_000,
+                Scale::Large => 300_000,
+            };
         loop {
             if self.trainers.iter().all(SimTrainer::is_done) {
                 let steps_yielded = self.trainers.iter().map(|trainer| trainer.yielded_total).sum();
@@ -446,8 +492,8 @@ impl World {
     }
 
     fn wedged(&mut self) -> String {
-        let now_ms = self.ctx.now_ms;
-        format!("not every rank finished within 120 s of the last fault (at {now_ms} ms):\n{}", self.state())
+        let (now_ms, faults_ms) = (self.ctx.now_ms, self.fault_until_ms);
+        format!("not every rank finished in time after the last fault (at {faults_ms} ms; at {now_ms} ms):\n{}", self.state())
     }
 
     /// Every actor's state and the coordinator's view, for a failure report.

@@ -6,10 +6,14 @@
 
 use std::time::Instant;
 
-use stoker_testkit::model::{FaultCounts, run};
+use stoker_testkit::model::{FaultCounts, Scale, run, run_at};
 
 /// Schedules per `make test` unless `STOKER_MODEL_SCHEDULES` says otherwise.
 const DEFAULT_SCHEDULES: u64 = 2_000;
+
+/// Schedules of hundreds of ranks per `make test` unless `STOKER_MODEL_LARGE_SCHEDULES` says
+/// otherwise.
+const DEFAULT_LARGE_SCHEDULES: u64 = 3;
 
 fn env_u64(name: &str) -> Option<u64> {
     std::env::var(name).ok().and_then(|text| text.trim().parse().ok())
@@ -74,4 +78,34 @@ fn every_step_is_yielded_exactly_once_under_random_faults() {
     ] {
         assert!(count > 0 || schedules < 200, "no {what} in {schedules} schedules: the model does not exercise them");
     }
+}
+
+/// The same promise with 100–300 ranks and 20–120 workers (issue 35): the faults, late and
+/// duplicated messages and restarts of the small schedules, where the scheduler's indexes, flow
+/// windows and liveness hold many ranks and workers at once. `STOKER_MODEL_LARGE_SEED=N`
+/// replays one; `STOKER_MODEL_LARGE_SCHEDULES=N` runs N from `STOKER_MODEL_LARGE_FIRST_SEED`.
+#[test]
+fn at_hundreds_of_ranks() {
+    let seeds = match env_u64("STOKER_MODEL_LARGE_SEED") {
+        Some(seed) => seed..seed + 1,
+        None => {
+            let first = env_u64("STOKER_MODEL_LARGE_FIRST_SEED").unwrap_or(0);
+            first..first.saturating_add(env_u64("STOKER_MODEL_LARGE_SCHEDULES").unwrap_or(DEFAULT_LARGE_SCHEDULES))
+        }
+    };
+    let started = Instant::now();
+    let (mut steps, mut deaths, mut late) = (0, 0, 0);
+    for seed in seeds.clone() {
+        let outcome = run_at(seed, Scale::Large).unwrap_or_else(|failure| panic!("{failure}"));
+        eprintln!("seed {seed}: {} steps, {:?} simulated", outcome.steps_yielded, outcome.simulated);
+        steps += outcome.steps_yielded;
+        deaths += outcome.counts.worker_deaths;
+        late += outcome.counts.late_messages;
+    }
+    eprintln!("{} large schedules in {:.1} s, {steps} steps yielded", seeds.end - seeds.start, started.elapsed().as_secs_f64());
+    assert!(steps > 0, "the large schedules yielded nothing");
+    assert!(
+        deaths > 0 && late > 0 || seeds.end - seeds.start < 3,
+        "no worker deaths or late messages: the large schedules exercise no faults"
+    );
 }

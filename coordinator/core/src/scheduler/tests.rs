@@ -875,3 +875,120 @@ fn locality_keeps_two_cold_workers_off_each_others_shards() {
     // steps ahead; 1.25 since they name only those no other worker holds or fetches.
     assert!(steered < 1.4, "with locality the workers read fewer of the same shards: {steered}");
 }
+
+/// What a simulated worker of the property test below is doing.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Standing {
+    Live,
+    Silent,
+    Gone,
+}
+
+/// A simulated worker: its id and the leases it holds.
+struct Simulated {
+    id: WorkerId,
+    standing: Standing,
+    held: Vec<LeaseId>,
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 6, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// Hundreds of ranks and dozens of workers that join, leave, fall silent (their leases
+    /// expire) and come back, fail chunks and hold them long: every step of every rank is
+    /// delivered through a live lease exactly once, no grant runs ahead of a flow window, and
+    /// the run ends once the faults stop (issue 35).
+    #[test]
+    fn many_ranks_and_workers_joining_leaving_and_expiring_deliver_every_step_once(
+        world_size in 50u32..=200,
+        steps in 8u64..=24,
+        prefetch in 2u32..=8,
+        initial_workers in 10usize..=60,
+        seed in proptest::prelude::any::<u64>(),
+    ) {
+        let mut rng = stoker_plan::prng::SplitMix64::new(seed);
+        let start = Instant::now();
+        let mut scheduler = Scheduler::new(config(), 1);
+        for rank in 0..world_size {
+            open(&mut scheduler, key(), rank, 1, shape(steps, world_size, prefetch), start);
+        }
+        let mut workers: Vec<Simulated> = (0..initial_workers)
+            .map(|_| Simulated { id: scheduler.register_worker(addr(), 1, process(), start), standing: Standing::Live, held: Vec::new() })
+            .collect();
+        let mut chunks: BTreeMap<LeaseId, Chunk> = BTreeMap::new();
+        // (epoch, rank, step): the next epoch is made early, while this one ends.
+        let mut delivered: BTreeMap<(u64, u32, u64), u32> = BTreeMap::new();
+        let mut consumed = vec![0u64; world_size as usize];
+        let mut now = start;
+        for round in 0..800u32 {
+            let faulty = round < 150;
+            now += Duration::from_millis(if faulty { 50 + rng.below(750) } else { 100 });
+            if faulty && rng.below(100) < 2 {
+                workers.push(Simulated { id: scheduler.register_worker(addr(), 1, process(), now), standing: Standing::Live, held: Vec::new() });
+            }
+            for worker in &mut workers {
+                match worker.standing {
+                    Standing::Gone => continue,
+                    Standing::Silent if faulty && rng.below(100) >= 10 => continue,
+                    Standing::Live if faulty && rng.below(100) < 2 => {
+                        worker.standing = Standing::Silent;
+                        continue;
+                    }
+                    Standing::Live if faulty && rng.below(100) < 1 => {
+                        scheduler.deregister(worker.id);
+                        worker.standing = Standing::Gone;
+                        continue;
+                    }
+                    _ => worker.standing = Standing::Live,
+                }
+                let progress: Vec<LeaseProgress> = worker.held.iter().map(|lease| LeaseProgress { lease: *lease, finished: 0 }).collect();
+                match scheduler.heartbeat(worker.id, &progress, Made::default(), &[], now) {
+                    Ok(revoked) => worker.held.retain(|lease| !revoked.contains(lease)),
+                    Err(_) => {
+                        // Forgotten while silent: it registers again, empty-handed.
+                        worker.id = scheduler.register_worker(addr(), 1, process(), now);
+                        worker.held.clear();
+                    }
+                }
+                let mut kept = Vec::new();
+                for lease in std::mem::take(&mut worker.held) {
+                    let draw = if faulty { rng.below(100) } else { 0 };
+                    if draw < 85 {
+                        if scheduler.chunk_done(worker.id, lease, now).is_some() {
+                            let chunk = chunks[&lease];
+                            for step in chunk.first_step.0..chunk.first_step.0 + u64::from(chunk.steps) {
+                                *delivered.entry((chunk.epoch.0, chunk.rank.0, step)).or_default() += 1;
+                            }
+                        }
+                    } else if draw < 95 {
+                        scheduler.chunk_failed(worker.id, lease, now);
+                    } else {
+                        kept.push(lease);
+                    }
+                }
+                worker.held = kept;
+                let slowest = consumed.iter().copied().min().unwrap_or(0);
+                for (lease, chunk) in scheduler.pull(worker.id, 1, now, &mut TestIds).unwrap_or_default() {
+                    proptest::prop_assert!(chunk.first_step.0 < slowest + u64::from(prefetch), "window: {chunk:?}, slowest {slowest}");
+                    chunks.insert(lease, chunk);
+                    worker.held.push(lease);
+                }
+            }
+            for rank in 0..world_size {
+                let at = &mut consumed[rank as usize];
+                while *at < steps && delivered.contains_key(&(0, rank, *at)) {
+                    *at += 1;
+                }
+                report(&mut scheduler, key(), rank, 1, *at, now);
+            }
+            if !scheduler.has_run(key()) {
+                break;
+            }
+        }
+        proptest::prop_assert!(!scheduler.has_run(key()), "the run did not finish: consumed {:?}", consumed);
+        proptest::prop_assert!(scheduler.chunks_failed() > 0, "no chunk failed: the test made no faults");
+        proptest::prop_assert_eq!(delivered.keys().filter(|(epoch, _, _)| *epoch == 0).count() as u64, steps * u64::from(world_size));
+        let twice: Vec<_> = delivered.iter().filter(|(_, count)| **count > 1).collect();
+        proptest::prop_assert!(twice.is_empty(), "delivered through two live leases: {:?}", twice);
+    }
+}
