@@ -87,9 +87,12 @@ def torchvision_apply(image: np.ndarray, ops: List[Dict]) -> np.ndarray:
             tensor = F.equalize(tensor)
         elif kind == "affine":
             nearest = InterpolationMode.NEAREST
-            tensor = F.affine(tensor, op["angle"], op["translate"], 1.0, op["shear"], interpolation=nearest, fill=None, center=op["center"])
+            scale = op.get("scale", 1.0)
+            tensor = F.affine(tensor, op["angle"], op["translate"], scale, op["shear"], interpolation=nearest, fill=None, center=op["center"])
         elif kind == "rotate":
             tensor = F.rotate(tensor, op["angle"], interpolation=InterpolationMode.NEAREST, fill=None)
+        elif kind == "invert":
+            tensor = F.invert(tensor)
         else:
             raise AssertionError(f"unknown op {op}")
     return tensor.permute(1, 2, 0).numpy()
@@ -123,6 +126,12 @@ OPS = (
     + [{"op": "affine", "angle": 0.0, "translate": [0.0, 0.0], "shear": sh, "center": [0.0, 0.0]} for sh in ([16.7, 0.0], [-44.7, 0.0], [0.0, -30.0])]
     + [{"op": "affine", "angle": 0.0, "translate": t, "shear": [0.0, 0.0], "center": None} for t in ([13.0, 0.0], [0.0, -7.0], [-32.0, 0.0])]
     + [{"op": "rotate", "angle": a} for a in (4.5, -30.0, 90.0, -90.0, 135.0, 180.0)]
+    # AutoAugment's Invert; RandomAffine's scale with the rest.
+    + [{"op": "invert"}]
+    + [
+        {"op": "affine", "angle": a, "translate": t, "scale": sc, "shear": sh, "center": None}
+        for a, t, sc, sh in ((0.0, [0.0, 0.0], 0.75, [0.0, 0.0]), (17.3, [3.0, -2.0], 1.3, [5.5, -3.0]), (-41.0, [-6.0, 4.0], 0.9, [0.0, 12.0]))
+    ]
 )
 
 
@@ -194,7 +203,8 @@ def auto_augment_ops(policy: "v2.Transform", height: int, width: int) -> List[Di
     """Every explicit op torchvision's `policy` can apply to a `height` x `width` image: each
     op of its `_AUGMENTATION_SPACE` at each magnitude bin it may use, both signs where signed,
     mapped as `_apply_image_or_video_transform` maps them."""
-    bins = policy.num_magnitude_bins
+    # AutoAugment's steps index tables of 10 bins (`magnitudes_fn(10, height, width)`).
+    bins = 10 if isinstance(policy, v2.AutoAugment) else policy.num_magnitude_bins
 
     def translate(m: float) -> int:
         # torch's float32 linspace can land a unit in the last place below a whole number
@@ -213,10 +223,14 @@ def auto_augment_ops(policy: "v2.Transform", height: int, width: int) -> List[Di
                 ops.append(
                     {
                         "Identity": None,
-                        "ShearX": {"op": "affine", "angle": 0.0, "translate": [0.0, 0.0], "shear": [shear, 0.0], "center": [0.0, 0.0]},
-                        "ShearY": {"op": "affine", "angle": 0.0, "translate": [0.0, 0.0], "shear": [0.0, shear], "center": [0.0, 0.0]},
-                        "TranslateX": {"op": "affine", "angle": 0.0, "translate": [float(translate(m)), 0.0], "shear": [0.0, 0.0], "center": None},
-                        "TranslateY": {"op": "affine", "angle": 0.0, "translate": [0.0, float(translate(m))], "shear": [0.0, 0.0], "center": None},
+                        "ShearX": {"op": "affine", "angle": 0.0, "translate": [0.0, 0.0], "scale": 1.0, "shear": [shear, 0.0], "center": [0.0, 0.0]},
+                        "ShearY": {"op": "affine", "angle": 0.0, "translate": [0.0, 0.0], "scale": 1.0, "shear": [0.0, shear], "center": [0.0, 0.0]},
+                        "TranslateX": {
+                            "op": "affine", "angle": 0.0, "translate": [float(translate(m)), 0.0], "scale": 1.0, "shear": [0.0, 0.0], "center": None,
+                        },  # fmt: skip
+                        "TranslateY": {
+                            "op": "affine", "angle": 0.0, "translate": [0.0, float(translate(m))], "scale": 1.0, "shear": [0.0, 0.0], "center": None,
+                        },  # fmt: skip
                         "Rotate": {"op": "rotate", "angle": m},
                         "Brightness": {"op": "brightness", "factor": 1.0 + m},
                         "Color": {"op": "saturation", "factor": 1.0 + m},
@@ -226,6 +240,7 @@ def auto_augment_ops(policy: "v2.Transform", height: int, width: int) -> List[Di
                         "Solarize": {"op": "solarize", "threshold": 255.0 * m},
                         "AutoContrast": {"op": "auto_contrast"},
                         "Equalize": {"op": "equalize"},
+                        "Invert": {"op": "invert"},
                     }[name]
                 )
     return [op for op in ops if op is not None]
@@ -243,16 +258,22 @@ def same_op(ours: Dict, theirs: Dict) -> bool:
     return True
 
 
+POLICY_KINDS = {"affine", "rotate", "brightness", "saturation", "contrast", "sharpness", "posterize", "solarize", "auto_contrast", "equalize"}
+# The ops ImageNet's AutoAugment policy uses (no Brightness, TranslateX/Y or ShearY; Invert).
+IMAGENET_KINDS = POLICY_KINDS - {"brightness"} | {"invert"}
+
+
 @pytest.mark.parametrize(
-    "spec, policy",
+    "spec, policy, expected",
     [
-        ({"type": "TrivialAugmentWide"}, v2.TrivialAugmentWide()),
-        ({"type": "RandAugment"}, v2.RandAugment()),
-        ({"type": "RandAugment", "num_ops": 3, "magnitude": 20}, v2.RandAugment(num_ops=3, magnitude=20)),
+        ({"type": "TrivialAugmentWide"}, v2.TrivialAugmentWide(), POLICY_KINDS),
+        ({"type": "RandAugment"}, v2.RandAugment(), POLICY_KINDS),
+        ({"type": "RandAugment", "num_ops": 3, "magnitude": 20}, v2.RandAugment(num_ops=3, magnitude=20), POLICY_KINDS),
+        ({"type": "AutoAugment"}, v2.AutoAugment(), IMAGENET_KINDS),
     ],
-    ids=["TrivialAugmentWide", "RandAugment", "RandAugment-3-20"],
+    ids=["TrivialAugmentWide", "RandAugment", "RandAugment-3-20", "AutoAugment-imagenet"],
 )
-def test_auto_augment_draws_torchvisions_ops_and_torchvision_reproduces_the_pixels(spec: Dict, policy, tmp_path: Path) -> None:
+def test_auto_augment_draws_torchvisions_ops_and_torchvision_reproduces_the_pixels(spec: Dict, policy, expected, tmp_path: Path) -> None:
     """A spec with the policy through the worker's sample code: every op it reports is one
     torchvision's policy can apply (same op set, magnitude table and mapping), the number of ops
     is the policy's, every op of the set appears, and torchvision given the crop and the ops
@@ -272,7 +293,7 @@ def test_auto_augment_draws_torchvisions_ops_and_torchvision_reproduces_the_pixe
     kinds = set()
     for before, after in zip(plain, augmented):
         ops = after["pixel_ops"]
-        assert len(ops) <= getattr(policy, "num_ops", 1)
+        assert len(ops) <= getattr(policy, "num_ops", 2 if isinstance(policy, v2.AutoAugment) else 1)
         for op in ops:
             assert any(same_op(op, candidate) for candidate in possible), f"seed {after['seed']}: {op} is not one of torchvision's"
             kinds.add(op["op"])
@@ -281,6 +302,37 @@ def test_auto_augment_draws_torchvisions_ops_and_torchvision_reproduces_the_pixe
             cropped = np.fromfile(tmp_path / "plain" / f"{seed}.raw", np.uint8).reshape(after["shape"])
             ours = np.fromfile(tmp_path / "augmented" / f"{seed}.raw", np.uint8).reshape(after["shape"])
             assert_within(ours, torchvision_apply(cropped, ops), f"seed {seed}: {ops}")
-    expected = {"affine", "rotate", "brightness", "saturation", "contrast", "sharpness", "posterize", "solarize", "auto_contrast", "equalize"}
     assert kinds == expected, kinds
     assert len(seeds) == len(augmented)
+
+
+def test_random_rotation_and_affine_draw_in_torchvisions_ranges_and_torchvision_reproduces_the_pixels(tmp_path: Path) -> None:
+    """RandomRotation and RandomAffine through the worker's sample code: each draw in the
+    ranges torchvision's `make_params` draws from (whole-pixel translations), and torchvision's
+    `rotate` and `affine` given the crop and the drawn parameters give the worker's pixels."""
+    crop = [{"type": "RandomResizedCrop", "size": 72}]
+    spec = [
+        {"type": "RandomRotation", "degrees": 25},
+        {"type": "RandomAffine", "degrees": [-10, 40], "translate": [0.2, 0.1], "scale": [0.7, 1.3], "shear": [-8, 8, 0, 5]},
+    ]
+
+    def run(transforms: List[Dict], out: Path) -> List[Dict]:
+        args = ["transform", str(PHOTOS[0]), "--spec", json.dumps({"transforms": transforms, "dct_scaling": False}), "--seeds", "0..40", "--out", str(out)]
+        done = subprocess.run([stoker_bin(), *args], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return [json.loads(line) for line in done.stdout.splitlines()]
+
+    plain, augmented = run(crop, tmp_path / "plain"), run(crop + spec, tmp_path / "augmented")
+    assert len(augmented) == 40
+    for before, after in zip(plain, augmented):
+        rotation, affine = after["pixel_ops"]
+        assert rotation["op"] == "rotate" and -25 <= rotation["angle"] <= 25, rotation
+        assert affine["op"] == "affine" and -10 <= affine["angle"] <= 40 and 0.7 <= affine["scale"] <= 1.3, affine
+        tx, ty = affine["translate"]
+        assert tx == int(tx) and ty == int(ty) and abs(tx) <= round(0.2 * 72) and abs(ty) <= round(0.1 * 72), affine
+        sx, sy = affine["shear"]
+        assert -8 <= sx <= 8 and 0 <= sy <= 5 and affine["center"] is None, affine
+        seed = after["seed"]
+        cropped = np.fromfile(tmp_path / "plain" / f"{seed}.raw", np.uint8).reshape(after["shape"])
+        ours = np.fromfile(tmp_path / "augmented" / f"{seed}.raw", np.uint8).reshape(after["shape"])
+        assert_within(ours, torchvision_apply(cropped, after["pixel_ops"]), f"seed {seed}: {after['pixel_ops']}")

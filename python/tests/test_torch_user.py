@@ -90,8 +90,14 @@ def test_torchvision_transforms_are_accepted_as_written(cluster, job_name) -> No
         stoker.transforms.as_stoker_transforms(T.RandAugment(interpolation=pytest.importorskip("torchvision.transforms").InterpolationMode.BILINEAR))
     trivial = make(cluster, job_name + "-trivial", transforms=T.Compose([T.RandomResizedCrop(32), T.TrivialAugmentWide()]))
     assert tuple(next(iter(trivial)).images.shape) == (8, 32, 32, 3)
-    with pytest.raises(stoker.ConfigError, match="RandomRotation"):
-        make(cluster, job_name + "-rotate", transforms=T.Compose([T.CenterCrop(32), T.RandomRotation(10)]))
+    geometric = stoker.transforms.as_stoker_transforms([T.AutoAugment(), T.RandomRotation(10), T.RandomAffine(5, translate=(0.1, 0.2), shear=3)])
+    assert geometric == [stoker.AutoAugment(), stoker.RandomRotation((-10.0, 10.0)), stoker.RandomAffine((-5.0, 5.0), (0.1, 0.2), None, (-3.0, 3.0))]
+    rotated = make(cluster, job_name + "-rotate", transforms=T.Compose([T.CenterCrop(32), T.RandomRotation(10)]))
+    assert tuple(next(iter(rotated)).images.shape) == (8, 32, 32, 3)
+    with pytest.raises(stoker.ConfigError, match="expand=False"):
+        stoker.transforms.as_stoker_transforms(T.RandomRotation(10, expand=True))
+    with pytest.raises(stoker.ConfigError, match="RandomPerspective"):
+        make(cluster, job_name + "-perspective", transforms=T.Compose([T.CenterCrop(32), T.RandomPerspective()]))
     with pytest.raises(stoker.ConfigError, match="shorter side"):
         make(cluster, job_name + "-fixed", transforms=T.Resize((32, 48)))
 

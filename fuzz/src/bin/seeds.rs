@@ -437,6 +437,14 @@ fn transform_specs() -> Fallible<Vec<(String, Vec<u8>)>> {
 {"type":"RandAugment","num_ops":2,"magnitude":9,"num_magnitude_bins":31},{"type":"TrivialAugmentWide"},
 {"type":"RandomErasing","p":0.5,"scale":[0.02,0.33],"ratio":[0.3,3.3],"value":[124,116,104]}]}"#,
         ),
+        (
+            "geometric-augmentations",
+            320,
+            240,
+            r#"{"transforms":[{"type":"RandomResizedCrop","size":64},{"type":"AutoAugment","policy":"imagenet"},
+{"type":"RandomRotation","degrees":30},{"type":"RandomAffine","degrees":[-10,40],"translate":[0.2,0.1],"scale":[0.7,1.3],
+"shear":[-8,8,0,5]}]}"#,
+        ),
     ];
     let mut seeds = Vec::new();
     for (i, (name, width, height, json)) in specs.into_iter().enumerate() {

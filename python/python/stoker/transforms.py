@@ -333,6 +333,100 @@ class RandAugment:
         return {"type": "RandAugment", "num_ops": self.num_ops, "magnitude": self.magnitude, "num_magnitude_bins": self.num_magnitude_bins}
 
 
+AUTO_AUGMENT_POLICIES = ("imagenet", "cifar10", "svhn")
+
+
+@dataclass(frozen=True)
+class AutoAugment:
+    """torchvision v2's ``AutoAugment``: per image one of the policy's 25 learned sub-policies,
+    each of two ops applied with its own probability at its own magnitude (the same op tables
+    as :class:`RandAugment`, plus Invert). ``policy`` is ``"imagenet"`` (torchvision's default),
+    ``"cifar10"`` or ``"svhn"``, or torchvision's ``AutoAugmentPolicy``. Nearest pixel, fill 0."""
+
+    policy: Any = "imagenet"
+
+    def __post_init__(self) -> None:
+        name = str(getattr(self.policy, "value", self.policy)).lower()
+        if name not in AUTO_AUGMENT_POLICIES:
+            raise ConfigError(f"AutoAugment: policy must be one of {', '.join(AUTO_AUGMENT_POLICIES)}, got {self.policy!r}")
+        object.__setattr__(self, "policy", name)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "AutoAugment", "policy": self.policy}
+
+
+def _degrees(name: str, field: str, value: Any, bound: float = math.inf) -> Tuple[float, float]:
+    """torchvision's ``_setup_angle``: a non-negative number ``d`` is ``(-d, d)``; otherwise a
+    ``(low, high)`` pair with ``low <= high``, both within ``bound`` in size."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{name}: {field} must be a number or a (low, high) pair, got {value!r}")
+    if isinstance(value, (int, float)):
+        if not (0 <= value < bound):
+            raise ConfigError(f"{name}: {field} as a single number must be non-negative (and below {bound}), got {value!r}")
+        return (-float(value), float(value))
+    try:
+        low, high = (float(value[0]), float(value[1]))
+    except (TypeError, ValueError, IndexError, KeyError):
+        raise ConfigError(f"{name}: {field} must be a number or a (low, high) pair, got {value!r}") from None
+    if len(value) != 2 or not (-bound < low <= high < bound):
+        raise ConfigError(f"{name}: {field} must be a (low, high) pair with low <= high (each within {bound}), got {value!r}")
+    return (low, high)
+
+
+@dataclass(frozen=True)
+class RandomRotation:
+    """torchvision v2's ``RandomRotation(degrees)``: counter-clockwise by an angle drawn from
+    ``degrees`` (a number ``d`` for ``[-d, d]``, or ``(low, high)``), about the centre, same
+    size, nearest pixel, fill 0."""
+
+    degrees: Any
+
+    def __post_init__(self) -> None:
+        self.to_dict()
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"type": "RandomRotation", "degrees": list(_degrees("RandomRotation", "degrees", self.degrees))}
+
+
+@dataclass(frozen=True)
+class RandomAffine:
+    """torchvision v2's ``RandomAffine(degrees, translate, scale, shear)``: per image a rotation
+    from ``degrees``, a whole-pixel shift up to ``translate = (fx, fy)`` of the width and height,
+    a scale from ``scale = (low, high)`` and a shear from ``shear`` (``s`` for x in ``[-s, s]``,
+    ``(low, high)`` for x, or four numbers for x then y), about the centre, nearest pixel,
+    fill 0."""
+
+    degrees: Any
+    translate: Any = None
+    scale: Any = None
+    shear: Any = None
+
+    def __post_init__(self) -> None:
+        self.to_dict()
+
+    def to_dict(self) -> Dict[str, Any]:
+        name = "RandomAffine"
+        result: Dict[str, Any] = {"type": name, "degrees": list(_degrees(name, "degrees", self.degrees))}
+        if self.translate is not None:
+            try:
+                fx, fy = (float(self.translate[0]), float(self.translate[1]))
+            except (TypeError, ValueError, IndexError, KeyError):
+                raise ConfigError(f"{name}: translate must be a (fx, fy) pair of fractions, got {self.translate!r}") from None
+            if len(self.translate) != 2 or not (0.0 <= fx <= 1.0 and 0.0 <= fy <= 1.0):
+                raise ConfigError(f"{name}: translate fractions must be in [0, 1], got {self.translate!r}")
+            result["translate"] = [fx, fy]
+        if self.scale is not None:
+            result["scale"] = list(_range(name, "scale", self.scale))
+        if self.shear is not None:
+            shear = self.shear
+            if isinstance(shear, (list, tuple)) and len(shear) == 4:
+                x, y = _degrees(name, "shear", shear[:2], 90.0), _degrees(name, "shear", shear[2:], 90.0)
+                result["shear"] = [*x, *y]
+            else:
+                result["shear"] = list(_degrees(name, "shear", shear, 90.0))
+        return result
+
+
 Transform = Union[
     RandomResizedCrop,
     Resize,
@@ -345,6 +439,9 @@ Transform = Union[
     GaussianBlur,
     TrivialAugmentWide,
     RandAugment,
+    AutoAugment,
+    RandomRotation,
+    RandomAffine,
 ]
 
 # The same classes, for isinstance checks.
@@ -408,14 +505,27 @@ def _from_torchvision(transform: Any) -> list:
         return [RandomGrayscale(float(transform.p))]
     if kind == "GaussianBlur":
         return [GaussianBlur(tuple(int(k) for k in transform.kernel_size), tuple(float(s) for s in transform.sigma))]
-    if kind in ("TrivialAugmentWide", "RandAugment"):
+    if kind in ("TrivialAugmentWide", "RandAugment", "AutoAugment", "RandomRotation", "RandomAffine"):
         fill = getattr(transform, "fill", None)
         fills = list(fill.values()) if isinstance(fill, dict) else [fill]
-        if _interpolation_name(kind, transform.interpolation) != "nearest" or any(f not in (None, 0, 0.0) for f in fills):
-            raise ConfigError(f"{kind}: the workers make it with torchvision's defaults only (interpolation=NEAREST, fill=None)")
+        if fills and isinstance(fills[0], (list, tuple)):
+            fills = [value for channels in fills for value in channels]
+        plain = getattr(transform, "center", None) is None and not getattr(transform, "expand", False)
+        if _interpolation_name(kind, transform.interpolation) != "nearest" or any(f not in (None, 0, 0.0) for f in fills) or not plain:
+            raise ConfigError(
+                f"{kind}: the workers make it with torchvision's defaults only (interpolation=NEAREST, fill=None or 0, center=None, expand=False)"
+            )
         if kind == "TrivialAugmentWide":
             return [TrivialAugmentWide(int(transform.num_magnitude_bins))]
-        return [RandAugment(int(transform.num_ops), int(transform.magnitude), int(transform.num_magnitude_bins))]
+        if kind == "RandAugment":
+            return [RandAugment(int(transform.num_ops), int(transform.magnitude), int(transform.num_magnitude_bins))]
+        if kind == "AutoAugment":
+            return [AutoAugment(transform.policy)]
+        degrees = tuple(float(d) for d in transform.degrees)
+        if kind == "RandomRotation":
+            return [RandomRotation(degrees)]
+        pairs = {field: getattr(transform, field) for field in ("translate", "scale", "shear")}
+        return [RandomAffine(degrees, **{field: None if value is None else tuple(float(v) for v in value) for field, value in pairs.items()})]
     if kind == "RandomErasing":
         raise ConfigError(
             "torchvision's RandomErasing fills a normalised tensor, Stoker's the uint8 image before Normalize: write "
@@ -427,7 +537,7 @@ def _from_torchvision(transform: Any) -> list:
     raise ConfigError(
         f"transforms: torchvision's {kind} is not one the Stoker workers apply; they apply RandomResizedCrop, Resize, "
         "CenterCrop, RandomHorizontalFlip, ColorJitter, RandomGrayscale, RandomErasing, GaussianBlur, TrivialAugmentWide, "
-        "RandAugment and Normalize "
+        "RandAugment, AutoAugment, RandomRotation, RandomAffine and Normalize "
         "(torchvision's or stoker's). Apply others to the batch on the GPU"
     )
 

@@ -12,7 +12,7 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use stoker_pipeline::SampleMaker;
 use stoker_pipeline::augment::{AugmentScratch, apply};
 use stoker_plan::prng::SplitMix64;
-use stoker_plan::transform::{PixelOp, Recipe, Transform, TransformSpec};
+use stoker_plan::transform::{AutoAugmentPolicy, PixelOp, Recipe, Transform, TransformSpec};
 use turbojpeg::{Image, PixelFormat, Subsamp};
 
 const SIDE: usize = 224;
@@ -66,12 +66,15 @@ fn augmentations(c: &mut Criterion) {
     let mut rand_augment = baseline.clone();
     rand_augment.transforms.push(Transform::RandAugment { num_ops: 2, magnitude: 9, num_magnitude_bins: 31 });
     make_sample(c, "pipeline/decode_crop_flip_224 + RandAugment(2, 9)", &rand_augment, &data);
+    let mut auto_augment = baseline.clone();
+    auto_augment.transforms.push(Transform::AutoAugment { policy: AutoAugmentPolicy::Imagenet });
+    make_sample(c, "pipeline/decode_crop_flip_224 + AutoAugment(imagenet)", &auto_augment, &data);
 
     let image: Vec<u8> = {
         let mut rng = SplitMix64::new(5);
         (0..SIDE * SIDE * 3).map(|_| rng.below(256) as u8).collect()
     };
-    let ops: [(&str, PixelOp); 16] = [
+    let ops: [(&str, PixelOp); 18] = [
         ("brightness", PixelOp::Brightness { factor: 1.2 }),
         ("contrast", PixelOp::Contrast { factor: 1.2 }),
         ("saturation", PixelOp::Saturation { factor: 1.2 }),
@@ -85,9 +88,14 @@ fn augmentations(c: &mut Criterion) {
         ("solarize_128", PixelOp::Solarize { threshold: 128.0 }),
         ("autocontrast", PixelOp::AutoContrast),
         ("equalize", PixelOp::Equalize),
-        ("shear_x_0.3", PixelOp::Affine { angle: 0.0, translate: [0.0, 0.0], shear: [16.7, 0.0], center: Some([0.0, 0.0]) }),
-        ("translate_x_20", PixelOp::Affine { angle: 0.0, translate: [20.0, 0.0], shear: [0.0, 0.0], center: None }),
+        ("shear_x_0.3", PixelOp::Affine { angle: 0.0, translate: [0.0, 0.0], scale: 1.0, shear: [16.7, 0.0], center: Some([0.0, 0.0]) }),
+        ("translate_x_20", PixelOp::Affine { angle: 0.0, translate: [20.0, 0.0], scale: 1.0, shear: [0.0, 0.0], center: None }),
         ("rotate_9", PixelOp::Rotate { angle: 9.0 }),
+        (
+            "affine_rotate_17_scale_1.3_shear_5",
+            PixelOp::Affine { angle: 17.3, translate: [3.0, -2.0], scale: 1.3, shear: [5.5, -3.0], center: None },
+        ),
+        ("invert", PixelOp::Invert),
     ];
     let mut scratch = AugmentScratch::default();
     let mut pixels = image.clone();

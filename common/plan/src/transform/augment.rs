@@ -10,7 +10,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Transform, auto_augment};
+use super::{AngleRange, AutoAugmentPolicy, ShearRange, Transform, auto_augment};
 use crate::error::TransformError;
 use crate::prng::{SeedDomain, SplitMix64, derive_seed};
 
@@ -131,6 +131,27 @@ pub enum Augmentation {
         /// Magnitude bins.
         bins: u32,
     },
+    /// `AutoAugment(policy)`.
+    AutoAugment {
+        /// The learned policy.
+        policy: AutoAugmentPolicy,
+    },
+    /// `RandomRotation(degrees)`.
+    RandomRotation {
+        /// Angle range, degrees.
+        degrees: (f64, f64),
+    },
+    /// `RandomAffine(degrees, translate, scale, shear)`.
+    RandomAffine {
+        /// Angle range, degrees.
+        degrees: (f64, f64),
+        /// Largest shift as fractions of the width and height.
+        translate: Option<(f64, f64)>,
+        /// Scale range.
+        scale: Option<(f64, f64)>,
+        /// Shear ranges, degrees: x, and y if drawn.
+        shear: Option<ShearRange>,
+    },
 }
 
 /// One augmentation with the parameters drawn for one sample, applied as torchvision v2's
@@ -200,12 +221,15 @@ pub enum PixelOp {
     AutoContrast,
     /// `equalize`: histogram equalisation per channel.
     Equalize,
-    /// `affine(angle, translate, scale=1, shear, NEAREST, fill=0, center)`.
+    /// `affine(angle, translate, scale, shear, NEAREST, fill=0, center)`.
     Affine {
         /// Rotation, degrees, counter-clockwise.
         angle: f64,
         /// Translation `[x, y]`, pixels.
         translate: [f64; 2],
+        /// Scale factor, positive (1 when absent).
+        #[serde(default = "unit_scale")]
+        scale: f64,
         /// Shear `[x, y]`, degrees.
         shear: [f64; 2],
         /// Centre in pixels from the top-left corner; `None`: the image centre.
@@ -216,6 +240,12 @@ pub enum PixelOp {
         /// Degrees, counter-clockwise.
         angle: f64,
     },
+    /// `invert`: every value `v` becomes `255 - v`.
+    Invert,
+}
+
+fn unit_scale() -> f64 {
+    1.0
 }
 
 impl PixelOp {
@@ -237,13 +267,14 @@ impl PixelOp {
             Self::Solarize { threshold } if !(threshold <= 255.0 && threshold.is_finite()) => {
                 format!("threshold must be finite and at most 255, got {threshold}")
             }
-            Self::Affine { angle, translate, shear, center }
-                if ![angle, translate[0], translate[1], shear[0], shear[1]]
+            Self::Affine { angle, translate, scale, shear, center }
+                if ![angle, translate[0], translate[1], scale, shear[0], shear[1]]
                     .iter()
                     .chain(center.iter().flatten())
-                    .all(|v| v.is_finite()) =>
+                    .all(|v| v.is_finite())
+                    || scale <= 0.0 =>
             {
-                "affine parameters must be finite".to_owned()
+                "affine parameters must be finite, the scale positive".to_owned()
             }
             Self::Rotate { angle } if !angle.is_finite() => format!("angle must be finite, got {angle}"),
             _ => return Ok(()),
@@ -340,6 +371,32 @@ impl Augmentation {
                 }
                 Self::RandAugment { num_ops, magnitude, bins }
             }
+            Transform::AutoAugment { policy } => Self::AutoAugment { policy },
+            Transform::RandomRotation { degrees } => Self::RandomRotation { degrees: check_degrees("RandomRotation", degrees)? },
+            Transform::RandomAffine { degrees, translate, scale, shear } => {
+                let degrees = check_degrees("RandomAffine", degrees)?;
+                if let Some((x, y)) = translate
+                    && !((0.0..=1.0).contains(&x) && (0.0..=1.0).contains(&y))
+                {
+                    return Err(bad("RandomAffine", format!("translate fractions must be in [0, 1], got ({x}, {y})")));
+                }
+                if let Some((low, high)) = scale
+                    && !(low > 0.0 && low <= high && high.is_finite())
+                {
+                    return Err(bad("RandomAffine", format!("scale must satisfy 0 < low ≤ high, got ({low}, {high})")));
+                }
+                if let Some(ShearRange { x, y }) = shear {
+                    for (low, high) in std::iter::once(x).chain(y) {
+                        if !(low <= high && low.is_finite() && high.is_finite() && low > -90.0 && high < 90.0) {
+                            return Err(bad(
+                                "RandomAffine",
+                                format!("shear ranges must satisfy -90 < low ≤ high < 90, got ({low}, {high})"),
+                            ));
+                        }
+                    }
+                }
+                Self::RandomAffine { degrees, translate, scale, shear }
+            }
             _ => return Ok(None),
         };
         Ok(Some(augmentation))
@@ -383,6 +440,24 @@ impl Augmentation {
             }
             Self::TrivialAugmentWide { bins } => auto_augment::trivial_augment_wide(rng, bins, width, height, ops),
             Self::RandAugment { num_ops, magnitude, bins } => auto_augment::rand_augment(rng, num_ops, magnitude, bins, width, height, ops),
+            Self::AutoAugment { policy } => auto_augment::auto_augment(rng, policy, width, height, ops),
+            Self::RandomRotation { degrees } => ops.push(PixelOp::Rotate { angle: rng.uniform(degrees.0, degrees.1) }),
+            Self::RandomAffine { degrees, translate, scale, shear } => {
+                // `RandomAffine.make_params`: angle, then tx and ty (`int(round(...))`: halves to
+                // even), scale, shear x, shear y, each drawn only where asked for.
+                let angle = rng.uniform(degrees.0, degrees.1);
+                let translate = translate.map_or([0.0, 0.0], |(x, y)| {
+                    let (max_dx, max_dy) = (x * f64::from(width), y * f64::from(height));
+                    let dx = rng.uniform(-max_dx, max_dx).round_ties_even();
+                    [dx, rng.uniform(-max_dy, max_dy).round_ties_even()]
+                });
+                let scale = scale.map_or(1.0, |(low, high)| rng.uniform(low, high));
+                let shear = shear.map_or([0.0, 0.0], |ShearRange { x, y }| {
+                    let shear_x = rng.uniform(x.0, x.1);
+                    [shear_x, y.map_or(0.0, |(low, high)| rng.uniform(low, high))]
+                });
+                ops.push(PixelOp::Affine { angle, translate, scale, shear, center: None });
+            }
             Self::GaussianBlur { kernel_size, sigma } => {
                 let drawn = rng.uniform(sigma.0, sigma.1);
                 ops.push(PixelOp::GaussianBlur { kernel_size: [kernel_size.width, kernel_size.height], sigma: [drawn, drawn] });
@@ -426,6 +501,15 @@ fn check_bins(transform: &'static str, bins: u32) -> Result<u32, TransformError>
         return Err(bad(transform, format!("num_magnitude_bins must be in 2..={MAX_BINS}, got {bins}")));
     }
     Ok(bins)
+}
+
+/// An angle range as torchvision's `_setup_angle` accepts it: finite, low ≤ high (a number
+/// `d` is `[-d, d]`, so it must not be negative).
+fn check_degrees(transform: &'static str, AngleRange(low, high): AngleRange) -> Result<(f64, f64), TransformError> {
+    if !(low <= high && low.is_finite() && high.is_finite()) {
+        return Err(bad(transform, format!("degrees must be a non-negative number or [low, high] with low ≤ high, got ({low}, {high})")));
+    }
+    Ok((low, high))
 }
 
 fn check_p(transform: &'static str, p: f64) -> Result<f64, TransformError> {
@@ -577,5 +661,88 @@ mod tests {
         let op: PixelOp = serde_json::from_str(r#"{"op": "erase", "top": 1, "left": 2, "height": 3, "width": 4, "value": [0, 0, 0]}"#)
             .expect("an explicit erase");
         assert_eq!(op, PixelOp::Erase { top: 1, left: 2, height: 3, width: 4, value: [0; 3] });
+    }
+
+    fn parsed(json: &str) -> Result<Option<Augmentation>, TransformError> {
+        let transform: Transform = serde_json::from_str(json).unwrap_or_else(|error| panic!("{json}: {error}"));
+        Augmentation::from_transform(&transform)
+    }
+
+    #[test]
+    fn rotation_and_affine_specs_read_as_torchvision_reads_its_arguments() {
+        let rotation = parsed(r#"{"type": "RandomRotation", "degrees": 30}"#).expect("valid");
+        assert_eq!(rotation, Some(Augmentation::RandomRotation { degrees: (-30.0, 30.0) }));
+        let affine = parsed(r#"{"type": "RandomAffine", "degrees": [0, 90], "translate": [0.1, 0.2], "scale": [0.8, 1.2], "shear": 10}"#);
+        let shear = Some(ShearRange { x: (-10.0, 10.0), y: None });
+        let expected = Augmentation::RandomAffine { degrees: (0.0, 90.0), translate: Some((0.1, 0.2)), scale: Some((0.8, 1.2)), shear };
+        assert_eq!(affine.expect("valid"), Some(expected));
+        let both = parsed(r#"{"type": "RandomAffine", "degrees": 0, "shear": [-5, 5, 1, 2]}"#).expect("valid");
+        assert!(matches!(both, Some(Augmentation::RandomAffine { shear: Some(ShearRange { y: Some((1.0, 2.0)), .. }), .. })), "{both:?}");
+        for bad in [
+            r#"{"type": "RandomRotation", "degrees": -5}"#,
+            r#"{"type": "RandomAffine", "degrees": 0, "translate": [1.5, 0]}"#,
+            r#"{"type": "RandomAffine", "degrees": 0, "scale": [0, 1]}"#,
+            r#"{"type": "RandomAffine", "degrees": 0, "shear": [-95, 0]}"#,
+        ] {
+            assert!(parsed(bad).is_err(), "{bad} is refused");
+        }
+        assert_eq!(
+            parsed(r#"{"type": "AutoAugment"}"#).expect("valid"),
+            Some(Augmentation::AutoAugment { policy: AutoAugmentPolicy::Imagenet })
+        );
+        let transform: Result<Transform, _> = serde_json::from_str(r#"{"type": "AutoAugment", "policy": "coco"}"#);
+        assert!(transform.is_err(), "an unknown policy is refused");
+    }
+
+    #[test]
+    fn affine_draws_stay_in_their_ranges_and_translations_are_whole_pixels() {
+        let all = augmentations(&[Transform::RandomAffine {
+            degrees: AngleRange(-20.0, 20.0),
+            translate: Some((0.25, 0.1)),
+            scale: Some((0.5, 1.5)),
+            shear: Some(ShearRange { x: (-10.0, 10.0), y: Some((3.0, 4.0)) }),
+        }]);
+        let (mut widest, mut smallest) = (0.0f64, f64::MAX);
+        for seed in 0..2000 {
+            let ops = draw(&all, seed);
+            let [PixelOp::Affine { angle, translate: [tx, ty], scale, shear: [sx, sy], center: None }] = ops[..] else { panic!("{ops:?}") };
+            assert!((-20.0..20.0).contains(&angle) && (0.5..1.5).contains(&scale), "{ops:?}");
+            // 64 × 48: up to 16 pixels across, 4.8 (so 5 after rounding) down.
+            assert!(tx.fract() == 0.0 && ty.fract() == 0.0 && tx.abs() <= 16.0 && ty.abs() <= 5.0, "{ops:?}");
+            assert!((-10.0..10.0).contains(&sx) && (3.0..4.0).contains(&sy), "{ops:?}");
+            widest = widest.max(tx.abs());
+            smallest = smallest.min(scale);
+        }
+        assert!(widest >= 15.0 && smallest < 0.55, "the ranges are covered: {widest}, {smallest}");
+        let plain = augmentations(&[Transform::RandomAffine { degrees: AngleRange(5.0, 5.0), translate: None, scale: None, shear: None }]);
+        let unit = PixelOp::Affine { angle: 5.0, translate: [0.0, 0.0], scale: 1.0, shear: [0.0, 0.0], center: None };
+        assert_eq!(draw(&plain, 3), vec![unit]);
+    }
+
+    #[test]
+    fn auto_augment_draws_every_sub_policy_step_as_often_as_its_probability() {
+        let all = augmentations(&[Transform::AutoAugment { policy: AutoAugmentPolicy::Imagenet }]);
+        let draws = 20_000u32;
+        let (mut inverted, mut rotated, mut none) = (0u32, 0u32, 0u32);
+        for seed in 0..u64::from(draws) {
+            let ops = draw(&all, seed);
+            assert!(ops.len() <= 2, "{ops:?}");
+            none += u32::from(ops.is_empty());
+            inverted += ops.iter().filter(|op| matches!(op, PixelOp::Invert)).count() as u32;
+            for op in &ops {
+                if let PixelOp::Rotate { angle } = op {
+                    // Bins 3, 8 and 9 of linspace(0, 30, 10): 10, 26.67 and 30 degrees, either way.
+                    assert!([10.0f64, 80.0 / 3.0, 30.0].iter().any(|bin| (angle.abs() - bin).abs() < 1e-4), "{angle}");
+                    rotated += 1;
+                }
+            }
+        }
+        // Invert: 3 of the 25 sub-policies (the 14th, 18th and 23rd), each with p = 0.6.
+        let expected_inverted = f64::from(draws) * 3.0 / 25.0 * 0.6;
+        assert!((f64::from(inverted) - expected_inverted).abs() < 0.1 * expected_inverted, "{inverted} against {expected_inverted}");
+        // Rotate: 0.6 + 0.8 + 0.2 + 0.8 + 0.4 + 0.8 over 25.
+        let expected_rotated = f64::from(draws) * 3.6 / 25.0;
+        assert!((f64::from(rotated) - expected_rotated).abs() < 0.1 * expected_rotated, "{rotated} against {expected_rotated}");
+        assert!(none > 0, "some images get no op (both steps skipped)");
     }
 }

@@ -1,9 +1,10 @@
-//! torchvision v2's `TrivialAugmentWide` and `RandAugment`: the op set, its magnitude tables
+//! torchvision v2's `TrivialAugmentWide`, `RandAugment` and `AutoAugment`: the op set, its magnitude tables
 //! and the draws, in torchvision's order (op, magnitude bin, sign), with the ops' defaults
 //! (nearest interpolation, fill 0). Each draw becomes explicit [`PixelOp`]s as
 //! `_apply_image_or_video_transform` maps them (ShearX → `affine(shear=[degrees(atan(m)), 0],
 //! center=[0, 0])`, Color → `adjust_saturation(1 + m)`, ...).
 
+use super::AutoAugmentPolicy;
 use super::augment::PixelOp;
 use crate::prng::SplitMix64;
 
@@ -24,6 +25,8 @@ enum AutoOp {
     Solarize,
     AutoContrast,
     Equalize,
+    /// Only in `AutoAugment`'s policies.
+    Invert,
 }
 
 const OPS: [AutoOp; 14] = [
@@ -70,7 +73,7 @@ fn magnitude(policy: Policy, op: AutoOp, bins: u32, bin: u32, width: u32, height
     let wide = policy == Policy::TrivialAugmentWide;
     let signed = |high: f64| Some((linspace(0.0, high, bins, bin), true));
     match op {
-        AutoOp::Identity | AutoOp::AutoContrast | AutoOp::Equalize => None,
+        AutoOp::Identity | AutoOp::AutoContrast | AutoOp::Equalize | AutoOp::Invert => None,
         AutoOp::ShearX | AutoOp::ShearY => signed(if wide { 0.99 } else { 0.3 }),
         AutoOp::TranslateX if !wide => signed(150.0 / 331.0 * f64::from(width)),
         AutoOp::TranslateY if !wide => signed(150.0 / 331.0 * f64::from(height)),
@@ -93,11 +96,15 @@ fn pixel_op(op: AutoOp, magnitude: f64) -> Option<PixelOp> {
     let shear = magnitude.atan().to_degrees();
     Some(match op {
         AutoOp::Identity => return None,
-        AutoOp::ShearX => PixelOp::Affine { angle: 0.0, translate: [0.0, 0.0], shear: [shear, 0.0], center: Some([0.0, 0.0]) },
-        AutoOp::ShearY => PixelOp::Affine { angle: 0.0, translate: [0.0, 0.0], shear: [0.0, shear], center: Some([0.0, 0.0]) },
+        AutoOp::ShearX => PixelOp::Affine { angle: 0.0, translate: [0.0, 0.0], scale: 1.0, shear: [shear, 0.0], center: Some([0.0, 0.0]) },
+        AutoOp::ShearY => PixelOp::Affine { angle: 0.0, translate: [0.0, 0.0], scale: 1.0, shear: [0.0, shear], center: Some([0.0, 0.0]) },
         // `int(magnitude)`: toward zero.
-        AutoOp::TranslateX => PixelOp::Affine { angle: 0.0, translate: [magnitude.trunc(), 0.0], shear: [0.0, 0.0], center: None },
-        AutoOp::TranslateY => PixelOp::Affine { angle: 0.0, translate: [0.0, magnitude.trunc()], shear: [0.0, 0.0], center: None },
+        AutoOp::TranslateX => {
+            PixelOp::Affine { angle: 0.0, translate: [magnitude.trunc(), 0.0], scale: 1.0, shear: [0.0, 0.0], center: None }
+        }
+        AutoOp::TranslateY => {
+            PixelOp::Affine { angle: 0.0, translate: [0.0, magnitude.trunc()], scale: 1.0, shear: [0.0, 0.0], center: None }
+        }
         AutoOp::Rotate => PixelOp::Rotate { angle: magnitude },
         AutoOp::Brightness => PixelOp::Brightness { factor: 1.0 + magnitude },
         AutoOp::Color => PixelOp::Saturation { factor: 1.0 + magnitude },
@@ -108,6 +115,7 @@ fn pixel_op(op: AutoOp, magnitude: f64) -> Option<PixelOp> {
         AutoOp::Solarize => PixelOp::Solarize { threshold: 255.0 * magnitude },
         AutoOp::AutoContrast => PixelOp::AutoContrast,
         AutoOp::Equalize => PixelOp::Equalize,
+        AutoOp::Invert => PixelOp::Invert,
     })
 }
 
@@ -149,6 +157,124 @@ pub(super) fn rand_augment(
     }
 }
 
+/// One sub-policy of `AutoAugment`: two (op, probability, magnitude bin) steps.
+type SubPolicy = [(AutoOp, f64, Option<u32>); 2];
+
+/// The magnitude bins of `AutoAugment`'s tables (`magnitudes_fn(10, height, width)`).
+const AUTO_AUGMENT_BINS: u32 = 10;
+
+/// `AutoAugmentPolicy.IMAGENET`'s sub-policies: (op, probability, magnitude bin).
+const IMAGENET: [SubPolicy; 25] = [
+    [(AutoOp::Posterize, 0.4, Some(8)), (AutoOp::Rotate, 0.6, Some(9))],
+    [(AutoOp::Solarize, 0.6, Some(5)), (AutoOp::AutoContrast, 0.6, None)],
+    [(AutoOp::Equalize, 0.8, None), (AutoOp::Equalize, 0.6, None)],
+    [(AutoOp::Posterize, 0.6, Some(7)), (AutoOp::Posterize, 0.6, Some(6))],
+    [(AutoOp::Equalize, 0.4, None), (AutoOp::Solarize, 0.2, Some(4))],
+    [(AutoOp::Equalize, 0.4, None), (AutoOp::Rotate, 0.8, Some(8))],
+    [(AutoOp::Solarize, 0.6, Some(3)), (AutoOp::Equalize, 0.6, None)],
+    [(AutoOp::Posterize, 0.8, Some(5)), (AutoOp::Equalize, 1.0, None)],
+    [(AutoOp::Rotate, 0.2, Some(3)), (AutoOp::Solarize, 0.6, Some(8))],
+    [(AutoOp::Equalize, 0.6, None), (AutoOp::Posterize, 0.4, Some(6))],
+    [(AutoOp::Rotate, 0.8, Some(8)), (AutoOp::Color, 0.4, Some(0))],
+    [(AutoOp::Rotate, 0.4, Some(9)), (AutoOp::Equalize, 0.6, None)],
+    [(AutoOp::Equalize, 0.0, None), (AutoOp::Equalize, 0.8, None)],
+    [(AutoOp::Invert, 0.6, None), (AutoOp::Equalize, 1.0, None)],
+    [(AutoOp::Color, 0.6, Some(4)), (AutoOp::Contrast, 1.0, Some(8))],
+    [(AutoOp::Rotate, 0.8, Some(8)), (AutoOp::Color, 1.0, Some(2))],
+    [(AutoOp::Color, 0.8, Some(8)), (AutoOp::Solarize, 0.8, Some(7))],
+    [(AutoOp::Sharpness, 0.4, Some(7)), (AutoOp::Invert, 0.6, None)],
+    [(AutoOp::ShearX, 0.6, Some(5)), (AutoOp::Equalize, 1.0, None)],
+    [(AutoOp::Color, 0.4, Some(0)), (AutoOp::Equalize, 0.6, None)],
+    [(AutoOp::Equalize, 0.4, None), (AutoOp::Solarize, 0.2, Some(4))],
+    [(AutoOp::Solarize, 0.6, Some(5)), (AutoOp::AutoContrast, 0.6, None)],
+    [(AutoOp::Invert, 0.6, None), (AutoOp::Equalize, 1.0, None)],
+    [(AutoOp::Color, 0.6, Some(4)), (AutoOp::Contrast, 1.0, Some(8))],
+    [(AutoOp::Equalize, 0.8, None), (AutoOp::Equalize, 0.6, None)],
+];
+
+/// `AutoAugmentPolicy.CIFAR10`'s sub-policies: (op, probability, magnitude bin).
+const CIFAR10: [SubPolicy; 25] = [
+    [(AutoOp::Invert, 0.1, None), (AutoOp::Contrast, 0.2, Some(6))],
+    [(AutoOp::Rotate, 0.7, Some(2)), (AutoOp::TranslateX, 0.3, Some(9))],
+    [(AutoOp::Sharpness, 0.8, Some(1)), (AutoOp::Sharpness, 0.9, Some(3))],
+    [(AutoOp::ShearY, 0.5, Some(8)), (AutoOp::TranslateY, 0.7, Some(9))],
+    [(AutoOp::AutoContrast, 0.5, None), (AutoOp::Equalize, 0.9, None)],
+    [(AutoOp::ShearY, 0.2, Some(7)), (AutoOp::Posterize, 0.3, Some(7))],
+    [(AutoOp::Color, 0.4, Some(3)), (AutoOp::Brightness, 0.6, Some(7))],
+    [(AutoOp::Sharpness, 0.3, Some(9)), (AutoOp::Brightness, 0.7, Some(9))],
+    [(AutoOp::Equalize, 0.6, None), (AutoOp::Equalize, 0.5, None)],
+    [(AutoOp::Contrast, 0.6, Some(7)), (AutoOp::Sharpness, 0.6, Some(5))],
+    [(AutoOp::Color, 0.7, Some(7)), (AutoOp::TranslateX, 0.5, Some(8))],
+    [(AutoOp::Equalize, 0.3, None), (AutoOp::AutoContrast, 0.4, None)],
+    [(AutoOp::TranslateY, 0.4, Some(3)), (AutoOp::Sharpness, 0.2, Some(6))],
+    [(AutoOp::Brightness, 0.9, Some(6)), (AutoOp::Color, 0.2, Some(8))],
+    [(AutoOp::Solarize, 0.5, Some(2)), (AutoOp::Invert, 0.0, None)],
+    [(AutoOp::Equalize, 0.2, None), (AutoOp::AutoContrast, 0.6, None)],
+    [(AutoOp::Equalize, 0.2, None), (AutoOp::Equalize, 0.6, None)],
+    [(AutoOp::Color, 0.9, Some(9)), (AutoOp::Equalize, 0.6, None)],
+    [(AutoOp::AutoContrast, 0.8, None), (AutoOp::Solarize, 0.2, Some(8))],
+    [(AutoOp::Brightness, 0.1, Some(3)), (AutoOp::Color, 0.7, Some(0))],
+    [(AutoOp::Solarize, 0.4, Some(5)), (AutoOp::AutoContrast, 0.9, None)],
+    [(AutoOp::TranslateY, 0.9, Some(9)), (AutoOp::TranslateY, 0.7, Some(9))],
+    [(AutoOp::AutoContrast, 0.9, None), (AutoOp::Solarize, 0.8, Some(3))],
+    [(AutoOp::Equalize, 0.8, None), (AutoOp::Invert, 0.1, None)],
+    [(AutoOp::TranslateY, 0.7, Some(9)), (AutoOp::AutoContrast, 0.9, None)],
+];
+
+/// `AutoAugmentPolicy.SVHN`'s sub-policies: (op, probability, magnitude bin).
+const SVHN: [SubPolicy; 25] = [
+    [(AutoOp::ShearX, 0.9, Some(4)), (AutoOp::Invert, 0.2, None)],
+    [(AutoOp::ShearY, 0.9, Some(8)), (AutoOp::Invert, 0.7, None)],
+    [(AutoOp::Equalize, 0.6, None), (AutoOp::Solarize, 0.6, Some(6))],
+    [(AutoOp::Invert, 0.9, None), (AutoOp::Equalize, 0.6, None)],
+    [(AutoOp::Equalize, 0.6, None), (AutoOp::Rotate, 0.9, Some(3))],
+    [(AutoOp::ShearX, 0.9, Some(4)), (AutoOp::AutoContrast, 0.8, None)],
+    [(AutoOp::ShearY, 0.9, Some(8)), (AutoOp::Invert, 0.4, None)],
+    [(AutoOp::ShearY, 0.9, Some(5)), (AutoOp::Solarize, 0.2, Some(6))],
+    [(AutoOp::Invert, 0.9, None), (AutoOp::AutoContrast, 0.8, None)],
+    [(AutoOp::Equalize, 0.6, None), (AutoOp::Rotate, 0.9, Some(3))],
+    [(AutoOp::ShearX, 0.9, Some(4)), (AutoOp::Solarize, 0.3, Some(3))],
+    [(AutoOp::ShearY, 0.8, Some(8)), (AutoOp::Invert, 0.7, None)],
+    [(AutoOp::Equalize, 0.9, None), (AutoOp::TranslateY, 0.6, Some(6))],
+    [(AutoOp::Invert, 0.9, None), (AutoOp::Equalize, 0.6, None)],
+    [(AutoOp::Contrast, 0.3, Some(3)), (AutoOp::Rotate, 0.8, Some(4))],
+    [(AutoOp::Invert, 0.8, None), (AutoOp::TranslateY, 0.0, Some(2))],
+    [(AutoOp::ShearY, 0.7, Some(6)), (AutoOp::Solarize, 0.4, Some(8))],
+    [(AutoOp::Invert, 0.6, None), (AutoOp::Rotate, 0.8, Some(4))],
+    [(AutoOp::ShearY, 0.3, Some(7)), (AutoOp::TranslateX, 0.9, Some(3))],
+    [(AutoOp::ShearX, 0.1, Some(6)), (AutoOp::Invert, 0.6, None)],
+    [(AutoOp::Solarize, 0.7, Some(2)), (AutoOp::TranslateY, 0.6, Some(7))],
+    [(AutoOp::ShearY, 0.8, Some(4)), (AutoOp::Invert, 0.8, None)],
+    [(AutoOp::ShearX, 0.7, Some(9)), (AutoOp::TranslateY, 0.8, Some(3))],
+    [(AutoOp::ShearY, 0.8, Some(5)), (AutoOp::AutoContrast, 0.7, None)],
+    [(AutoOp::ShearX, 0.7, Some(2)), (AutoOp::Invert, 0.1, None)],
+];
+
+/// `AutoAugment(policy)`'s draw for one image: a sub-policy uniformly, then each of its two
+/// steps with its probability (`torch.rand(()) <= p`), at its magnitude bin of the same tables as
+/// `RandAugment`'s (10 bins), negated half the time where signed.
+pub(super) fn auto_augment(rng: &mut SplitMix64, policy: AutoAugmentPolicy, width: u32, height: u32, ops: &mut Vec<PixelOp>) {
+    let policies: &[SubPolicy] = match policy {
+        AutoAugmentPolicy::Imagenet => &IMAGENET,
+        AutoAugmentPolicy::Cifar10 => &CIFAR10,
+        AutoAugmentPolicy::Svhn => &SVHN,
+    };
+    let chosen = policies[rng.below(policies.len() as u64) as usize];
+    for (op, probability, bin_opt) in chosen {
+        if rng.next_f64() > probability {
+            continue;
+        }
+        let drawn = match bin_opt.and_then(|bin| magnitude(Policy::RandAugment, op, AUTO_AUGMENT_BINS, bin, width, height)) {
+            Some((value, true)) if rng.next_f64() <= 0.5 => -value,
+            Some((value, _)) => value,
+            None => 0.0,
+        };
+        if let Some(pixel_op) = pixel_op(op, drawn) {
+            ops.push(pixel_op);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,7 +303,7 @@ mod tests {
         assert_eq!(pixel_op(AutoOp::Solarize, 0.5), Some(PixelOp::Solarize { threshold: 127.5 }));
         assert_eq!(
             pixel_op(AutoOp::TranslateY, -7.9),
-            Some(PixelOp::Affine { angle: 0.0, translate: [0.0, -7.0], shear: [0.0, 0.0], center: None })
+            Some(PixelOp::Affine { angle: 0.0, translate: [0.0, -7.0], scale: 1.0, shear: [0.0, 0.0], center: None })
         );
         let Some(PixelOp::Affine { shear, center: Some([0.0, 0.0]), .. }) = pixel_op(AutoOp::ShearX, 1.0) else { panic!("a shear") };
         assert!((shear[0] - 45.0).abs() < 1e-9 && shear[1] == 0.0);

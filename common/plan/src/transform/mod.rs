@@ -230,6 +230,115 @@ pub enum Transform {
         #[serde(default = "default_magnitude_bins")]
         num_magnitude_bins: u32,
     },
+    /// torchvision v2's `AutoAugment`: one of the policy's 25 sub-policies per image, each of
+    /// two ops applied with its own probability at its own magnitude (nearest interpolation,
+    /// fill 0).
+    AutoAugment {
+        /// Which learned policy.
+        #[serde(default)]
+        policy: AutoAugmentPolicy,
+    },
+    /// torchvision v2's `RandomRotation(degrees)`: counter-clockwise by an angle drawn
+    /// uniformly from `degrees`, about the centre, nearest pixel, fill 0, same size.
+    RandomRotation {
+        /// `30` (for `[-30, 30]`) or `[low, high]`, degrees.
+        degrees: AngleRange,
+    },
+    /// torchvision v2's `RandomAffine(degrees, translate, scale, shear)`: rotation, translation,
+    /// scale and shear drawn per image, about the centre, nearest pixel, fill 0.
+    RandomAffine {
+        /// Rotation: `30` (for `[-30, 30]`) or `[low, high]`, degrees.
+        degrees: AngleRange,
+        /// Largest shift as fractions `[x, y]` of the width and height, each in `[0, 1]`.
+        #[serde(default)]
+        translate: Option<(f64, f64)>,
+        /// Scale factor range `[low, high]`, positive.
+        #[serde(default)]
+        scale: Option<(f64, f64)>,
+        /// Shear, degrees: `10` (x in `[-10, 10]`), `[x low, x high]`, or `[x low, x high, y
+        /// low, y high]`.
+        #[serde(default)]
+        shear: Option<ShearRange>,
+    },
+}
+
+/// The learned policies of `AutoAugment`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoAugmentPolicy {
+    /// Learned on ImageNet (torchvision's default).
+    #[default]
+    Imagenet,
+    /// Learned on CIFAR-10.
+    Cifar10,
+    /// Learned on SVHN.
+    Svhn,
+}
+
+/// An angle range in degrees: JSON `30` (for `[-30, 30]`, as torchvision reads a number) or
+/// `[low, high]`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "AngleRangeRepr", into = "AngleRangeRepr")]
+pub struct AngleRange(pub f64, pub f64);
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(untagged)]
+enum AngleRangeRepr {
+    Symmetric(f64),
+    LowHigh([f64; 2]),
+}
+
+impl From<AngleRangeRepr> for AngleRange {
+    fn from(repr: AngleRangeRepr) -> Self {
+        match repr {
+            AngleRangeRepr::Symmetric(degrees) => Self(-degrees, degrees),
+            AngleRangeRepr::LowHigh([low, high]) => Self(low, high),
+        }
+    }
+}
+
+impl From<AngleRange> for AngleRangeRepr {
+    fn from(range: AngleRange) -> Self {
+        Self::LowHigh([range.0, range.1])
+    }
+}
+
+/// `RandomAffine`'s shear, in degrees: JSON `10` (x in `[-10, 10]`), `[x low, x high]` or
+/// `[x low, x high, y low, y high]`, as torchvision reads them.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "ShearRangeRepr", into = "ShearRangeRepr")]
+pub struct ShearRange {
+    /// Horizontal shear range.
+    pub x: (f64, f64),
+    /// Vertical shear range, if drawn at all.
+    pub y: Option<(f64, f64)>,
+}
+
+#[derive(Clone, Copy, Serialize, Deserialize)]
+#[serde(untagged)]
+enum ShearRangeRepr {
+    Symmetric(f64),
+    X([f64; 2]),
+    XY([f64; 4]),
+}
+
+impl From<ShearRangeRepr> for ShearRange {
+    fn from(repr: ShearRangeRepr) -> Self {
+        match repr {
+            ShearRangeRepr::Symmetric(degrees) => Self { x: (-degrees, degrees), y: None },
+            ShearRangeRepr::X([low, high]) => Self { x: (low, high), y: None },
+            ShearRangeRepr::XY([x_low, x_high, y_low, y_high]) => Self { x: (x_low, x_high), y: Some((y_low, y_high)) },
+        }
+    }
+}
+
+impl From<ShearRange> for ShearRangeRepr {
+    fn from(range: ShearRange) -> Self {
+        match range.y {
+            None => Self::X([range.x.0, range.x.1]),
+            Some(y) => Self::XY([range.x.0, range.x.1, y.0, y.1]),
+        }
+    }
 }
 
 fn default_magnitude_bins() -> u32 {
@@ -301,6 +410,9 @@ impl Transform {
             Self::GaussianBlur { .. } => "GaussianBlur",
             Self::TrivialAugmentWide { .. } => "TrivialAugmentWide",
             Self::RandAugment { .. } => "RandAugment",
+            Self::AutoAugment { .. } => "AutoAugment",
+            Self::RandomRotation { .. } => "RandomRotation",
+            Self::RandomAffine { .. } => "RandomAffine",
         }
     }
 }

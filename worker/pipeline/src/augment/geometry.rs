@@ -7,7 +7,7 @@
 
 /// The inverse affine matrix `[a, b, c, d, e, f]` (source = `[[a, b, c], [d, e, f]]` · output,
 /// in pixel coordinates relative to the image centre), exactly as torchvision computes it.
-fn inverse_affine_matrix(center: [f64; 2], angle: f64, translate: [f64; 2], shear: [f64; 2]) -> [f64; 6] {
+fn inverse_affine_matrix(center: [f64; 2], angle: f64, translate: [f64; 2], scale: f64, shear: [f64; 2]) -> [f64; 6] {
     let rot = angle.to_radians();
     let (sx, sy) = (shear[0].to_radians(), shear[1].to_radians());
     let [cx, cy] = center;
@@ -20,8 +20,8 @@ fn inverse_affine_matrix(center: [f64; 2], angle: f64, translate: [f64; 2], shea
     let b = -(a * tan_sx + rot.sin());
     let c = rot_minus_sy.sin() / cos_sy;
     let d = rot.cos() - c * tan_sx;
-    // Scale 1: the inverse of the rotation-shear block is its adjugate (determinant 1).
-    let mut matrix = [d, -b, 0.0, -c, a, 0.0];
+    // The inverse of the rotation-shear block is its adjugate (determinant 1), over the scale.
+    let mut matrix = [d / scale, -b / scale, 0.0, -c / scale, a / scale, 0.0];
     matrix[2] += cx - matrix[0] * cx_plus_tx - matrix[1] * cy_plus_ty;
     matrix[5] += cy - matrix[3] * cx_plus_tx - matrix[4] * cy_plus_ty;
     matrix
@@ -68,21 +68,22 @@ fn warp(pixels: &mut [u8], width: usize, height: usize, matrix: [f64; 6], scratc
     }
 }
 
-/// The parameters of `affine_image(angle, translate, scale=1, shear, NEAREST, fill=None,
+/// The parameters of `affine_image(angle, translate, scale, shear, NEAREST, fill=None,
 /// center)`: `center` in pixels from the top-left corner, `None` for the image centre.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AffineParams {
     pub(crate) angle: f64,
     pub(crate) translate: [f64; 2],
+    pub(crate) scale: f64,
     pub(crate) shear: [f64; 2],
     pub(crate) center: Option<[f64; 2]>,
 }
 
 /// `affine_image` with `params`.
 pub(crate) fn affine(pixels: &mut [u8], width: usize, height: usize, params: AffineParams, scratch: &mut Vec<u8>) {
-    let AffineParams { angle, translate, shear, center } = params;
+    let AffineParams { angle, translate, scale, shear, center } = params;
     let center_from_middle = center.map_or([0.0, 0.0], |[x, y]| [x - width as f64 * 0.5, y - height as f64 * 0.5]);
-    warp(pixels, width, height, inverse_affine_matrix(center_from_middle, angle, translate, shear), scratch);
+    warp(pixels, width, height, inverse_affine_matrix(center_from_middle, angle, translate, scale, shear), scratch);
 }
 
 /// `rotate_image(angle, NEAREST, expand=False, center=None, fill=None)`: counter-clockwise by
@@ -112,7 +113,7 @@ pub(crate) fn rotate(pixels: &mut [u8], width: usize, height: usize, angle: f64,
         }
         return;
     }
-    warp(pixels, width, height, inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], [0.0, 0.0]), scratch);
+    warp(pixels, width, height, inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], 1.0, [0.0, 0.0]), scratch);
 }
 
 #[cfg(test)]
@@ -128,7 +129,7 @@ mod tests {
         let (width, height) = (6, 5);
         let original = numbered(width, height);
         let mut moved = original.clone();
-        let params = AffineParams { angle: 0.0, translate: [2.0, -1.0], shear: [0.0, 0.0], center: None };
+        let params = AffineParams { angle: 0.0, translate: [2.0, -1.0], scale: 1.0, shear: [0.0, 0.0], center: None };
         affine(&mut moved, width, height, params, &mut Vec::new());
         for y in 0..height {
             for x in 0..width {
@@ -151,7 +152,7 @@ mod tests {
             let mut special = original.clone();
             rotate(&mut special, side, side, angle, &mut scratch);
             let mut general = original.clone();
-            warp(&mut general, side, side, inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], [0.0, 0.0]), &mut scratch);
+            warp(&mut general, side, side, inverse_affine_matrix([0.0, 0.0], -angle, [0.0, 0.0], 1.0, [0.0, 0.0]), &mut scratch);
             assert_eq!(special, general, "{angle}");
         }
         let mut turned = original.clone();

@@ -43,11 +43,12 @@ pub fn apply(ops: &[PixelOp], pixels: &mut [u8], width: usize, height: usize, sc
             PixelOp::Solarize { threshold } => tone::solarize(pixels, threshold),
             PixelOp::AutoContrast => tone::autocontrast(pixels),
             PixelOp::Equalize => tone::equalize(pixels),
-            PixelOp::Affine { angle, translate, shear, center } => {
-                let params = geometry::AffineParams { angle, translate, shear, center };
+            PixelOp::Affine { angle, translate, scale, shear, center } => {
+                let params = geometry::AffineParams { angle, translate, scale, shear, center };
                 geometry::affine(pixels, width, height, params, &mut scratch.copy);
             }
             PixelOp::Rotate { angle } => geometry::rotate(pixels, width, height, angle, &mut scratch.copy),
+            PixelOp::Invert => tone::invert(pixels),
         }
     }
 }

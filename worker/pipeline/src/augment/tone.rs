@@ -36,6 +36,13 @@ pub(crate) fn posterize(pixels: &mut [u8], bits: u8) {
     }
 }
 
+/// `invert`: `255 - v` (a bitwise not, as torchvision computes it on uint8).
+pub(crate) fn invert(pixels: &mut [u8]) {
+    for value in pixels.iter_mut() {
+        *value = !*value;
+    }
+}
+
 /// `solarize_image(threshold)`: invert values at or above `threshold` (compared in float32, as
 /// torch compares a uint8 tensor with a Python float).
 pub(crate) fn solarize(pixels: &mut [u8], threshold: f64) {
