@@ -137,8 +137,13 @@ impl Families {
         }
         if figures_opt.is_some() {
             self.worker_cores.with_label_values(&[] as &[&str]).set(f64::from(figures.worker_cores));
-            let wanted = figures.jobs.iter().filter_map(|job| job.demand.and_then(|demand| demand.worker_cores));
-            self.worker_cores_wanted.with_label_values(&[] as &[&str]).set(wanted.sum());
+            // Unknown is absent, not 0 (an autoscaler would read 0 as "scale down"): while a
+            // job with figures has no estimate (no worker has measured what a core makes).
+            let demands: Vec<_> = figures.jobs.iter().filter_map(|job| job.demand).collect();
+            if demands.iter().all(|demand| demand.worker_cores.is_some()) {
+                let wanted = demands.iter().filter_map(|demand| demand.worker_cores).sum();
+                self.worker_cores_wanted.with_label_values(&[] as &[&str]).set(wanted);
+            }
         }
         let mut kept = Vec::new();
         for job in &figures.jobs {

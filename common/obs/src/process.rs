@@ -35,6 +35,20 @@ pub fn register(metrics: &Metrics) -> Result<(), ObsError> {
     Ok(())
 }
 
+/// CPU seconds (user and system, every thread) this process has used since it started;
+/// `None` where the system does not say.
+pub fn cpu_seconds() -> Option<f64> {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::uninit();
+    // SAFETY: getrusage writes a whole `rusage` into the pointer it is given, or fails.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: it returned 0, so it wrote the struct.
+    let usage = unsafe { usage.assume_init() };
+    let seconds = |time: libc::timeval| time.tv_sec as f64 + time.tv_usec as f64 / 1e6;
+    Some(seconds(usage.ru_utime) + seconds(usage.ru_stime))
+}
+
 /// What `/proc/self/stat` says, in base units.
 #[derive(Debug, PartialEq)]
 struct Stat {

@@ -170,13 +170,17 @@ pub struct WorkerList {
     pub workers: Vec<WorkerInfo>,
 }
 
-/// Samples a worker's decode threads made, and the time they spent on them ([`ControlRequest::Heartbeat`]).
+/// Samples a worker has made, and the CPU time its process has used, since it started
+/// ([`ControlRequest::Heartbeat`]). CPU time rather than the decode threads' wall time: a worker
+/// serving several jobs runs several pipelines' threads on the same cores, and their wall time
+/// per sample would say a core makes less than it does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Decoded {
     /// Samples decoded and transformed.
     pub samples: u64,
-    /// Seconds spent on them, summed over threads.
-    pub seconds: f64,
+    /// CPU seconds (user and system, every thread: decode, delivery, TLS) its process has used;
+    /// 0 where the system does not say.
+    pub cpu_seconds: f64,
 }
 
 /// A request to the coordinator.
@@ -287,10 +291,9 @@ pub enum ControlRequest {
         /// timeout. The coordinator grants it no more of those jobs' work until it reports them
         /// no longer stuck, and shows the reasons in [`WorkerStatus`].
         stuck_jobs: Vec<StuckJob>,
-        /// The samples its decode threads have made since it started, and the seconds they
-        /// spent on them (summed over threads; zeros when it does not time them): what one of
-        /// its cores makes a second, from which the coordinator tells jobs how many worker
-        /// cores they need.
+        /// The samples it has made since it started and the CPU time its process has used:
+        /// what one of its cores makes a second, from which the coordinator tells jobs how many
+        /// worker cores they need.
         decoded: Decoded,
     },
     /// A worker has room for up to `max` more chunks.

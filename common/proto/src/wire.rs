@@ -114,7 +114,7 @@ mod tests {
             leases: vec![],
             images: 7,
             stuck_jobs,
-            decoded: crate::Decoded { samples: 9, seconds: 0.5 },
+            decoded: crate::Decoded { samples: 9, cpu_seconds: 0.5 },
         };
         let frame = encode(&request, CONTROL_FRAME_LIMIT).expect("encodes");
         let len = body_len(frame[..4].try_into().expect("prefix"), CONTROL_FRAME_LIMIT).expect("fits");

@@ -445,7 +445,7 @@ fn status_and_figures_show_the_worker_cores_a_stalling_job_wants() {
             leases: Vec::new(),
             images: 200 * second,
             stuck_jobs: Vec::new(),
-            decoded: Decoded { samples: 200 * second, seconds: second as f64 },
+            decoded: Decoded { samples: 200 * second, cpu_seconds: second as f64 },
         };
         drive(&mut attached.core, beat, &attached.dataset, now);
         let report = rank_report(&attached, 100 * second, 0.5 * second as f64, attached.workers.version);

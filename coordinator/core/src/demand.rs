@@ -3,8 +3,9 @@
 //! the worker cores that would serve the job without stalls.
 //!
 //! The figures are sums that decay with time constant [`DEMAND_TAU`], divided by the decayed
-//! time they cover: an exponentially weighted rate, exact from the first report on (no warm-up
-//! bias) and O(1) per report. A job consuming `C` samples a second while its ranks wait a share
+//! rank time they cover: exponentially weighted rates per rank-second (times the ranks
+//! reporting), exact from the first report on (no warm-up bias), O(log ranks) per report. A gap of more than `DEMAND_TAU` in a rank's reports (a
+//! pause) is counted as neither consuming nor waiting, but it does age the sums. A job consuming `C` samples a second while its ranks wait a share
 //! `s` of their time would consume `C / (1 - s)` if data never kept it waiting; at `r` images a
 //! second per busy worker core that takes `C / ((1 - s) r)` cores.
 
@@ -19,6 +20,9 @@ pub const DEMAND_TAU: Duration = Duration::from_secs(30);
 /// No figures from less than this much time: a rate over a second or two of reports is noise.
 pub const DEMAND_MIN_SPAN: Duration = Duration::from_secs(5);
 
+/// More samples a second than one rank consumes (a report claiming more is cut to this).
+const MAX_SAMPLES_PER_RANK_SECOND: f64 = 1e6;
+
 /// Wait shares above this are taken as this: a job that waits nearly all the time is starved,
 /// and `1 / (1 - s)` would promise it unbounded cores.
 const MAX_STALL: f64 = 0.95;
@@ -32,7 +36,8 @@ pub(crate) struct Demand {
     waited: f64,
     /// Seconds its ranks spent between reports (consuming or waiting).
     rank_seconds: f64,
-    /// The wall-clock seconds the sums cover, decayed as they are.
+    /// The wall-clock seconds the sums cover, decayed as they are (only to tell when they
+    /// cover enough).
     span: f64,
     /// When the sums were last decayed.
     at: Instant,
@@ -82,16 +87,28 @@ impl Demand {
 
     /// Rank `rank` reported at `now`, having consumed `samples` more samples and waited
     /// `waited` more seconds since its previous report. Its first report counts no time, nor
-    /// does one at the instant of the one before.
+    /// does one at the instant of the one before, one handled out of order (an earlier `now`:
+    /// its interval would be counted twice), or one after more than [`DEMAND_TAU`] without a
+    /// report (a pause for evaluation or a checkpoint: its gap is neither consuming nor
+    /// waiting, and counted as either it would skew the figures for the next half minute).
     pub(crate) fn record(&mut self, rank: Rank, samples: u64, waited: f64, now: Instant) {
         self.advance(now);
-        let since = self.reported_at.insert(rank, now).map(|before| now.saturating_duration_since(before).as_secs_f64());
-        let Some(since) = since.filter(|since| *since > 0.0) else { return };
+        let before_opt = self.reported_at.get(&rank).copied();
+        if before_opt.is_some_and(|before| now < before) {
+            return;
+        }
+        self.reported_at.insert(rank, now);
+        let Some(since) = before_opt.map(|before| now.saturating_duration_since(before).as_secs_f64()) else { return };
+        if since <= 0.0 || since > DEMAND_TAU.as_secs_f64() {
+            return;
+        }
         // What the report covers happened over `since`, not at `now`: weigh it by the mean
-        // decay over that time, as `span` weighs time, so a steady load reads exactly.
+        // decay over that time, as `span` weighs time, so a steady load reads exactly. A rank
+        // claims at most MAX_SAMPLES_PER_RANK_SECOND (its trainer's figures come from the
+        // network: one absurd report must not swamp the job's figures for minutes).
         let tau = DEMAND_TAU.as_secs_f64();
         let weight = tau * (1.0 - (-since / tau).exp()) / since;
-        self.samples += samples as f64 * weight;
+        self.samples += (samples as f64).min(MAX_SAMPLES_PER_RANK_SECOND * since) * weight;
         self.waited += waited.clamp(0.0, since) * weight;
         self.rank_seconds += since * weight;
     }
@@ -110,7 +127,11 @@ impl Demand {
         if at_now.span < min_span || at_now.rank_seconds <= 0.0 {
             return None;
         }
-        Some(DemandFigures { samples_per_sec: at_now.samples / at_now.span, stall: (at_now.waited / at_now.rank_seconds).clamp(0.0, 1.0) })
+        // Per rank-second reported (pauses left out), times the ranks reporting now: what the
+        // job consumes while it trains.
+        let reporting = self.reported_at.values().filter(|at| now.saturating_duration_since(**at) <= DEMAND_TAU).count();
+        let samples_per_sec = at_now.samples / at_now.rank_seconds * reporting as f64;
+        Some(DemandFigures { samples_per_sec, stall: (at_now.waited / at_now.rank_seconds).clamp(0.0, 1.0) })
     }
 
     /// Forget `rank` (its trainer detached or the job's ranks changed).
@@ -179,6 +200,24 @@ mod tests {
     }
 
     #[test]
+    fn a_pause_longer_than_the_time_constant_counts_as_neither_consuming_nor_waiting() {
+        let start = Instant::now();
+        let mut demand = started(start);
+        let now = steady(&mut demand, start, 60, 50, 0.0);
+        // A two-minute evaluation: no reports. Then the ranks go on as before.
+        let back = now + Duration::from_secs(120);
+        for rank in 0..2 {
+            demand.record(Rank(rank), 0, 0.0, back);
+        }
+        let now = steady(&mut demand, back, 10, 50, 0.0);
+        let figures = demand.figures(now).expect("reports again");
+        // Only the ten seconds since the pause count at full weight: the rate reads as before,
+        // not diluted by the pause as two minutes of consuming nothing.
+        assert!(figures.stall < 1e-9, "{figures:?}");
+        assert!(figures.samples_per_sec > 60.0, "{figures:?}");
+    }
+
+    #[test]
     fn a_starved_job_wants_bounded_cores_and_a_late_report_changes_nothing_of_the_past() {
         let start = Instant::now();
         let mut demand = started(start);
@@ -187,10 +226,14 @@ mod tests {
         assert_eq!(figures.stall, 1.0, "a wait is never more than the time between reports");
         let cores = figures.worker_cores(Some(1.0)).expect("measured");
         assert!(cores.is_finite() && (cores - 2.0 / (1.0 - MAX_STALL)).abs() < 1e-6, "{cores}");
-        // A report handled out of order (an earlier now) decays nothing.
-        demand.record(Rank(0), 0, 0.0, now - Duration::from_secs(1));
-        assert!(demand.figures(now).is_some());
+        // A report handled out of order (an earlier now) changes nothing.
+        let figures = demand.figures(now);
+        demand.record(Rank(0), 1_000, 0.0, now - Duration::from_secs(1));
+        assert_eq!(demand.figures(now), figures);
+        // An absurd claim is cut to what a rank could consume.
+        demand.record(Rank(1), u64::MAX, 0.0, now + Duration::from_secs(1));
+        assert!(demand.figures(now + Duration::from_secs(1)).is_some_and(|f| f.samples_per_sec < 1e6), "{:?}", demand.figures(now));
         // Nobody reports any more: the job asks nothing.
-        assert_eq!(demand.figures(now + DEMAND_TAU + Duration::from_secs(1)), None);
+        assert_eq!(demand.figures(now + DEMAND_TAU + Duration::from_secs(2)), None);
     }
 }

@@ -136,7 +136,7 @@ fn wire_frames() -> Fallible<Vec<(String, Vec<u8>)>> {
             leases: vec![LeaseProgress { lease: LeaseId(9), finished: 3 }],
             images: 1000,
             stuck_jobs: vec![StuckJob::new(JobId(4), "two batches do not fit")],
-            decoded: Decoded { samples: 2_400, seconds: 12.5 },
+            decoded: Decoded { samples: 2_400, cpu_seconds: 12.5 },
         },
         ControlRequest::PullChunks {
             worker: WorkerId(2),

@@ -124,6 +124,12 @@ elif mode == "torchdata":
                 sys.exit(0)
         if loader.epoch == 1:
             break
+    # As the first phase and the other modes end: detach, wait for the other rank, then tear the
+    # group down. Destroying it while the other rank was still in its last step's allreduce
+    # aborted that rank in gloo's thread ("terminate called without an active exception",
+    # SIGABRT: a clean-clone make test failed on it once).
+    loader.close()
+    dist.barrier()
     dist.destroy_process_group()
 else:
     from transformers import TrainingArguments

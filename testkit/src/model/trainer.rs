@@ -98,6 +98,8 @@ pub(crate) struct SimTrainer {
     /// The report in flight: when it was sent, and its call.
     /// The report in flight: when it went out, its call, and whether it named missing steps.
     report_sent_opt: Option<(u64, u64, bool)>,
+    /// The version of the worker list it holds (as the client keeps it).
+    workers_version: u64,
     /// The last report sent, and when.
     last_report_opt: Option<(u64, Report)>,
     /// The standing the training loop published last (the loader's watch value).
@@ -130,6 +132,7 @@ impl SimTrainer {
             plan_opt: None,
             yielded: Vec::new(),
             report_sent_opt: None,
+            workers_version: 0,
             last_report_opt: None,
             published_opt: None,
             waited_at_ms_opt: None,
@@ -397,7 +400,7 @@ impl SimTrainer {
             session,
             pass,
             missing,
-            workers_version: 0,
+            workers_version: self.workers_version,
         };
         let call = ctx.call(self.me(), request);
         self.report_sent_opt = Some((ctx.now_ms, call, carries_missing));
@@ -415,7 +418,7 @@ impl SimTrainer {
         let opening = matches!(self.phase, Phase::Opening { call: open_call, .. } if open_call == call);
         let reporting = self.report_sent_opt.is_some_and(|(_, report_call, _)| report_call == call);
         match answer {
-            Ok(ControlResponse::Attached { session, job, .. }) => {
+            Ok(ControlResponse::Attached { session, job, workers, .. }) => {
                 if !matches!(self.phase, Phase::Attaching { call: attach_call, .. } if attach_call == call) {
                     return Ok(());
                 }
@@ -423,6 +426,7 @@ impl SimTrainer {
                     return Err(format!("{} attached to {job}, not {}", self.rank, setup.job));
                 }
                 ctx.note(format!("{} attached as {session}", self.rank));
+                self.workers_version = workers.version;
                 self.session_opt = Some(session);
                 let greeted = ctx.hello_new(self.rank, self.generation, session, &self.greeted);
                 self.greeted.extend(greeted);
@@ -447,7 +451,10 @@ impl SimTrainer {
                     self.publish(ctx);
                 }
             }
-            Ok(ControlResponse::ProgressRecorded { run_known, .. }) => {
+            Ok(ControlResponse::ProgressRecorded { run_known, workers }) => {
+                if let Some(listed) = workers {
+                    self.workers_version = listed.version;
+                }
                 if !reporting {
                     return Ok(());
                 }

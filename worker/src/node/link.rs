@@ -101,9 +101,10 @@ where
                 }
             }
             let images = self.metrics.samples.get();
-            // The pipeline times every sample it makes (unless told not to): what a core makes.
-            let timed = &self.metrics.pipeline.decode_seconds;
-            let decoded = Decoded { samples: timed.get_sample_count(), seconds: timed.get_sample_sum() };
+            // Samples made (the pipeline counts each it times) over the process's CPU time: what
+            // one of this worker's cores makes.
+            let samples = self.metrics.pipeline.decode_seconds.get_sample_count();
+            let decoded = Decoded { samples, cpu_seconds: stoker_obs::process::cpu_seconds().unwrap_or(0.0) };
             let answer = self.api.call(ControlRequest::Heartbeat { worker, leases, images, stuck_jobs, decoded }).await;
             match answer.and_then(|response| expect_response!(response, HeartbeatAck { revoked, live_jobs })) {
                 Ok((revoked, live_jobs)) => {

@@ -6,7 +6,6 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use stoker_plan::ids::{CertKey, WorkerId};
-use stoker_plan::prng::mix64;
 use stoker_proto::{Decoded, WorkerInfo, WorkerList};
 use tracing::warn;
 
@@ -31,6 +30,10 @@ pub(super) struct Worker {
 /// The fewest samples over which a worker's images per core-second is measured: fewer tell
 /// more about those samples than about the job's.
 const MIN_DECODED_MEASURE: u64 = 32;
+
+/// More samples per CPU-second than any core makes (a microsecond each): such a measure is
+/// refused.
+const MAX_SAMPLES_PER_CORE_SEC: f64 = 1e6;
 
 /// Registered workers, by id.
 #[derive(Debug)]
@@ -141,9 +144,12 @@ impl WorkerRegistry {
             entry.images_per_sec = images.saturating_sub(entry.images) as f64 / elapsed;
         }
         match entry.decoded {
-            Some(before) if decoded.samples >= before.samples && decoded.seconds >= before.seconds => {
-                let (samples, seconds) = (decoded.samples - before.samples, decoded.seconds - before.seconds);
-                if samples >= MIN_DECODED_MEASURE && seconds > 0.0 {
+            Some(before) if decoded.samples >= before.samples && decoded.cpu_seconds >= before.cpu_seconds => {
+                let (samples, seconds) = (decoded.samples - before.samples, decoded.cpu_seconds - before.cpu_seconds);
+                // A measure faster than any core makes samples is not one (a worker's own
+                // figures: a hostile one must not drive every job's estimate).
+                let plausible = seconds > 0.0 && samples as f64 / seconds <= MAX_SAMPLES_PER_CORE_SEC;
+                if samples >= MIN_DECODED_MEASURE && plausible {
                     let measured = samples as f64 / seconds;
                     entry.images_per_core_sec =
                         if entry.images_per_core_sec > 0.0 { 0.7 * entry.images_per_core_sec + 0.3 * measured } else { measured };
@@ -152,7 +158,7 @@ impl WorkerRegistry {
             }
             // Not a total this worker could have reported after the last one: measure again
             // from this one (from the next, if it is not a number).
-            _ => entry.decoded = decoded.seconds.is_finite().then_some(decoded),
+            _ => entry.decoded = decoded.cpu_seconds.is_finite().then_some(decoded),
         }
         entry.images = images;
         entry.last_seen = now;
@@ -242,36 +248,51 @@ impl WorkerRegistry {
     }
 
     /// Decode threads of the workers heard from within `ttl`, and the images a second one of
-    /// them makes when busy (their mean, by threads, over the workers that measured it; `None`
-    /// when none has). Looks at every worker: for status and figures, not per request.
+    /// their cores makes (the median by threads over the workers that measured it, so that no
+    /// one worker's figures, an honest outlier's or a hostile one's, decide it; `None` when
+    /// none has). Looks at every worker: for status and figures, not per request.
     pub(super) fn cores(&self, now: Instant, ttl: Duration) -> (u32, Option<f64>) {
         let alive = || self.workers.values().filter(|worker| worker.is_alive(now, ttl));
-        let threads = alive().map(|worker| worker.threads).sum();
-        let (made, measured_threads) =
-            alive().filter(|worker| worker.images_per_core_sec > 0.0).fold((0.0, 0.0), |(made, counted), worker| {
-                (made + worker.images_per_core_sec * f64::from(worker.threads), counted + f64::from(worker.threads))
-            });
-        (threads, (measured_threads > 0.0).then(|| made / measured_threads))
+        let threads = alive().map(|worker| worker.threads).fold(0u32, u32::saturating_add);
+        let mut measured: Vec<(f64, u64)> = alive()
+            .filter(|worker| worker.images_per_core_sec > 0.0)
+            .map(|worker| (worker.images_per_core_sec, u64::from(worker.threads.max(1))))
+            .collect();
+        measured.sort_by(|left, right| left.0.total_cmp(&right.0));
+        let half = measured.iter().map(|(_, weight)| weight).sum::<u64>().div_ceil(2);
+        let mut seen = 0;
+        let median = measured.iter().find(|(_, weight)| {
+            seen += weight;
+            seen >= half
+        });
+        (threads, median.map(|(rate, _)| *rate))
     }
 }
 
-/// The version of a worker list: a digest of its ids, addresses and certificates, never 0 (0
-/// names no list). Any coordinator makes the same one for the same workers, so trainers that
-/// hold the list are not sent it again after a leader change.
+/// The version of a worker list: the first 8 bytes of the SHA-256 of its ids, addresses and
+/// certificates, never 0 (0 names no list). Any coordinator makes the same one for the same
+/// workers, so trainers that hold the list are not sent it again after a leader change; and a
+/// worker, which chooses the address it advertises, cannot choose one that makes a new list
+/// look like the list trainers hold (a mixing function that can be run backwards would let it:
+/// trainers would keep a revoked worker's connection and never learn of new workers).
 fn version_of(workers: &[WorkerInfo]) -> u64 {
-    let mut digest = mix64(workers.len() as u64);
+    let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+    context.update(&(workers.len() as u64).to_le_bytes());
     for worker in workers {
         let ip = match worker.addr.ip() {
-            std::net::IpAddr::V4(ip) => u128::from(ip.to_bits()),
-            std::net::IpAddr::V6(ip) => ip.to_bits(),
+            std::net::IpAddr::V4(ip) => ip.to_ipv6_mapped(),
+            std::net::IpAddr::V6(ip) => ip,
         };
-        let words = [worker.id.0, ip as u64, (ip >> 64) as u64, u64::from(worker.addr.port())];
-        let key = worker.key.0.chunks_exact(8).map(|word| u64::from_le_bytes(word.try_into().unwrap_or_default()));
-        for word in words.into_iter().chain(key) {
-            digest = mix64(digest ^ word);
-        }
+        context.update(&[u8::from(worker.addr.is_ipv4())]);
+        context.update(&worker.id.0.to_le_bytes());
+        context.update(&ip.octets());
+        context.update(&worker.addr.port().to_le_bytes());
+        context.update(&worker.key.0);
     }
-    digest.max(1)
+    let digest = context.finish();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest.as_ref()[..8]);
+    u64::from_le_bytes(first).max(1)
 }
 
 impl Worker {
@@ -382,7 +403,7 @@ mod tests {
         let untimed = registry.insert(addr(7002), 2, process(2), CertKey([2; 32]), start);
         assert_eq!(registry.cores(start, TTL), (6, None), "nothing measured yet");
         let at = |seconds: u64| start + Duration::from_secs(seconds);
-        let decoded = |samples: u64, seconds: f64| Decoded { samples, seconds };
+        let decoded = |samples: u64, cpu_seconds: f64| Decoded { samples, cpu_seconds };
         registry.heartbeat(timed, 10, decoded(10, 0.05), at(1)).expect("known");
         assert_eq!(registry.cores(at(1), TTL), (6, None), "ten samples are too few to tell");
         registry.heartbeat(timed, 300, decoded(400, 2.0), at(2)).expect("known");
@@ -398,7 +419,17 @@ mod tests {
         registry.heartbeat(timed, 800, decoded(100, 9.0), at(6)).expect("known");
         let (_, kept) = registry.cores(at(6), TTL);
         assert_eq!(kept, per_core);
+        // A measure no core could make is refused.
+        registry.heartbeat(timed, 900, decoded(10_100, 9.000_001), at(7)).expect("known");
+        assert_eq!(registry.cores(at(7), TTL).1, per_core);
+        // The rate is the median by threads: one worker's wild figure does not move it.
+        let wild = registry.insert(addr(7003), 1, process(3), CertKey([3; 32]), at(7));
+        registry.heartbeat(wild, 0, decoded(1_000, 0.01), at(8)).expect("known");
+        registry.heartbeat(timed, 1_000, decoded(10_200, 10.0), at(8)).expect("known");
+        let (threads, median) = registry.cores(at(8), TTL);
+        assert_eq!(threads, 5, "the untimed worker fell silent at 5 s");
+        assert!(median.is_some_and(|rate| rate < 10_000.0), "{median:?}: the 4-thread worker's rate, not the 1-thread one's 100,000");
         // Silent workers count neither their threads nor their rate.
-        assert_eq!(registry.cores(at(6) + TTL, TTL), (0, None));
+        assert_eq!(registry.cores(at(8) + TTL, TTL), (0, None));
     }
 }
