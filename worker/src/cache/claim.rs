@@ -305,6 +305,31 @@ mod tests {
         assert!(cache.held() <= 100);
     }
 
+    /// A release that falls between a chunk's failed claim and its wait is not lost: the chunk
+    /// waits for a change after the generation it saw with the claim, not after the one at the
+    /// start of its wait. And with no change it is not woken (it waits until its deadline).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_between_a_failed_claim_and_the_wait_wakes_the_chunk() {
+        let dir = tempfile::tempdir().expect("temporary folder");
+        let cache = cache(&dir, 100);
+        assert!(cache.table.lock().adopt("held", 100).is_empty());
+        let holder = {
+            let mut table = cache.table.lock();
+            assert_eq!(table.claim("held", 100), super::super::table::Claim::Hit);
+            Pins { cache: Arc::clone(&cache), names: vec!["held".to_owned()] }
+        };
+        let list = [("c".to_owned(), 30)];
+        let (claimed, seen) = cache.claim_in_turn(&list).await;
+        assert_eq!(claimed, None, "held is pinned: no room");
+        let short = Instant::now() + Duration::from_millis(50);
+        assert!(matches!(cache.back_off(seen, short).await, Err(CacheError::Busy { .. })), "nothing changed: no wake-up");
+        drop(holder);
+        let woken = tokio::time::timeout(BOUND, cache.back_off(seen, Instant::now() + 2 * BOUND)).await;
+        assert!(matches!(woken, Ok(Ok(()))), "the release after the claim wakes the chunk: {woken:?}");
+        let (claimed, _) = cache.claim_in_turn(&list).await;
+        assert_eq!(claimed.map(|claimed| claimed.downloads), Some(vec!["c".to_owned()]));
+    }
+
     /// No lost wake-up, and no wake-up by a chunk's own back-off: chunks that find no room
     /// are woken by every release, however it falls against their claims, and do not spin
     /// while nothing changes.

@@ -5,7 +5,7 @@
 //! * A chunk's shards are claimed together, all or none, before any of its batches is queued
 //!   ([`ShardCache::acquire`]), one chunk at a time: a chunk that finds no room holds nothing
 //!   while it waits, and one waits for shards others are downloading after its claiming turn,
-//!   not in it (the protocol, and why it cannot deadlock: [`claim`]). The pins are released
+//!   not in it (the protocol, and why it cannot deadlock: `claim.rs`). The pins are released
 //!   when the chunk's batches are made ([`Pins`]); only unpinned files are evicted, and
 //!   unmapped from their datasets.
 //! * Eviction follows the plan: each chunk granted gets a turn ([`ShardCache::next_turn`], in
