@@ -2,10 +2,12 @@
 //! in an object store, downloaded on demand into a folder of this host and mapped from there,
 //! under a hard byte bound.
 //!
-//! * A chunk's shards are claimed together before any of its batches is queued ([`ShardCache::acquire`]),
-//!   one chunk at a time, so two chunks never each hold part of what the other waits for. The
-//!   pins are released when the chunk's batches are made ([`Pins`]); only unpinned files are
-//!   evicted, and unmapped from their datasets.
+//! * A chunk's shards are claimed together, all or none, before any of its batches is queued
+//!   ([`ShardCache::acquire`]), one chunk at a time: a chunk that finds no room holds nothing
+//!   while it waits, and one waits for shards others are downloading after its claiming turn,
+//!   not in it (the protocol, and why it cannot deadlock: `claim.rs`). The pins are released
+//!   when the chunk's batches are made ([`Pins`]); only unpinned files are evicted, and
+//!   unmapped from their datasets.
 //! * Eviction follows the plan: each chunk granted gets a turn ([`ShardCache::next_turn`], in
 //!   grant order) at which its shards are planned while it waits for them, and the shards the
 //!   worker expects to read after its chunks ([`ShardCache::expect_ahead`]) get the turns
@@ -18,6 +20,7 @@
 //!
 //! The bookkeeping is the pure [`table::CacheTable`]; this module does the I/O it decides.
 
+mod claim;
 #[cfg(test)]
 mod hit_rate;
 mod table;
@@ -37,7 +40,8 @@ use stoker_store::{ObjectStores, ObjectUri, StoreError};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use self::table::{CacheTable, Claim};
+use self::claim::ShardFile;
+use self::table::CacheTable;
 use crate::dataset::Dataset;
 use crate::metrics::CacheMetrics;
 
@@ -116,10 +120,19 @@ pub struct ShardCache {
     stores: Arc<ObjectStores>,
     table: Mutex<CacheTable>,
     users: Mutex<Users>,
-    /// Bumped whenever pins are released or files dropped: claims waiting for room look again.
+    /// A generation bumped at every change that can give a waiting chunk room or a shard (pins
+    /// released, downloads done or failed, files dropped), always while the table is locked
+    /// ([`ShardCache::announce`]): a chunk that saw generation `g` when it found no room waits
+    /// for one above `g`, so no change after its look is missed and its own release of pins
+    /// does not wake it.
     released_tx: watch::Sender<u64>,
-    /// One chunk claims at a time.
+    /// One chunk claims at a time; held over synchronous code only (claims and deletes), never
+    /// while anything is waited for.
     claiming: tokio::sync::Mutex<()>,
+    /// How long a chunk waits for room or for others' downloads in all ([`ROOM_PATIENCE`]).
+    patience: Duration,
+    /// Times a chunk found no room and backed off (for the tests and the debug log).
+    backoffs: AtomicU64,
     /// One fetch ahead at a time (a grant that finds one running fetches nothing ahead).
     fetching_ahead: tokio::sync::Mutex<()>,
     /// The turn the next chunk granted gets.
@@ -152,15 +165,24 @@ pub struct Pins {
     names: Vec<String>,
 }
 
+impl Pins {
+    /// Unpin every file now; returns the generation of the change (see
+    /// [`ShardCache::announce`]).
+    fn release(&mut self) -> u64 {
+        let mut table = self.cache.table.lock();
+        if self.names.is_empty() {
+            return *self.cache.released_tx.borrow();
+        }
+        for name in self.names.drain(..) {
+            table.unpin(&name);
+        }
+        self.cache.announce(&table)
+    }
+}
+
 impl Drop for Pins {
     fn drop(&mut self) {
-        {
-            let mut table = self.cache.table.lock();
-            for name in &self.names {
-                table.unpin(name);
-            }
-        }
-        self.cache.released_tx.send_modify(|generation| *generation += 1);
+        self.release();
     }
 }
 
@@ -254,6 +276,8 @@ impl ShardCache {
             users: Mutex::new(HashMap::new()),
             released_tx,
             claiming: tokio::sync::Mutex::new(()),
+            patience: ROOM_PATIENCE,
+            backoffs: AtomicU64::new(0),
             fetching_ahead: tokio::sync::Mutex::new(()),
             turns: AtomicU64::new(0),
             ahead: Mutex::new(Vec::new()),
@@ -337,64 +361,18 @@ impl ShardCache {
         if needed > capacity {
             return Err(CacheError::TooSmall { needed, capacity });
         }
-        let files = shards.iter().map(|&shard| (file_name(dataset.shard_uri(shard)), dataset.shard_bytes(shard))).collect();
-        let _planned = Planned::new(self, files, turn);
+        let files: Vec<ShardFile> = shards
+            .iter()
+            .map(|&shard| {
+                let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
+                let name = file_name(&uri);
+                self.identify(&name, dataset, shard);
+                ShardFile { uri, name, bytes }
+            })
+            .collect();
+        let _planned = Planned::new(self, files.iter().map(|file| (file.name.clone(), file.bytes)).collect(), turn);
         let waited = Instant::now();
-        let claiming = self.claiming.lock().await;
-        let mut pins = Pins { cache: Arc::clone(self), names: Vec::new() };
-        let mut downloads = Vec::new();
-        for &shard in shards {
-            let (uri, bytes) = (dataset.shard_uri(shard).to_owned(), dataset.shard_bytes(shard));
-            let name = file_name(&uri);
-            self.identify(&name, dataset, shard);
-            let mut released_rx = self.released_tx.subscribe();
-            loop {
-                let claim = self.table.lock().claim(&name, bytes);
-                match claim {
-                    Claim::Hit => {
-                        self.metrics.hits.inc();
-                        pins.names.push(name);
-                        break;
-                    }
-                    Claim::Download { evicted } => {
-                        self.metrics.misses.inc();
-                        self.delete(&evicted);
-                        pins.names.push(name.clone());
-                        downloads.push((shard, uri, name, bytes));
-                        break;
-                    }
-                    Claim::Stale => self.delete(std::slice::from_ref(&name)),
-                    Claim::InFlight | Claim::Full => {
-                        let left = ROOM_PATIENCE.saturating_sub(waited.elapsed());
-                        if tokio::time::timeout(left, released_rx.changed()).await.is_err() {
-                            return Err(CacheError::Busy { seconds: ROOM_PATIENCE.as_secs() });
-                        }
-                    }
-                }
-            }
-        }
-        drop(claiming);
-        self.metrics.bytes.set(self.held() as i64);
-        let mut results = futures_util::stream::iter(downloads)
-            .map(|(_, uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
-            .buffer_unordered(PARALLEL_DOWNLOADS);
-        let mut failure_opt = None;
-        while let Some((name, result)) = results.next().await {
-            match result {
-                Ok(()) => self.table.lock().downloaded(&name),
-                Err(error) => {
-                    self.table.lock().forget(&name);
-                    failure_opt.get_or_insert(error);
-                }
-            }
-            // Chunks waiting for this download (claimed by this chunk first) look again now,
-            // not once all of this chunk's are done.
-            self.released_tx.send_modify(|generation| *generation += 1);
-        }
-        if let Some(error) = failure_opt {
-            self.metrics.bytes.set(self.held() as i64);
-            return Err(error);
-        }
+        let pins = self.claim_files(&files, waited + self.patience).await?;
         self.map(dataset, shards).await?;
         self.metrics.wait_seconds.inc_by(waited.elapsed().as_secs_f64());
         Ok(pins)
@@ -441,22 +419,35 @@ impl ShardCache {
             .map(|(uri, name, bytes)| async move { (name.clone(), self.download(&uri, &name, bytes).await) })
             .buffer_unordered(PARALLEL_DOWNLOADS);
         while let Some((name, result)) = results.next().await {
+            let mut table = self.table.lock();
             match result {
                 Ok(()) => {
                     self.metrics.prefetched.inc();
-                    self.table.lock().downloaded(&name);
+                    table.downloaded(&name);
                 }
                 Err(error) => {
                     debug!(%error, "a shard fetched ahead failed; the chunk that needs it fetches it again");
-                    self.table.lock().forget(&name);
+                    table.forget(&name);
                 }
             }
             // A chunk waiting for this file goes on now: at a cold start the next chunk's
             // shards are the first of the list, and waiting for the whole list stalled the
             // ranks at their second chunk (measured: 349 ms at step 2, none without fetch-ahead).
-            self.released_tx.send_modify(|generation| *generation += 1);
+            self.announce(&table);
         }
         self.metrics.bytes.set(self.held() as i64);
+    }
+
+    /// Tell waiting chunks that `table` (locked by the caller, who just changed it) changed:
+    /// bumps the generation and returns it. Called with the table locked, so the generations
+    /// follow the table's changes in order.
+    fn announce(&self, _table: &CacheTable) -> u64 {
+        let mut now = 0;
+        self.released_tx.send_modify(|generation| {
+            *generation += 1;
+            now = *generation;
+        });
+        now
     }
 
     /// Download `uri` (of `bytes`) as the cache file `name`: aside, checked, synced, renamed.
@@ -493,7 +484,11 @@ impl ShardCache {
             .map_err(|error| CacheError::BadShard { uri: uri.clone(), reason: error.to_string() })?;
             if let Err(reason) = opened {
                 warn!(%uri, %reason, "a cached shard did not open as its manifest says; it is downloaded again next time");
-                self.table.lock().forget(&name);
+                {
+                    let mut table = self.table.lock();
+                    table.forget(&name);
+                    self.announce(&table);
+                }
                 self.delete(std::slice::from_ref(&name));
                 return Err(CacheError::BadShard { uri, reason });
             }

@@ -58,6 +58,21 @@ pub(crate) enum Claim {
     Stale,
 }
 
+/// What [`CacheTable::claim_all`] did for a chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Claimed {
+    /// Held, and now pinned.
+    pub(crate) hits: Vec<String>,
+    /// Room reserved and pinned: download each, then [`CacheTable::downloaded`] (or
+    /// [`CacheTable::forget`]).
+    pub(crate) downloads: Vec<String>,
+    /// Being downloaded by another chunk or a fetch ahead: not pinned; claim each again once
+    /// its download is done.
+    pub(crate) in_flight: Vec<String>,
+    /// Files dropped (evicted, or stale) to make room: delete them.
+    pub(crate) evicted: Vec<String>,
+}
+
 /// The files of a cache of `capacity` bytes.
 #[derive(Debug)]
 pub(crate) struct CacheTable {
@@ -129,6 +144,79 @@ impl CacheTable {
         match self.reserve(name, bytes) {
             Some(evicted) => Claim::Download { evicted },
             None => Claim::Full,
+        }
+    }
+
+    /// Claim a chunk's `files` (names and sizes, each once) together or not at all: if every
+    /// one that is not held or in flight fits (beside the pinned files, the downloads in flight
+    /// and those of `files` held), each held one is pinned, each missing one reserved (pinned),
+    /// and those in flight are named; else nothing changes (no pin, no eviction) and `None`
+    /// says the cache is full until pins are released. So a chunk that meets a full cache holds
+    /// nothing while it waits, and a claim that fails evicts nothing.
+    pub(crate) fn claim_all(&mut self, files: &[(String, u64)]) -> Option<Claimed> {
+        let mut needed = 0_u64;
+        for (name, bytes) in files {
+            match self.entries.get(name) {
+                Some(entry) if !entry.ready || entry.bytes == *bytes => {}
+                // A file of another size pinned by another chunk: no room for this one.
+                Some(entry) if entry.pins > 0 => return None,
+                _ => needed = needed.saturating_add(*bytes),
+            }
+        }
+        let hit = |name: &String, entry: &Entry| entry.ready && files.iter().any(|(file, bytes)| file == name && *bytes == entry.bytes);
+        let evictable: u64 = self
+            .entries
+            .iter()
+            .filter(|(name, entry)| entry.ready && entry.pins == 0 && !hit(name, entry))
+            .map(|(_, entry)| entry.bytes)
+            .sum();
+        if self.capacity.saturating_sub(self.held).saturating_add(evictable) < needed {
+            return None;
+        }
+        let mut claimed = Claimed::default();
+        // Hits first, so that making room for the downloads never evicts one of them.
+        for (name, bytes) in files {
+            if self.entries.get(name).is_some_and(|entry| entry.ready && entry.bytes == *bytes) {
+                let claim = self.claim(name, *bytes);
+                debug_assert_eq!(claim, Claim::Hit);
+                claimed.hits.push(name.clone());
+            }
+        }
+        for (name, bytes) in files {
+            if claimed.hits.contains(name) {
+                continue;
+            }
+            // At most twice: a stale file is dropped by the first claim.
+            for _ in 0..2 {
+                match self.claim(name, *bytes) {
+                    Claim::InFlight => claimed.in_flight.push(name.clone()),
+                    Claim::Download { evicted } => {
+                        claimed.evicted.extend(evicted);
+                        claimed.downloads.push(name.clone());
+                    }
+                    Claim::Stale => {
+                        claimed.evicted.push(name.clone());
+                        continue;
+                    }
+                    Claim::Hit | Claim::Full => {
+                        // Not reached (the room was counted above); undone all the same.
+                        self.undo(&claimed);
+                        return None;
+                    }
+                }
+                break;
+            }
+        }
+        Some(claimed)
+    }
+
+    /// Release what a [`CacheTable::claim_all`] took (its evictions stay done).
+    fn undo(&mut self, claimed: &Claimed) {
+        for name in &claimed.hits {
+            self.unpin(name);
+        }
+        for name in &claimed.downloads {
+            self.forget(name);
         }
     }
 
@@ -269,6 +357,12 @@ impl CacheTable {
         }
     }
 
+    /// The pins of `name` (0 if not held).
+    #[cfg(test)]
+    pub(crate) fn pins(&self, name: &str) -> u32 {
+        self.entries.get(name).map_or(0, |entry| entry.pins)
+    }
+
     /// One pin of `name` released.
     pub(crate) fn unpin(&mut self, name: &str) {
         if let Some(entry) = self.entries.get_mut(name) {
@@ -398,7 +492,80 @@ mod tests {
         assert_eq!(table.held(), 50);
     }
 
+    fn files(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+        list.iter().map(|(name, bytes)| ((*name).to_owned(), *bytes)).collect()
+    }
+
+    /// The reverted design's deadlock began with a chunk that met a full cache while it held
+    /// pins of part of its shards: a chunk's claim is all or nothing.
+    #[test]
+    fn a_chunk_claims_all_its_files_or_none_and_a_failed_claim_evicts_nothing() {
+        let mut table = CacheTable::new(100);
+        for name in ["held", "other"] {
+            assert_eq!(table.claim(name, 30), Claim::Download { evicted: vec![] });
+            table.downloaded(name);
+        }
+        table.unpin("other");
+        assert_eq!(table.reserve_ahead("coming", 20), Some(vec![]));
+        let before = (table.held(), table.len());
+        // 30 + 30 + 20 held; "held" pinned, "coming" in flight: 20 free + 30 evictable < 60.
+        assert_eq!(table.claim_all(&files(&[("other", 30), ("new", 60)])), None);
+        assert_eq!((table.held(), table.len()), before, "nothing reserved, nothing evicted");
+        assert_eq!(table.claim("other", 30), Claim::Hit, "other was not evicted");
+        table.unpin("other");
+        table.unpin("held");
+        let claimed = table.claim_all(&files(&[("held", 30), ("coming", 20), ("new", 50)])).expect("room");
+        assert_eq!(claimed.hits, vec!["held".to_owned()]);
+        assert_eq!(claimed.in_flight, vec!["coming".to_owned()]);
+        assert_eq!(claimed.downloads, vec!["new".to_owned()]);
+        assert_eq!(claimed.evicted, vec!["other".to_owned()], "the hit is pinned before room is made");
+        assert_eq!(table.held(), 100);
+        assert_eq!(table.claim_all(&files(&[("held", 40)])), None, "another size of a pinned file");
+    }
+
     proptest! {
+        /// A chunk's claim is all or nothing: when it fails nothing changes (no pin, no
+        /// eviction), and when it succeeds no pinned file was evicted and the bound holds.
+        #[test]
+        fn claiming_together_is_all_or_nothing(
+            steps in prop::collection::vec((0_u8..4, 0_usize..8, 1_u64..4), 1..150),
+        ) {
+            let mut table = CacheTable::new(100);
+            let mut pinned: Vec<String> = Vec::new();
+            for (action, first, count) in steps {
+                let chunk: Vec<(String, u64)> =
+                    (first..first + count as usize).map(|file| (format!("f{}", file % 8), 10 + (file % 8) as u64 * 5)).collect();
+                match action {
+                    0 | 1 => {
+                        let before = (table.held(), table.len());
+                        match table.claim_all(&chunk) {
+                            None => prop_assert_eq!((table.held(), table.len()), before),
+                            Some(claimed) => {
+                                for gone in &claimed.evicted {
+                                    prop_assert!(!pinned.contains(gone), "pinned {} evicted", gone);
+                                }
+                                for name in claimed.downloads.iter().chain(&claimed.in_flight) {
+                                    table.downloaded(name);
+                                }
+                                pinned.extend(claimed.hits);
+                                pinned.extend(claimed.downloads);
+                            }
+                        }
+                    }
+                    2 => if !pinned.is_empty() {
+                        let name = pinned.remove(first % pinned.len());
+                        table.unpin(&name);
+                    },
+                    _ => {
+                        let (name, bytes) = &chunk[0];
+                        let _ = table.reserve_ahead(name, *bytes);
+                    }
+                }
+                prop_assert!(table.held() <= table.capacity());
+            }
+        }
+
+
         /// Whatever the order of claims, downloads, failures and releases, the bytes held never
         /// pass the bound, and a pinned file is never evicted.
         #[test]
