@@ -14,7 +14,7 @@ set -euo pipefail
 
 SECONDS_PER_TARGET=${1:-60}
 shift $(($# > 0 ? 1 : 0))
-ALL_TARGETS=(wire_frames tar_reader index_loader manifest jpeg_restart transform_spec)
+ALL_TARGETS=(wire_frames tar_reader index_loader manifest jpeg_restart transform_spec npy)
 TARGETS=("${@:-${ALL_TARGETS[@]}}")
 JOBS=${JOBS:-2}
 
@@ -43,6 +43,7 @@ max_len() {
         manifest) echo 4096 ;;
         jpeg_restart) echo 16384 ;;
         transform_spec) echo 2048 ;;
+        npy) echo 4096 ;;
         *) echo "unknown fuzz target $1" >&2; exit 2 ;;
     esac
 }

@@ -139,7 +139,7 @@ impl Coordinator {
                 Outcome::Commit { command, then } => {
                     committer.commit(command).await?;
                     match then {
-                        Then::Again(again) => event = Event::Request { request: again, caller },
+                        Then::Again(again) => event = Event::Request { request: *again, caller },
                         Then::Reply(answer) => return Ok(answer),
                     }
                 }

@@ -7,8 +7,12 @@
 pub mod error;
 
 pub mod brace;
+/// A sample's field read from its member by the field's kind (issue 32).
+pub mod field_value;
 pub mod index;
 pub mod manifest;
+/// NumPy `.npy` arrays read in place, with a bounded header parser.
+pub mod npy;
 pub mod pack;
 /// Opening dataset files: regular files only, without blocking on a FIFO.
 pub mod regular_file;

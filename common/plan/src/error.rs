@@ -62,6 +62,9 @@ pub enum PlanError {
 /// A transform list that cannot be turned into a pipeline.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum TransformError {
+    /// The spec's fields are not valid.
+    #[error("fields: {0}")]
+    Fields(#[from] crate::fields::FieldError),
     /// A parameter is outside its valid range.
     #[error("{transform}: {problem}")]
     BadParameter {

@@ -20,6 +20,8 @@
 
 /// Errors of planning and of transform specs.
 pub mod error;
+/// The fields of a sample a job reads (issue 32): spec and validation.
+pub mod fields;
 /// Identifier newtypes (`ShardId`, `Epoch`, `Step`, `Rank`, `JobId`, `WorkerId`, `LeaseId`).
 pub mod ids;
 /// Transform specs (serde) and the crop geometry they imply.

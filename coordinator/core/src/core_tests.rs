@@ -59,7 +59,7 @@ fn drive_as(
             Outcome::Commit { command, then } => {
                 core.apply(command);
                 match then {
-                    Then::Again(request) => event = Event::Request { request, caller },
+                    Then::Again(request) => event = Event::Request { request: *request, caller },
                     Then::Reply(answer) => return Ok(answer),
                 }
             }

@@ -89,8 +89,9 @@ pub enum Outcome {
 /// What follows a commit.
 #[derive(Debug)]
 pub enum Then {
-    /// Step this request again (it now finds the job it created, say).
-    Again(ControlRequest),
+    /// Step this request again (it now finds the job it created, say). Boxed: an attach holds
+    /// a whole job spec, and `Outcome` stays small for the answers that are most of its uses.
+    Again(Box<ControlRequest>),
     /// Answer this.
     Reply(ControlResponse),
 }

@@ -43,6 +43,13 @@ pub(crate) fn validate_spec(spec: &JobSpec, rank: Rank) -> Result<(), RemoteErro
         return Err(invalid("prefetch must be at least 1 step"));
     }
     Recipe::new(&spec.transforms).map_err(|error| invalid(format!("the transform spec is not valid: {error}")))?;
+    if !spec.transforms.fields.is_empty() {
+        // The spec is checked above, so a user learns of a bad field first; serving fields is
+        // the next step of issue 32 and is refused until workers make them.
+        return Err(invalid(
+            "the transform spec names fields: workers do not serve named fields yet (issue 32); remove \"fields\" to get images and labels",
+        ));
+    }
     Ok(())
 }
 
@@ -106,4 +113,29 @@ pub(crate) fn describe_difference(existing: &JobSpec, wanted: &JobSpec) -> Strin
         differences.push(format!("prefetch {} vs {}", existing.prefetch, wanted.prefetch));
     }
     differences.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_with_fields(fields_json: &str) -> JobSpec {
+        let mut spec = crate::state::tests::spec("job");
+        spec.transforms = stoker_plan::transform::TransformSpec::imagenet_train(224);
+        spec.transforms.fields = serde_json::from_str(fields_json).expect("fields parse");
+        spec
+    }
+
+    /// Fields are checked first (a bad one is named), then refused until workers serve them:
+    /// a job never silently gets image + label batches for a spec that asked for more.
+    #[test]
+    fn a_job_naming_fields_is_refused_after_its_fields_are_checked() {
+        assert_eq!(validate_spec(&spec_with_fields("{}"), Rank(0)).map_err(|error| error.message), Ok(()));
+        let bad = validate_spec(&spec_with_fields(r#"{"image": {"from": "jpg;png"}, "mask": {"from": "png"}}"#), Rank(0))
+            .expect_err("same member");
+        assert!(bad.message.contains("both read the member \"png\""), "{}", bad.message);
+        let good = validate_spec(&spec_with_fields(r#"{"image": {"from": "jpg"}, "caption": {"from": "txt"}}"#), Rank(0))
+            .expect_err("not served yet");
+        assert!(good.message.contains("do not serve named fields yet"), "{}", good.message);
+    }
 }

@@ -88,7 +88,7 @@ fn step(core: &mut Core, request: ControlRequest, dataset: &DatasetInfo, now: In
             Outcome::Commit { command, then } => {
                 core.apply(command);
                 match then {
-                    Then::Again(request) => event = Event::Request { request, caller: CertKey::UNCHECKED },
+                    Then::Again(request) => event = Event::Request { request: *request, caller: CertKey::UNCHECKED },
                     Then::Reply(answer) => return Ok(answer),
                 }
             }

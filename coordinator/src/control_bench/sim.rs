@@ -123,7 +123,7 @@ impl Driven {
                     self.entry_bytes += serde_json::to_vec(&command).map_or(0, |bytes| bytes.len() as u64);
                     self.core.apply(command);
                     match then {
-                        Then::Again(request) => event = Event::Request { request, caller },
+                        Then::Again(request) => event = Event::Request { request: *request, caller },
                         Then::Reply(reply) => {
                             answer = Some(Ok(reply));
                             break;

@@ -38,6 +38,7 @@ fn main() -> Fallible<()> {
     corpus.target("manifest", manifests()?)?;
     corpus.target("jpeg_restart", jpeg_inputs(&jpegs)?)?;
     corpus.target("transform_spec", transform_specs()?)?;
+    corpus.target("npy", npy_arrays())?;
     println!("{} bytes of seeds under {}", corpus.total, corpus.root.display());
     Ok(())
 }
@@ -445,6 +446,13 @@ fn transform_specs() -> Fallible<Vec<(String, Vec<u8>)>> {
 {"type":"RandomRotation","degrees":30},{"type":"RandomAffine","degrees":[-10,40],"translate":[0.2,0.1],"scale":[0.7,1.3],
 "shear":[-8,8,0,5]}]}"#,
         ),
+        (
+            "fields",
+            320,
+            240,
+            r#"{"transforms":[{"type":"RandomResizedCrop","size":64}],"fields":{"image":{"from":"jpg;png;webp"},"label":{"from":"cls"},
+"caption":{"from":"txt"},"meta":{"from":"json","missing":{"default":{}}},"raw":{"from":"bin","kind":"bytes"},"arr":{"from":"npy","missing":"replace"}}}"#,
+        ),
     ];
     let mut seeds = Vec::new();
     for (i, (name, width, height, json)) in specs.into_iter().enumerate() {
@@ -452,4 +460,29 @@ fn transform_specs() -> Fallible<Vec<(String, Vec<u8>)>> {
         seeds.push((format!("{name}.json"), transform_input::encode(width, height, 1000 + i as u64, json)));
     }
     Ok(seeds)
+}
+
+/// `.npy` members as NumPy 1.0 writes them (`np.save`): a float32 matrix, an int64 scalar, an
+/// empty uint8 array, a float16 vector.
+fn npy_arrays() -> Vec<(String, Vec<u8>)> {
+    let arrays: [(&str, &str, &str, usize); 4] = [
+        ("f32-3x4", "<f4", "(3, 4)", 48),
+        ("i64-scalar", "<i8", "()", 8),
+        ("u8-empty", "|u1", "(0, 2)", 0),
+        ("f16-vector", "<f2", "(3,)", 6),
+    ];
+    let mut seeds = Vec::new();
+    for (name, descr, shape, data_len) in arrays {
+        let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+        while !(10 + header.len() + 1).is_multiple_of(64) {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+        bytes.extend_from_slice(header.as_bytes());
+        bytes.extend((0..data_len).map(|i| i as u8));
+        seeds.push((format!("{name}.npy"), bytes));
+    }
+    seeds
 }

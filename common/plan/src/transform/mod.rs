@@ -20,6 +20,8 @@ mod recipe;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fields::Fields;
+
 pub use self::augment::{Augmentation, Augmentations, ErasingValue, KernelSize, MAX_AUGMENTATIONS, PixelOp};
 pub use self::crop::{CropBox, Placement};
 pub use self::recipe::{Geometry, OutputDtype, Recipe, SampleGeometry};
@@ -437,6 +439,10 @@ pub struct TransformSpec {
     /// Default: Pillow's decompression-bomb threshold, 89,478,485 (a quarter GiB as RGB).
     #[serde(default = "default_max_pixels")]
     pub max_image_pixels: u64,
+    /// The sample's fields (issue 32); empty, and absent from the JSON text, means today's
+    /// image + `.cls` label, so specs without fields keep their exact bytes.
+    #[serde(default, skip_serializing_if = "Fields::is_empty")]
+    pub fields: Fields,
 }
 
 /// Specs hold no NaN, so equality is total: JSON (their form on the wire) cannot carry one, and
@@ -464,6 +470,7 @@ impl TransformSpec {
             dct_scaling: true,
             on_error: OnError::default(),
             max_image_pixels: DEFAULT_MAX_IMAGE_PIXELS,
+            fields: Fields::default(),
         }
     }
 

@@ -112,6 +112,7 @@ impl Recipe {
     /// augmentations (`ColorJitter`, `RandomGrayscale`, `RandomErasing`, `GaussianBlur`,
     /// `TrivialAugmentWide`, `RandAugment`).
     pub fn new(spec: &TransformSpec) -> Result<Self, TransformError> {
+        spec.fields.validate()?;
         let mut flip_p = 0.0;
         let mut augmentations = Augmentations::default();
         let mut normalize = None;

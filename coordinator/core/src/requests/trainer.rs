@@ -62,7 +62,7 @@ impl Core {
             Ok(Some(answer)) => Outcome::reply(Ok(answer)),
             Ok(None) => Outcome::reply(Err(RemoteError::new(ErrorCode::Internal, "attach needs no commit"))),
             Err(AttachNeeds::Commit(command)) => {
-                Outcome::Commit { command, then: Then::Again(ControlRequest::Attach { spec, rank, client }) }
+                Outcome::Commit { command, then: Then::Again(Box::new(ControlRequest::Attach { spec, rank, client })) }
             }
             Err(AttachNeeds::Refusal(error)) => Outcome::reply(Err(error)),
         }
