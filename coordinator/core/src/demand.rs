@@ -116,22 +116,24 @@ impl Demand {
     /// The figures at `now`, if the reports span long enough to tell and one came within
     /// [`DEMAND_TAU`] (a job nobody trains asks nothing, whatever its last stall was).
     pub(crate) fn figures(&self, now: Instant) -> Option<DemandFigures> {
-        let last = self.reported_at.values().max()?;
-        if now.saturating_duration_since(*last) > DEMAND_TAU {
+        // The ranks reporting now; none: nobody trains the job.
+        let reporting = self.reported_at.values().filter(|at| now.saturating_duration_since(**at) <= DEMAND_TAU).count();
+        if reporting == 0 || self.rank_seconds <= 0.0 {
             return None;
         }
-        let mut at_now = self.clone();
-        at_now.advance(now);
+        // Decay changes the sums alike, so their ratios stand as they are; only the span is
+        // brought to `now`, to tell whether the reports cover enough.
         let tau = DEMAND_TAU.as_secs_f64();
+        let keep = (-now.saturating_duration_since(self.at).as_secs_f64() / tau).exp();
+        let span = self.span * keep + tau * (1.0 - keep);
         let min_span = tau * (1.0 - (-DEMAND_MIN_SPAN.as_secs_f64() / tau).exp());
-        if at_now.span < min_span || at_now.rank_seconds <= 0.0 {
+        if span < min_span {
             return None;
         }
         // Per rank-second reported (pauses left out), times the ranks reporting now: what the
         // job consumes while it trains.
-        let reporting = self.reported_at.values().filter(|at| now.saturating_duration_since(**at) <= DEMAND_TAU).count();
-        let samples_per_sec = at_now.samples / at_now.rank_seconds * reporting as f64;
-        Some(DemandFigures { samples_per_sec, stall: (at_now.waited / at_now.rank_seconds).clamp(0.0, 1.0) })
+        let samples_per_sec = self.samples / self.rank_seconds * reporting as f64;
+        Some(DemandFigures { samples_per_sec, stall: (self.waited / self.rank_seconds).clamp(0.0, 1.0) })
     }
 
     /// Forget `rank` (its trainer detached or the job's ranks changed).
